@@ -1,0 +1,38 @@
+# Thin wrappers over cargo and scripts/. Every target installs what it needs first and is
+# quick when everything is already there.
+
+SHELL := /bin/bash
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/recollect/target
+BIN := $(CARGO_TARGET_DIR)/release/recollect
+LOCOMO ?= ../shared/data/locomo-dev.json
+# One profile for run, test, eval and bench, so a cold machine compiles the dependencies once.
+CARGO_FLAGS := --release --locked
+
+.PHONY: setup build run test lint fmt eval eval-ablations bench clean-data
+
+setup:
+	@bash scripts/setup.sh
+
+build: setup
+	cargo build $(CARGO_FLAGS) -p recollect
+
+run: build
+	$(BIN) serve
+
+test: setup
+	bash scripts/test.sh
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy $(CARGO_FLAGS) --workspace --all-targets -- -D warnings
+
+fmt:
+	cargo fmt --all
+
+eval: build
+	@if [ -f "$(LOCOMO)" ]; then $(BIN) eval locomo --data $(LOCOMO) --dump-rankings $(CARGO_TARGET_DIR)/locomo-rankings.json; \
+	else echo "skipping eval: $(LOCOMO) not found (LoCoMo lives in ../shared/data, never in the repo)"; fi
+
+eval-ablations: build
+	@if [ -f "$(LOCOMO)" ]; then $(BIN) eval locomo --data $(LOCOMO) --ablate all; \
+	else echo "skipping eval: $(LOCOMO) not found"; fi

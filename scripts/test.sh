@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The test suite: unit and contract tests of every crate, then end-to-end tests of the binary.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/recollect/target}"
+export RECOLLECT_MODEL_DIR="${RECOLLECT_MODEL_DIR:-$PWD/models/all-MiniLM-L6-v2}"
+
+# The dev profile compiles dependencies with opt-level 3 (Cargo.toml), so model inference and
+# vector search run at full speed while our own crates stay quick to rebuild.
+cargo build --locked --workspace --all-targets
+cargo test --locked --workspace --no-fail-fast

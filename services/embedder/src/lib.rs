@@ -1,0 +1,215 @@
+//! The embedder worker: `recollect.turns.extracted` → `recollect.turns.embedded`. One dense vector
+//! per field (user, assistant: never their concatenation), a sparse BM25 lexical vector, and a
+//! vector per keyword (each distinct keyword text embedded once, then served from the cache).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use recollect_bus::{Delivery, Message, Stage, StageError};
+use recollect_embed::Embedder;
+use recollect_extract::text::{lexical_terms, term_id};
+use recollect_model::{
+    bus_key, topics, EmbeddedTurn, Embeddings, Envelope, ExtractedTurn, KeywordVector,
+    SparseVector, Turn,
+};
+use recollect_telemetry as metrics;
+
+/// BM25 term-frequency saturation; IDF is applied by the vector index (Qdrant's IDF modifier).
+pub const BM25_K1: f32 = 1.2;
+pub const BM25_B: f32 = 0.75;
+/// Typical terms per turn after stop-word removal; documents are length-normalised against it.
+pub const BM25_AVG_LEN: f32 = 24.0;
+
+/// The text a field's vector and the lexical vector are made from: speaker and words.
+pub fn field_text(speaker: Option<&str>, text: &str) -> String {
+    match speaker {
+        Some(s) if !text.is_empty() => format!("{s}: {text}"),
+        _ => text.to_string(),
+    }
+}
+
+/// BM25 document weights for the turn's text (both fields, with speakers).
+pub fn lexical_document_vector(turn: &Turn) -> SparseVector {
+    let text = format!(
+        "{}\n{}",
+        field_text(turn.user_speaker.as_deref(), &turn.user),
+        field_text(turn.assistant_speaker.as_deref(), &turn.assistant)
+    );
+    let terms = lexical_terms(&text);
+    let len = terms.len() as f32;
+    let mut tf: HashMap<u32, f32> = HashMap::new();
+    for t in &terms {
+        *tf.entry(term_id(t)).or_default() += 1.0;
+    }
+    let norm = BM25_K1 * (1.0 - BM25_B + BM25_B * len / BM25_AVG_LEN);
+    let mut pairs: Vec<(u32, f32)> = tf
+        .into_iter()
+        .map(|(i, f)| (i, f * (BM25_K1 + 1.0) / (f + norm)))
+        .collect();
+    pairs.sort_by_key(|p| p.0);
+    SparseVector {
+        indices: pairs.iter().map(|p| p.0).collect(),
+        values: pairs.iter().map(|p| p.1).collect(),
+    }
+}
+
+/// Query side of BM25: each distinct query term once.
+pub fn lexical_query_vector(query: &str) -> SparseVector {
+    let mut ids: Vec<u32> = lexical_terms(query).iter().map(|t| term_id(t)).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    SparseVector {
+        values: vec![1.0; ids.len()],
+        indices: ids,
+    }
+}
+
+pub struct EmbedderStage {
+    embedder: Arc<dyn Embedder>,
+    /// Keyword texts → vectors: each distinct keyword is embedded once.
+    keyword_cache: parking_lot::Mutex<HashMap<String, Vec<f32>>>,
+    cache_limit: usize,
+}
+
+impl EmbedderStage {
+    pub fn new(embedder: Arc<dyn Embedder>) -> Self {
+        Self {
+            embedder,
+            keyword_cache: Default::default(),
+            cache_limit: 200_000,
+        }
+    }
+
+    fn embed_blocking(
+        embedder: &Arc<dyn Embedder>,
+        texts: Vec<String>,
+    ) -> Result<Vec<Vec<f32>>, StageError> {
+        if texts.is_empty() {
+            return Ok(vec![]);
+        }
+        let started = Instant::now();
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let out = embedder
+            .embed(&refs)
+            .map_err(|e| StageError::Transient(format!("embedding failed: {e}")))?;
+        metrics::EMBED_BATCH_SIZE
+            .with_label_values(&[embedder.model_name()])
+            .observe(texts.len() as f64);
+        metrics::EMBED_LATENCY
+            .with_label_values(&[embedder.model_name()])
+            .observe(started.elapsed().as_secs_f64());
+        Ok(out)
+    }
+
+    async fn embed(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, StageError> {
+        let e = self.embedder.clone();
+        tokio::task::spawn_blocking(move || Self::embed_blocking(&e, texts))
+            .await
+            .map_err(|e| StageError::Transient(e.to_string()))?
+    }
+}
+
+#[async_trait]
+impl Stage for EmbedderStage {
+    fn name(&self) -> &'static str {
+        "embedder"
+    }
+
+    fn input_topic(&self) -> &'static str {
+        topics::EXTRACTED
+    }
+
+    fn max_batch(&self) -> usize {
+        64
+    }
+
+    async fn handle(&self, batch: &[Delivery]) -> Vec<Result<Vec<Message>, StageError>> {
+        let mut decoded: Vec<Result<Envelope<ExtractedTurn>, StageError>> = batch
+            .iter()
+            .map(|d| {
+                serde_json::from_slice(&d.message.payload)
+                    .map_err(|e| StageError::Permanent(format!("undecodable extracted turn: {e}")))
+            })
+            .collect();
+        // One model call for every field text of the batch, one for the uncached keywords.
+        let mut texts = Vec::new();
+        let mut new_keywords: Vec<String> = Vec::new();
+        {
+            let cache = self.keyword_cache.lock();
+            for env in decoded.iter().flatten() {
+                let t = &env.body.turn;
+                texts.push(field_text(t.user_speaker.as_deref(), &t.user));
+                if !t.assistant.is_empty() {
+                    texts.push(field_text(t.assistant_speaker.as_deref(), &t.assistant));
+                }
+                for k in &env.body.extraction.keywords {
+                    if !cache.contains_key(&k.text) && !new_keywords.contains(&k.text) {
+                        new_keywords.push(k.text.clone());
+                    }
+                }
+            }
+        }
+        let n_fields = texts.len();
+        texts.extend(new_keywords.iter().cloned());
+        let vectors = match self.embed(texts).await {
+            Ok(v) => v,
+            Err(e) => return batch.iter().map(|_| Err(e.clone())).collect(),
+        };
+        let (field_vecs, kw_vecs) = vectors.split_at(n_fields);
+        {
+            let mut cache = self.keyword_cache.lock();
+            if cache.len() + new_keywords.len() > self.cache_limit {
+                cache.clear();
+            }
+            for (k, v) in new_keywords.iter().zip(kw_vecs) {
+                cache.insert(k.clone(), v.clone());
+            }
+        }
+        let cache = self.keyword_cache.lock();
+        let mut fields = field_vecs.iter();
+        decoded
+            .drain(..)
+            .map(|env| {
+                let env = env?;
+                let ExtractedTurn { turn, extraction } = env.body;
+                let user = fields.next().cloned().unwrap_or_default();
+                let assistant = if turn.assistant.is_empty() {
+                    vec![]
+                } else {
+                    fields.next().cloned().unwrap_or_default()
+                };
+                let keywords = extraction
+                    .keywords
+                    .iter()
+                    .filter_map(|k| {
+                        cache.get(&k.text).map(|v| KeywordVector {
+                            keyword: k.key.clone(),
+                            vector: v.clone(),
+                        })
+                    })
+                    .collect();
+                let embeddings = Embeddings {
+                    user,
+                    assistant,
+                    lexical: lexical_document_vector(&turn),
+                    keywords,
+                    model: self.embedder.model_name().to_string(),
+                };
+                let key = bus_key(&turn.tenant, &turn.conversation_id);
+                let out = EmbeddedTurn {
+                    turn,
+                    extraction,
+                    embeddings,
+                };
+                Ok(vec![Message::json(
+                    topics::EMBEDDED,
+                    key,
+                    &Envelope::new(env.trace_id.clone(), out),
+                    &env.trace_id,
+                )])
+            })
+            .collect()
+    }
+}

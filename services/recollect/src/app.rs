@@ -1,0 +1,269 @@
+//! The embedded wiring: every worker in one process over the in-process bus, the stores under
+//! one data directory. Opening an `App` replays whatever a crash left unfinished.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context;
+use recollect_bus::{run_stage, Bus, InProcessBus, Stage};
+use recollect_config::{EmbedderKind, ExtractorKind, GraphKind, Settings, VectorKind};
+use recollect_consolidator::ConsolidatorStage;
+use recollect_embed::{default_model_dir, CachedEmbedder, Embedder, HashEmbedder, MiniLmEmbedder};
+use recollect_embedder::EmbedderStage;
+use recollect_extract::RuleExtractor;
+use recollect_extractor::ExtractorStage;
+use recollect_gateway::{Eraser, Gateway, Limits};
+use recollect_graph_writer::{GraphWriterStage, StoreHooks};
+use recollect_model::{topics, MemoryId, RecollectError, TenantId, Turn};
+use recollect_recall::{Recall, RecallConfig};
+use recollect_store::{EdgeVectorIndex, EmbeddedGraph, Graph, RawStore, VectorIndex};
+use recollect_telemetry as metrics;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+pub struct App {
+    pub settings: Settings,
+    pub raw: RawStore,
+    pub graph: Arc<dyn Graph>,
+    pub vectors: Arc<dyn VectorIndex>,
+    pub embedder: Arc<dyn Embedder>,
+    pub bus: Arc<InProcessBus>,
+    pub gateway: Arc<Gateway>,
+    pub recall: Arc<Recall>,
+    pub eraser: Arc<dyn Eraser>,
+    shutdown: watch::Sender<bool>,
+    stages: Vec<JoinHandle<Result<(), recollect_bus::BusError>>>,
+}
+
+struct EmbeddedHooks {
+    raw: RawStore,
+    stored: Arc<Notify>,
+}
+
+impl StoreHooks for EmbeddedHooks {
+    fn is_live(&self, turn: &Turn) -> bool {
+        // An erased conversation's queued turns must not come back.
+        self.raw
+            .get(turn.memory_id)
+            .map(|t| t.is_some())
+            .unwrap_or(true)
+    }
+
+    fn stored(&self, ids: &[MemoryId]) {
+        if let Err(e) = self.raw.mark_stored(ids) {
+            tracing::error!(error = %e, "could not clear pending marks; turns will be replayed at start");
+        }
+        self.stored.notify_waiters();
+    }
+}
+
+struct EmbeddedEraser {
+    raw: RawStore,
+    graph: Arc<dyn Graph>,
+    vectors: Arc<dyn VectorIndex>,
+}
+
+#[async_trait::async_trait]
+impl Eraser for EmbeddedEraser {
+    async fn erase_conversation(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<Option<u64>, RecollectError> {
+        let raw = self.raw.clone();
+        let (t, c) = (tenant.clone(), conversation.to_string());
+        let known_raw = raw
+            .conversation_exists(&t, &c)
+            .map_err(RecollectError::from_classified)?;
+        let known_graph = self
+            .graph
+            .conversations(tenant)
+            .await
+            .map_err(RecollectError::from_classified)?
+            .contains(&c);
+        if !known_raw && !known_graph {
+            return Ok(None);
+        }
+        // Raw first: the pipeline drops queued turns whose raw turn is gone.
+        let n = tokio::task::spawn_blocking(move || raw.delete_conversation(&t, &c))
+            .await
+            .map_err(RecollectError::internal)?
+            .map_err(RecollectError::from_classified)?;
+        self.vectors
+            .delete_conversation(tenant, conversation)
+            .await
+            .map_err(RecollectError::from_classified)?;
+        self.graph
+            .delete_conversation(tenant, conversation)
+            .await
+            .map_err(RecollectError::from_classified)?;
+        tracing::info!(turns = n, "conversation erased");
+        Ok(Some(n))
+    }
+}
+
+pub fn load_embedder(settings: &Settings) -> anyhow::Result<Arc<dyn Embedder>> {
+    Ok(match settings.embedder.kind {
+        EmbedderKind::Minilm => {
+            let dir = if settings.embedder.model_dir.is_empty() {
+                default_model_dir()
+            } else {
+                settings.embedder.model_dir.clone().into()
+            };
+            let m = MiniLmEmbedder::load(&dir).with_context(|| {
+                format!(
+                    "loading the MiniLM model from {} (run `make setup` or scripts/setup-model.sh)",
+                    dir.display()
+                )
+            })?;
+            Arc::new(m)
+        }
+        EmbedderKind::Hash => Arc::new(HashEmbedder::new(recollect_embed::HASH_DIM)),
+    })
+}
+
+impl App {
+    pub async fn open(settings: Settings) -> anyhow::Result<Self> {
+        let embedder = load_embedder(&settings)?;
+        Self::open_with(settings, embedder).await
+    }
+
+    pub async fn open_with(
+        settings: Settings,
+        embedder: Arc<dyn Embedder>,
+    ) -> anyhow::Result<Self> {
+        metrics::register_all();
+        anyhow::ensure!(
+            settings.graph.kind == GraphKind::Embedded,
+            "graph.kind = neo4j is not available in this build yet"
+        );
+        anyhow::ensure!(
+            settings.vectors.kind == VectorKind::Embedded,
+            "vectors.kind = qdrant is not available in this build yet"
+        );
+        anyhow::ensure!(
+            settings.extractor.kind == ExtractorKind::Rules,
+            "extractor.kind = llm is not available in this build yet"
+        );
+        let dir = settings.storage.data_dir.clone();
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("creating data dir {}", dir.display()))?;
+        let raw = RawStore::open(&dir.join("raw.redb")).map_err(locked(&dir))?;
+        let graph: Arc<dyn Graph> =
+            Arc::new(EmbeddedGraph::open(&dir.join("graph.redb")).map_err(locked(&dir))?);
+        let vectors: Arc<dyn VectorIndex> = Arc::new(
+            EdgeVectorIndex::open(&dir.join("vectors"), embedder.dim())
+                .context("opening the vector index")?,
+        );
+        for (seam, kind) in [
+            ("graph", graph.kind()),
+            ("vectors", vectors.kind()),
+            ("bus", "in_process"),
+            ("embedder", embedder.model_name()),
+            ("extractor", "rules"),
+        ] {
+            metrics::COMPONENT_INFO
+                .with_label_values(&[seam, kind])
+                .set(1);
+        }
+        let bus = InProcessBus::new(4096);
+        bus.ensure_topics(&topics::ALL).await?;
+        let stored = Arc::new(Notify::new());
+        let hooks = Arc::new(EmbeddedHooks {
+            raw: raw.clone(),
+            stored: stored.clone(),
+        });
+        let query_embedder: Arc<dyn Embedder> = Arc::new(CachedEmbedder::new(embedder.clone()));
+        let stages: Vec<Arc<dyn Stage>> = vec![
+            Arc::new(ExtractorStage::new(
+                Arc::new(RuleExtractor::new()),
+                graph.clone(),
+            )),
+            Arc::new(EmbedderStage::new(embedder.clone())),
+            Arc::new(GraphWriterStage::new(
+                graph.clone(),
+                vectors.clone(),
+                Some(hooks),
+            )),
+            Arc::new(ConsolidatorStage::new(
+                graph.clone(),
+                vectors.clone(),
+                settings.consolidation.window,
+            )),
+        ];
+        let (shutdown, rx) = watch::channel(false);
+        let bus_dyn: Arc<dyn Bus> = bus.clone();
+        let handles = stages
+            .into_iter()
+            .map(|s| {
+                tokio::spawn(run_stage(
+                    bus_dyn.clone(),
+                    s,
+                    settings.bus.group_prefix.clone(),
+                    rx.clone(),
+                ))
+            })
+            .collect();
+        let limits = Limits {
+            max_turns_per_request: settings.server.max_turns_per_request,
+            wait_timeout: std::time::Duration::from_secs(settings.server.wait_timeout_secs),
+            ..Limits::default()
+        };
+        let gateway = Arc::new(Gateway::new(raw.clone(), bus_dyn, limits, stored));
+        let recall_cfg = RecallConfig {
+            default_k: settings.server.default_k,
+            max_k: settings.server.max_k,
+            max_query_bytes: settings.server.max_query_bytes,
+            ..RecallConfig::default()
+        };
+        let recall = Arc::new(Recall::new(
+            graph.clone(),
+            vectors.clone(),
+            query_embedder,
+            recall_cfg,
+        ));
+        let eraser = Arc::new(EmbeddedEraser {
+            raw: raw.clone(),
+            graph: graph.clone(),
+            vectors: vectors.clone(),
+        });
+        let app = Self {
+            settings,
+            raw,
+            graph,
+            vectors,
+            embedder,
+            bus,
+            gateway,
+            recall,
+            eraser,
+            shutdown,
+            stages: handles,
+        };
+        let replayed = app.gateway.replay_pending().await?;
+        if replayed > 0 {
+            tracing::info!(
+                turns = replayed,
+                "resuming enrichment of turns left unfinished"
+            );
+        }
+        Ok(app)
+    }
+
+    /// Stops the workers after they finish the batch in hand.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for h in self.stages {
+            let _ = h.await;
+        }
+    }
+}
+
+fn locked(dir: &Path) -> impl Fn(recollect_store::StoreError) -> anyhow::Error + '_ {
+    move |e| {
+        anyhow::anyhow!(
+            "{e}: is another recollect process using {}? Stop it, or talk to it with --server",
+            dir.display()
+        )
+    }
+}

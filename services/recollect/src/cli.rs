@@ -1,0 +1,241 @@
+//! The command-line tools: against the data directory directly, or a running server (`--server`).
+
+use std::io::BufRead;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use recollect_config::Settings;
+use recollect_gateway::StoreRequest;
+use recollect_model::{TenantId, TurnInput};
+use recollect_recall::RecallRequest;
+use serde::Deserialize;
+
+use crate::app::App;
+
+#[derive(Args)]
+pub struct IngestArgs {
+    /// JSONL file of turns.
+    pub file: PathBuf,
+    /// A running server to send to, e.g. http://127.0.0.1:8080 (default: the data dir directly).
+    #[arg(long)]
+    pub server: Option<String>,
+    #[arg(long, env = "RECOLLECT_API_KEY")]
+    pub api_key: Option<String>,
+}
+
+#[derive(Args)]
+pub struct RecallArgs {
+    pub query: String,
+    /// Limit to these conversations (repeatable).
+    #[arg(long = "conversation")]
+    pub conversations: Vec<String>,
+    #[arg(long, default_value_t = 10)]
+    pub k: i64,
+    #[arg(long)]
+    pub server: Option<String>,
+    #[arg(long, env = "RECOLLECT_API_KEY")]
+    pub api_key: Option<String>,
+    /// Print the raw JSON response.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct DeleteArgs {
+    pub conversation: String,
+    #[arg(long)]
+    pub server: Option<String>,
+    #[arg(long, env = "RECOLLECT_API_KEY")]
+    pub api_key: Option<String>,
+}
+
+/// One JSONL line: a turn plus its conversation.
+#[derive(Deserialize)]
+struct Line {
+    conversation_id: String,
+    #[serde(flatten)]
+    turn: TurnInput,
+}
+
+fn client(api_key: &Option<String>) -> anyhow::Result<reqwest::Client> {
+    let mut h = reqwest::header::HeaderMap::new();
+    if let Some(k) = api_key {
+        h.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {k}").parse()?,
+        );
+    }
+    Ok(reqwest::Client::builder().default_headers(h).build()?)
+}
+
+async fn check(resp: reqwest::Response) -> anyhow::Result<serde_json::Value> {
+    let status = resp.status();
+    let body: serde_json::Value = resp.json().await.unwrap_or(serde_json::Value::Null);
+    if !status.is_success() {
+        bail!("server answered {status}: {body}");
+    }
+    Ok(body)
+}
+
+pub async fn ingest(settings: Settings, a: IngestArgs) -> anyhow::Result<()> {
+    let f =
+        std::fs::File::open(&a.file).with_context(|| format!("opening {}", a.file.display()))?;
+    let mut batches: Vec<(String, Vec<TurnInput>)> = Vec::new();
+    for (n, line) in std::io::BufReader::new(f).lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let l: Line = serde_json::from_str(&line)
+            .with_context(|| format!("{}:{}: not a turn", a.file.display(), n + 1))?;
+        match batches.last_mut() {
+            Some((c, v)) if *c == l.conversation_id && v.len() < 256 => v.push(l.turn),
+            _ => batches.push((l.conversation_id, vec![l.turn])),
+        }
+    }
+    let total: usize = batches.iter().map(|b| b.1.len()).sum();
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(ProgressStyle::with_template(
+        "{bar:40} {pos}/{len} turns {per_sec} eta {eta}",
+    )?);
+    let started = std::time::Instant::now();
+    match &a.server {
+        Some(url) => {
+            let c = client(&a.api_key)?;
+            for (conv, turns) in batches {
+                let n = turns.len() as u64;
+                let req = StoreRequest {
+                    turns,
+                    wait: Some(false),
+                };
+                check(
+                    c.post(format!("{url}/v1/conversations/{conv}/turns"))
+                        .json(&req)
+                        .send()
+                        .await?,
+                )
+                .await?;
+                bar.inc(n);
+            }
+        }
+        None => {
+            let app = App::open(settings).await?;
+            let tenant = TenantId::default_tenant();
+            let mut ids = Vec::new();
+            for (conv, turns) in batches {
+                let n = turns.len() as u64;
+                let r = app
+                    .gateway
+                    .store(
+                        &tenant,
+                        &conv,
+                        StoreRequest {
+                            turns,
+                            wait: Some(false),
+                        },
+                        "cli",
+                    )
+                    .await?;
+                ids.extend(r.memory_ids);
+                bar.inc(n);
+            }
+            bar.set_message("enriching");
+            app.gateway.wait_stored(&ids).await?;
+            app.shutdown().await;
+        }
+    }
+    bar.finish();
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "stored {total} turns in {secs:.1}s ({:.0} turns/s)",
+        total as f64 / secs.max(1e-9)
+    );
+    Ok(())
+}
+
+pub async fn recall(settings: Settings, a: RecallArgs) -> anyhow::Result<()> {
+    let req = RecallRequest {
+        query: a.query.clone(),
+        conversation_ids: (!a.conversations.is_empty()).then(|| a.conversations.clone()),
+        k: Some(a.k),
+        ..Default::default()
+    };
+    let body = match &a.server {
+        Some(url) => {
+            check(
+                client(&a.api_key)?
+                    .post(format!("{url}/v1/recall"))
+                    .json(&req)
+                    .send()
+                    .await?,
+            )
+            .await?
+        }
+        None => {
+            let app = App::open(settings).await?;
+            let m = app.recall.recall(&TenantId::default_tenant(), &req).await?;
+            app.shutdown().await;
+            serde_json::json!({ "memories": m })
+        }
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&body)?);
+        return Ok(());
+    }
+    let empty = vec![];
+    let memories = body["memories"].as_array().unwrap_or(&empty);
+    if memories.is_empty() {
+        println!("no memories");
+    }
+    for (i, m) in memories.iter().enumerate() {
+        let sources: Vec<&str> = m["sources"]
+            .as_array()
+            .map(|s| s.iter().filter_map(|v| v.as_str()).collect())
+            .unwrap_or_default();
+        println!(
+            "{:>2}. [{:.3}] {} {} ({})",
+            i + 1,
+            m["score"].as_f64().unwrap_or(0.0),
+            m["conversation_id"].as_str().unwrap_or(""),
+            m["timestamp"].as_str().unwrap_or(""),
+            sources.join(",")
+        );
+        for (sp, f) in [("user_speaker", "user"), ("assistant_speaker", "assistant")] {
+            let text = m[f].as_str().unwrap_or("");
+            if !text.is_empty() {
+                println!("    {}: {}", m[sp].as_str().unwrap_or(f), text);
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn delete(settings: Settings, a: DeleteArgs) -> anyhow::Result<()> {
+    match &a.server {
+        Some(url) => {
+            let b = check(
+                client(&a.api_key)?
+                    .delete(format!("{url}/v1/conversations/{}", a.conversation))
+                    .send()
+                    .await?,
+            )
+            .await?;
+            println!("{b}");
+        }
+        None => {
+            let app = App::open(settings).await?;
+            let r = app
+                .eraser
+                .erase_conversation(&TenantId::default_tenant(), &a.conversation)
+                .await?;
+            app.shutdown().await;
+            match r {
+                Some(n) => println!("erased conversation {} ({n} turns)", a.conversation),
+                None => bail!("conversation {:?} not found", a.conversation),
+            }
+        }
+    }
+    Ok(())
+}

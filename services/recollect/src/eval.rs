@@ -1,0 +1,491 @@
+//! `recollect eval locomo`: retrieval quality on LoCoMo, following ../shared/EVAL.md to the
+//! letter (rounds as memory units, cleaned evidence, recall/hit/mrr at K per category), through
+//! the real embedded pipeline in a temporary data directory.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use clap::Subcommand;
+use recollect_config::Settings;
+use recollect_embed::{CachedEmbedder, Embedder};
+use recollect_gateway::StoreRequest;
+use recollect_model::{MemoryId, TenantId, TurnInput};
+use recollect_recall::{Ablation, Recall, RecallConfig, RecallRequest};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::app::App;
+
+#[derive(Subcommand)]
+pub enum EvalCommand {
+    /// LoCoMo retrieval: recall@K, hit@K, mrr@K per category.
+    Locomo {
+        /// Path to locomo JSON (e.g. ../shared/data/locomo-dev.json).
+        #[arg(long)]
+        data: PathBuf,
+        #[arg(long, default_value = "10,30")]
+        k: String,
+        /// Write rankings in the exchange format of locomo_baseline.py --score-rankings.
+        #[arg(long)]
+        dump_rankings: Option<PathBuf>,
+        /// Switch one component off (path-b, path-c, graph, scoring, dense, lexical, fields), or `all`
+        /// to run the full configuration and then every ablation on one ingestion.
+        #[arg(long)]
+        ablate: Option<String>,
+        /// Only the first N conversations (quick runs).
+        #[arg(long)]
+        conversations: Option<usize>,
+        /// Keep the ingested data here and reuse it on the next run (default: a temporary dir).
+        #[arg(long)]
+        keep: Option<PathBuf>,
+        /// Override a recall constant, e.g. --set lexical_weight=0.4 (repeatable).
+        #[arg(long = "set")]
+        set: Vec<String>,
+    },
+}
+
+/// A LoCoMo round: up to two utterances of one session, and the dia_ids it covers.
+struct Round {
+    dia_ids: Vec<String>,
+    input: TurnInput,
+}
+
+struct Question {
+    sample: String,
+    qa_index: usize,
+    category: u8,
+    question: String,
+    gold: Vec<String>,
+}
+
+/// `evidence_ids()` of tools/locomo_baseline.py: split packed ids, fix `D:11:26` and zero padding.
+pub fn clean_evidence(raw: &[Value]) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in raw.iter().filter_map(Value::as_str) {
+        for part in e
+            .split(|c: char| c == ';' || c.is_whitespace())
+            .filter(|p| !p.is_empty())
+        {
+            let p = part.strip_prefix('D').unwrap_or("");
+            let p = p.strip_prefix(':').unwrap_or(p);
+            let Some((s, t)) = p.split_once(':') else {
+                continue;
+            };
+            if s.is_empty()
+                || t.is_empty()
+                || !s.bytes().all(|b| b.is_ascii_digit())
+                || !t.bytes().all(|b| b.is_ascii_digit())
+            {
+                continue;
+            }
+            let (Ok(s), Ok(t)) = (s.parse::<u64>(), t.parse::<u64>()) else {
+                continue;
+            };
+            out.push(format!("D{s}:{t}"));
+        }
+    }
+    out
+}
+
+fn utterance_text(t: &Value) -> String {
+    let mut s = t["text"].as_str().unwrap_or("").to_string();
+    if let Some(c) = t["blip_caption"].as_str() {
+        s.push_str(&format!(" [image: {c}]"));
+    }
+    s
+}
+
+fn rounds_of(conv: &Value) -> anyhow::Result<Vec<Round>> {
+    let c = conv["conversation"]
+        .as_object()
+        .context("sample without conversation")?;
+    let mut sessions: Vec<(u64, &String)> = c
+        .keys()
+        .filter_map(|k| {
+            k.strip_prefix("session_")
+                .and_then(|n| n.parse::<u64>().ok())
+                .map(|n| (n, k))
+        })
+        .collect();
+    sessions.sort();
+    let mut out = Vec::new();
+    for (n, key) in sessions {
+        let Some(turns) = c[key].as_array() else {
+            continue;
+        };
+        let stamp = c
+            .get(&format!("session_{n}_date_time"))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let ts = recollect_extract::time::parse_date_time(stamp)
+            .with_context(|| format!("session_{n}_date_time {stamp:?} is not a date"))?;
+        for pair in turns.chunks(2) {
+            let first = &pair[0];
+            let second = pair.get(1);
+            let text = utterance_text(first);
+            if text.trim().is_empty() {
+                continue;
+            }
+            out.push(Round {
+                dia_ids: pair
+                    .iter()
+                    .filter_map(|t| t["dia_id"].as_str().map(String::from))
+                    .collect(),
+                input: TurnInput {
+                    turn_id: Some(
+                        pair.iter()
+                            .filter_map(|t| t["dia_id"].as_str())
+                            .collect::<Vec<_>>()
+                            .join("+"),
+                    ),
+                    user: text,
+                    assistant: second.map(utterance_text).filter(|s| !s.trim().is_empty()),
+                    user_speaker: first["speaker"].as_str().map(String::from),
+                    assistant_speaker: second.and_then(|t| t["speaker"].as_str()).map(String::from),
+                    timestamp: ts,
+                    metadata: Default::default(),
+                },
+            });
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Serialize, Deserialize)]
+struct Ranking {
+    sample_id: String,
+    qa_index: usize,
+    ranked: Vec<Vec<String>>,
+}
+
+#[derive(Default)]
+struct Scores {
+    /// category → metric → values
+    by_cat: BTreeMap<u8, BTreeMap<String, Vec<f64>>>,
+}
+
+impl Scores {
+    fn add(&mut self, cat: u8, ks: &[usize], ranked: &[Vec<String>], gold: &[String]) {
+        let m = self.by_cat.entry(cat).or_default();
+        for &k in ks {
+            let top: HashSet<&String> = ranked.iter().take(k).flatten().collect();
+            let covered = gold.iter().filter(|g| top.contains(g)).count();
+            m.entry(format!("recall@{k}"))
+                .or_default()
+                .push(covered as f64 / gold.len() as f64);
+            m.entry(format!("hit@{k}"))
+                .or_default()
+                .push(if covered > 0 { 1.0 } else { 0.0 });
+            let first = ranked
+                .iter()
+                .take(k)
+                .position(|ids| ids.iter().any(|d| gold.contains(d)));
+            m.entry(format!("mrr@{k}"))
+                .or_default()
+                .push(first.map(|r| 1.0 / (r as f64 + 1.0)).unwrap_or(0.0));
+        }
+    }
+
+    fn table(&self, ks: &[usize]) -> String {
+        let names = [
+            (1, "multi-hop"),
+            (2, "temporal"),
+            (3, "open-domain"),
+            (4, "single-hop"),
+            (5, "adversarial"),
+        ];
+        let mut metrics = Vec::new();
+        for m in ["hit", "mrr", "recall"] {
+            for k in ks {
+                metrics.push(format!("{m}@{k}"));
+            }
+        }
+        let mut s = format!("{:<15}", "category");
+        for m in &metrics {
+            s.push_str(&format!("{m:>10}"));
+        }
+        s.push_str(&format!("{:>7}\n", "n"));
+        let mut rows: Vec<(String, Vec<u8>)> = names
+            .iter()
+            .filter(|(c, _)| self.by_cat.contains_key(c))
+            .map(|(c, n)| (format!("{c} {n}"), vec![*c]))
+            .collect();
+        rows.push(("1-4".into(), vec![1, 2, 3, 4]));
+        rows.push(("all".into(), vec![1, 2, 3, 4, 5]));
+        for (label, cats) in rows {
+            s.push_str(&format!("{label:<15}"));
+            let mut n = 0;
+            for m in &metrics {
+                let vals: Vec<f64> = cats
+                    .iter()
+                    .filter_map(|c| self.by_cat.get(c))
+                    .flat_map(|x| x.get(m).cloned().unwrap_or_default())
+                    .collect();
+                n = vals.len();
+                let mean = if vals.is_empty() {
+                    0.0
+                } else {
+                    vals.iter().sum::<f64>() / vals.len() as f64
+                };
+                s.push_str(&format!("{mean:>10.3}"));
+            }
+            s.push_str(&format!("{n:>7}\n"));
+        }
+        s
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn apply_sets(cfg: RecallConfig, sets: &[String]) -> anyhow::Result<RecallConfig> {
+    let mut v = serde_json::to_value(&cfg)?;
+    for s in sets {
+        let (k, val) = s
+            .split_once('=')
+            .with_context(|| format!("--set {s}: expected key=value"))?;
+        let parsed: Value =
+            serde_json::from_str(val).with_context(|| format!("--set {s}: value is not JSON"))?;
+        match v.get_mut(k) {
+            Some(slot) => *slot = parsed,
+            None => bail!("--set {k}: no such recall constant"),
+        }
+    }
+    Ok(serde_json::from_value(v)?)
+}
+
+pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()> {
+    let EvalCommand::Locomo {
+        data,
+        k,
+        dump_rankings,
+        ablate,
+        conversations,
+        keep,
+        set,
+    } = cmd;
+    let ks: Vec<usize> = k
+        .split(',')
+        .map(|x| x.trim().parse())
+        .collect::<Result<_, _>>()
+        .context("--k: numbers like 10,30")?;
+    let kmax = *ks.iter().max().context("--k is empty")?;
+    let raw = std::fs::read(&data).with_context(|| {
+        format!(
+            "reading {} (LoCoMo data lives in ../shared/data; it is not part of the repo)",
+            data.display()
+        )
+    })?;
+    let samples: Vec<Value> =
+        serde_json::from_slice(&raw).context("LoCoMo file is not a JSON list")?;
+    let samples = &samples[..conversations.unwrap_or(samples.len()).min(samples.len())];
+
+    let tmp;
+    let dir = match keep {
+        Some(d) => d,
+        None => {
+            tmp = tempfile::tempdir()?;
+            tmp.path().to_path_buf()
+        }
+    };
+    settings.storage.data_dir = dir.clone();
+    let app = App::open(settings.clone()).await?;
+    let tenant = TenantId::default_tenant();
+
+    // Ingest: every conversation its own memory space.
+    let mut dia_of: BTreeMap<MemoryId, Vec<String>> = BTreeMap::new();
+    let mut questions = Vec::new();
+    let mut rounds_total = 0usize;
+    let known: HashSet<String> = app
+        .graph
+        .conversations(&tenant)
+        .await?
+        .into_iter()
+        .collect();
+    let started = Instant::now();
+    let mut ids = Vec::new();
+    let mut ingested = 0usize;
+    for s in samples {
+        let sample = s["sample_id"]
+            .as_str()
+            .context("sample without sample_id")?
+            .to_string();
+        let rounds = rounds_of(s)?;
+        rounds_total += rounds.len();
+        let valid: HashSet<String> = rounds
+            .iter()
+            .flat_map(|r| r.dia_ids.iter().cloned())
+            .collect();
+        for r in &rounds {
+            let id = MemoryId::derive(&tenant, &sample, r.input.turn_id.as_deref().unwrap_or(""));
+            dia_of.insert(id, r.dia_ids.clone());
+        }
+        if !known.contains(&sample) {
+            ingested += rounds.len();
+            for chunk in rounds.chunks(200) {
+                let turns = chunk.iter().map(|r| r.input.clone()).collect();
+                let resp = app
+                    .gateway
+                    .store(
+                        &tenant,
+                        &sample,
+                        StoreRequest {
+                            turns,
+                            wait: Some(false),
+                        },
+                        "eval",
+                    )
+                    .await?;
+                ids.extend(resp.memory_ids);
+            }
+        }
+        for (qi, qa) in s["qa"].as_array().into_iter().flatten().enumerate() {
+            let gold: Vec<String> =
+                clean_evidence(qa["evidence"].as_array().map(Vec::as_slice).unwrap_or(&[]))
+                    .into_iter()
+                    .filter(|g| valid.contains(g))
+                    .collect();
+            if gold.is_empty() {
+                continue;
+            }
+            questions.push(Question {
+                sample: sample.clone(),
+                qa_index: qi,
+                category: qa["category"].as_u64().unwrap_or(0) as u8,
+                question: qa["question"].as_str().unwrap_or("").to_string(),
+                gold,
+            });
+        }
+    }
+    app.gateway.wait_stored(&ids).await?;
+    let ingest_secs = started.elapsed().as_secs_f64();
+    if ingested > 0 {
+        println!(
+            "ingested {ingested} rounds in {ingest_secs:.1}s ({:.1} turns/s end to end)",
+            ingested as f64 / ingest_secs
+        );
+    } else {
+        println!("reusing {rounds_total} rounds already in {}", dir.display());
+    }
+
+    let base_cfg = apply_sets(app.recall.config().clone(), &set)?;
+    let embedder: Arc<dyn Embedder> = Arc::new(CachedEmbedder::new(app.embedder.clone()));
+    let recall = Recall::new(
+        app.graph.clone(),
+        app.vectors.clone(),
+        embedder,
+        base_cfg.clone(),
+    );
+    let runs: Vec<(String, Ablation)> = match ablate.as_deref() {
+        None | Some("none") => vec![("full".into(), Ablation::default())],
+        Some("all") => std::iter::once(("full".to_string(), Ablation::default()))
+            .chain(Ablation::NAMES.iter().map(|n| {
+                (
+                    format!("without {n}"),
+                    Ablation::parse(n).expect("known name"),
+                )
+            }))
+            .collect(),
+        Some(n) => vec![(
+            format!("without {n}"),
+            Ablation::parse(n)
+                .with_context(|| format!("--ablate {n}: one of {:?} or all", Ablation::NAMES))?,
+        )],
+    };
+    println!(
+        "configuration: embedder={} extractor=rules k={kmax} conversations={} questions={} recall={}",
+        app.embedder.model_name(),
+        samples.len(),
+        questions.len(),
+        serde_json::to_string(&base_cfg)?
+    );
+    for (label, ablation) in runs {
+        let mut scores = Scores::default();
+        let mut latencies = Vec::with_capacity(questions.len());
+        let mut rankings = Vec::new();
+        for q in &questions {
+            let req = RecallRequest {
+                query: q.question.clone(),
+                conversation_ids: Some(vec![q.sample.clone()]),
+                k: Some(kmax as i64),
+                ..Default::default()
+            };
+            let t = Instant::now();
+            let mems = recall.recall_with(&tenant, &req, &ablation).await?;
+            latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+            let ranked: Vec<Vec<String>> = mems
+                .iter()
+                .map(|m| dia_of.get(&m.memory_id).cloned().unwrap_or_default())
+                .collect();
+            scores.add(q.category, &ks, &ranked, &q.gold);
+            rankings.push(Ranking {
+                sample_id: q.sample.clone(),
+                qa_index: q.qa_index,
+                ranked,
+            });
+        }
+        latencies.sort_by(f64::total_cmp);
+        println!("\n== {label} ==");
+        print!("{}", scores.table(&ks));
+        println!(
+            "recall latency: p50 {:.1} ms, p99 {:.1} ms over {} queries",
+            percentile(&latencies, 0.5),
+            percentile(&latencies, 0.99),
+            latencies.len()
+        );
+        if let Some(path) = &dump_rankings {
+            if label == "full" || ablate.as_deref() != Some("all") {
+                std::fs::write(path, serde_json::to_vec(&rankings)?)?;
+                println!("rankings written to {}", path.display());
+            }
+        }
+    }
+    app.shutdown().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evidence_is_cleaned_like_the_reference_tool() {
+        let raw: Vec<Value> = ["D8:6; D9:17", "D:11:26", "D30:05", "D", "D1:3"]
+            .iter()
+            .map(|s| Value::from(*s))
+            .collect();
+        assert_eq!(
+            clean_evidence(&raw),
+            vec!["D8:6", "D9:17", "D11:26", "D30:5", "D1:3"]
+        );
+    }
+
+    #[test]
+    fn metrics_follow_the_definitions() {
+        let mut s = Scores::default();
+        let ranked = vec![
+            vec!["D1:1".to_string(), "D1:2".to_string()],
+            vec!["D2:1".to_string()],
+        ];
+        s.add(
+            1,
+            &[1, 2],
+            &ranked,
+            &["D2:1".to_string(), "D9:9".to_string()],
+        );
+        let m = &s.by_cat[&1];
+        assert_eq!(m["recall@1"], vec![0.0]);
+        assert_eq!(m["recall@2"], vec![0.5]);
+        assert_eq!(m["hit@2"], vec![1.0]);
+        assert_eq!(m["mrr@2"], vec![0.5]);
+        assert_eq!(m["mrr@1"], vec![0.0]);
+    }
+}

@@ -1,0 +1,77 @@
+//! `recollect`: the all-in-one embedded binary (every worker in one process) and its tools.
+
+mod app;
+mod cli;
+mod eval;
+mod server;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use recollect_config::Settings;
+
+#[derive(Parser)]
+#[command(
+    name = "recollect",
+    version,
+    about = "Long-term memory for LLM agents: store chat turns, recall them in milliseconds"
+)]
+struct Cli {
+    /// Configuration file (TOML); RECOLLECT__SECTION__KEY variables override it.
+    #[arg(long, global = true, env = "RECOLLECT_CONFIG")]
+    config: Option<PathBuf>,
+    /// Data directory (also RECOLLECT__STORAGE__DATA_DIR).
+    #[arg(long, global = true)]
+    data_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the embedded server (HTTP API, every worker in-process).
+    Serve {
+        /// Address to listen on (also RECOLLECT__SERVER__LISTEN).
+        #[arg(long)]
+        listen: Option<String>,
+    },
+    /// Store turns from a JSONL file: one {"conversation_id", "user", "assistant"?, "timestamp", ...} per line.
+    Ingest(cli::IngestArgs),
+    /// Recall memories for a query.
+    Recall(cli::RecallArgs),
+    /// Erase a conversation from every store.
+    Delete(cli::DeleteArgs),
+    /// Retrieval evaluation.
+    Eval {
+        #[command(subcommand)]
+        which: eval::EvalCommand,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let mut settings = Settings::load(cli.config.as_deref())?;
+    if let Some(d) = cli.data_dir {
+        settings.storage.data_dir = d;
+    }
+    if let Command::Serve { listen: Some(l) } = &cli.command {
+        settings.server.listen = l.clone();
+    }
+    settings.validate()?;
+    recollect_telemetry::init_tracing(
+        &settings.telemetry.log_format,
+        &settings.telemetry.log_level,
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        match cli.command {
+            Command::Serve { .. } => server::serve(app::App::open(settings).await?).await,
+            Command::Ingest(a) => cli::ingest(settings, a).await,
+            Command::Recall(a) => cli::recall(settings, a).await,
+            Command::Delete(a) => cli::delete(settings, a).await,
+            Command::Eval { which } => eval::run(settings, which).await,
+        }
+    })
+}

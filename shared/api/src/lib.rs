@@ -1,0 +1,180 @@
+//! HTTP plumbing shared by the services that speak HTTP: the one place errors become status
+//! codes, the tenant taken from the credential, and JSON bodies whose rejections say what is wrong.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use recollect_model::{Classify, ErrorKind, RecollectError, TenantId};
+use serde::de::DeserializeOwned;
+
+/// An error as the HTTP edge returns it: `{"error": {"code", "message"}}` with the status for its kind.
+#[derive(Debug)]
+pub struct ApiError(pub RecollectError);
+
+impl<E: Into<RecollectError>> From<E> for ApiError {
+    fn from(e: E) -> Self {
+        ApiError(e.into())
+    }
+}
+
+/// The single mapping from error kind to HTTP status.
+pub fn status_for(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::InvalidArgument => StatusCode::BAD_REQUEST,
+        ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+pub fn error_response(status: StatusCode, code: &str, message: &str) -> Response {
+    let body = serde_json::json!({"error": {"code": code, "message": message}});
+    let mut r = (status, axum::Json(body)).into_response();
+    if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    r
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let kind = self.0.kind();
+        if kind == ErrorKind::Internal || kind == ErrorKind::Unavailable {
+            tracing::error!(error = %self.0, code = kind.code(), "request failed");
+        }
+        error_response(status_for(kind), kind.code(), &self.0.to_string())
+    }
+}
+
+/// API keys → tenants. Empty: open, single-tenant mode (loopback only; checked at start).
+#[derive(Debug, Clone, Default)]
+pub struct Auth {
+    keys: Arc<HashMap<String, TenantId>>,
+}
+
+impl Auth {
+    pub fn new(pairs: Vec<(String, String)>) -> Self {
+        Self {
+            keys: Arc::new(pairs.into_iter().map(|(k, t)| (k, TenantId(t))).collect()),
+        }
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The tenant for an `Authorization` header value; the credential is the only source.
+    pub fn tenant_for(&self, authorization: Option<&str>) -> Result<TenantId, RecollectError> {
+        if self.is_open() {
+            return Ok(TenantId::default_tenant());
+        }
+        let token = authorization
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .map(str::trim)
+            .ok_or_else(|| {
+                RecollectError::Unauthenticated("missing Authorization: Bearer <api key>".into())
+            })?;
+        self.keys
+            .get(token)
+            .cloned()
+            .ok_or_else(|| RecollectError::Unauthenticated("unknown API key".into()))
+    }
+}
+
+/// Anything that can hand out the [`Auth`] table.
+pub trait HasAuth {
+    fn auth(&self) -> &Auth;
+}
+
+/// The caller's tenant, from the credential.
+pub struct Tenant(pub TenantId);
+
+impl<S: HasAuth + Send + Sync> FromRequestParts<S> for Tenant {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let h = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        Ok(Tenant(state.auth().tenant_for(h)?))
+    }
+}
+
+/// `axum::Json` whose rejections become our 400/413/415 bodies, naming the problem.
+pub struct Json<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Json<T> {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(Json(v)),
+            Err(rej) => {
+                let status = rej.status();
+                let message = match &rej {
+                    JsonRejection::JsonDataError(e) => {
+                        format!("invalid request body: {}", e.body_text())
+                    }
+                    JsonRejection::JsonSyntaxError(e) => {
+                        format!("malformed JSON: {}", e.body_text())
+                    }
+                    JsonRejection::MissingJsonContentType(_) => {
+                        "expected Content-Type: application/json".to_string()
+                    }
+                    other => other.body_text(),
+                };
+                let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                    "too_large"
+                } else {
+                    "invalid_argument"
+                };
+                Err(error_response(status, code, &message))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_comes_from_the_key_only() {
+        let a = Auth::new(vec![("k1".into(), "ta".into()), ("k2".into(), "tb".into())]);
+        assert_eq!(
+            a.tenant_for(Some("Bearer k1")).unwrap(),
+            TenantId("ta".into())
+        );
+        assert_eq!(
+            a.tenant_for(Some("Bearer k2")).unwrap(),
+            TenantId("tb".into())
+        );
+        assert!(a.tenant_for(Some("Bearer nope")).is_err());
+        assert!(a.tenant_for(None).is_err());
+        assert!(a.tenant_for(Some("k1")).is_err());
+        let open = Auth::default();
+        assert_eq!(open.tenant_for(None).unwrap(), TenantId::default_tenant());
+    }
+
+    #[test]
+    fn kinds_map_to_statuses() {
+        assert_eq!(
+            status_for(ErrorKind::InvalidArgument),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(status_for(ErrorKind::NotFound), StatusCode::NOT_FOUND);
+        assert_eq!(
+            status_for(ErrorKind::Unauthenticated),
+            StatusCode::UNAUTHORIZED
+        );
+    }
+}

@@ -1,0 +1,437 @@
+//! The `Bus` seam: topics between the workers. In-process queues for the single binary, Kafka for
+//! separate services. Workers are written once as a [`Stage`] and driven by [`run_stage`], which
+//! owns the delivery rules: publish outputs, then commit; retry transient failures a bounded
+//! number of times; send what still fails to the dead-letter topic and move on.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use backon::{ExponentialBuilder, Retryable};
+use recollect_model::topics;
+use recollect_telemetry as metrics;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch, Mutex};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BusError {
+    #[error("bus unavailable: {0}")]
+    Unavailable(String),
+    #[error("topic {0} has no queue")]
+    UnknownTopic(String),
+    #[error("topic {0} already has a consumer in this process")]
+    AlreadySubscribed(String),
+    #[error("bus is closed")]
+    Closed,
+}
+
+impl recollect_model::Classify for BusError {
+    fn kind(&self) -> recollect_model::ErrorKind {
+        recollect_model::ErrorKind::Unavailable
+    }
+}
+
+/// A message to publish. `key` keeps one conversation on one partition, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    pub topic: String,
+    pub key: String,
+    pub payload: Vec<u8>,
+    pub headers: Vec<(String, String)>,
+}
+
+impl Message {
+    pub fn json<T: Serialize>(topic: &str, key: String, body: &T, trace_id: &str) -> Self {
+        Self {
+            topic: topic.to_string(),
+            key,
+            payload: serde_json::to_vec(body).expect("bus messages serialise"),
+            headers: vec![("trace_id".to_string(), trace_id.to_string())],
+        }
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A consumed message with its position, to be committed once its effect is durable.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub message: Message,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+#[async_trait]
+pub trait Bus: Send + Sync + 'static {
+    fn kind(&self) -> &'static str;
+    /// Create the topics if missing (brokers here have no auto-creation).
+    async fn ensure_topics(&self, names: &[&str]) -> Result<(), BusError>;
+    /// Returns once every message is acknowledged by the bus.
+    async fn publish(&self, messages: Vec<Message>) -> Result<(), BusError>;
+    async fn subscribe(&self, topic: &str, group: &str) -> Result<Box<dyn Subscription>, BusError>;
+}
+
+#[async_trait]
+pub trait Subscription: Send {
+    /// Up to `max` deliveries, waiting at most `wait` for the first; empty on timeout.
+    async fn poll(&mut self, max: usize, wait: Duration) -> Result<Vec<Delivery>, BusError>;
+    /// The downstream effects of `done` are durable: their offsets may be committed.
+    async fn commit(&mut self, done: &[Delivery]) -> Result<(), BusError>;
+}
+
+/// In-process topics: bounded queues (backpressure instead of unbounded memory), one consumer
+/// each. Durability in embedded mode comes from the raw-turn store, which replays unfinished
+/// turns at start, so commits here have nothing to do.
+pub struct InProcessBus {
+    capacity: usize,
+    topics: std::sync::Mutex<HashMap<String, Arc<Queue>>>,
+}
+
+struct Queue {
+    tx: mpsc::Sender<Delivery>,
+    rx: Mutex<Option<mpsc::Receiver<Delivery>>>,
+    next_offset: std::sync::atomic::AtomicI64,
+}
+
+impl InProcessBus {
+    pub fn new(capacity: usize) -> Arc<Self> {
+        Arc::new(Self {
+            capacity,
+            topics: Default::default(),
+        })
+    }
+
+    fn queue(&self, topic: &str) -> Arc<Queue> {
+        let mut topics = self.topics.lock().expect("topic map lock");
+        topics
+            .entry(topic.to_string())
+            .or_insert_with(|| {
+                let (tx, rx) = mpsc::channel(self.capacity);
+                Arc::new(Queue {
+                    tx,
+                    rx: Mutex::new(Some(rx)),
+                    next_offset: std::sync::atomic::AtomicI64::new(0),
+                })
+            })
+            .clone()
+    }
+
+    /// Messages waiting in a topic's queue.
+    pub fn depth(&self, topic: &str) -> usize {
+        let q = self.queue(topic);
+        q.tx.max_capacity() - q.tx.capacity()
+    }
+}
+
+#[async_trait]
+impl Bus for InProcessBus {
+    fn kind(&self) -> &'static str {
+        "in_process"
+    }
+
+    async fn ensure_topics(&self, names: &[&str]) -> Result<(), BusError> {
+        for n in names {
+            self.queue(n);
+        }
+        Ok(())
+    }
+
+    async fn publish(&self, messages: Vec<Message>) -> Result<(), BusError> {
+        for m in messages {
+            let q = self.queue(&m.topic);
+            let offset = q
+                .next_offset
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            q.tx.send(Delivery {
+                message: m,
+                partition: 0,
+                offset,
+            })
+            .await
+            .map_err(|_| BusError::Closed)?;
+        }
+        Ok(())
+    }
+
+    async fn subscribe(
+        &self,
+        topic: &str,
+        _group: &str,
+    ) -> Result<Box<dyn Subscription>, BusError> {
+        let q = self.queue(topic);
+        let rx =
+            q.rx.lock()
+                .await
+                .take()
+                .ok_or_else(|| BusError::AlreadySubscribed(topic.into()))?;
+        Ok(Box::new(InProcessSubscription {
+            topic: topic.to_string(),
+            rx,
+            queue: q,
+        }))
+    }
+}
+
+struct InProcessSubscription {
+    topic: String,
+    rx: mpsc::Receiver<Delivery>,
+    queue: Arc<Queue>,
+}
+
+#[async_trait]
+impl Subscription for InProcessSubscription {
+    async fn poll(&mut self, max: usize, wait: Duration) -> Result<Vec<Delivery>, BusError> {
+        let mut out = Vec::new();
+        match tokio::time::timeout(wait, self.rx.recv_many(&mut out, max)).await {
+            Ok(0) => Err(BusError::Closed),
+            Ok(_) | Err(_) => {
+                let depth = self.queue.tx.max_capacity() - self.queue.tx.capacity();
+                metrics::CONSUMER_LAG
+                    .with_label_values(&[&self.topic, "0"])
+                    .set(depth as i64);
+                Ok(out)
+            }
+        }
+    }
+
+    async fn commit(&mut self, _done: &[Delivery]) -> Result<(), BusError> {
+        Ok(())
+    }
+}
+
+/// Why a handler failed: transient failures are retried, permanent ones go straight to the DLQ.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StageError {
+    #[error("transient: {0}")]
+    Transient(String),
+    #[error("permanent: {0}")]
+    Permanent(String),
+}
+
+impl StageError {
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StageError::Transient(_))
+    }
+}
+
+/// A pipeline worker: consumes one topic, returns what to publish for each input.
+#[async_trait]
+pub trait Stage: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    fn input_topic(&self) -> &'static str;
+    fn max_batch(&self) -> usize {
+        64
+    }
+    /// One result per delivery, in order. Outputs are published before the input is committed.
+    async fn handle(&self, batch: &[Delivery]) -> Vec<Result<Vec<Message>, StageError>>;
+}
+
+/// What the dead-letter topic holds: the error and where the message came from.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DeadLetter {
+    pub stage: String,
+    pub error: String,
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: String,
+    /// The original payload, lossily decoded (payloads are JSON).
+    pub payload: String,
+}
+
+/// Retry policy for a failing message: bounded, with backoff.
+fn retry_policy() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(20))
+        .with_max_delay(Duration::from_millis(500))
+        .with_max_times(4)
+}
+
+/// Drives a stage until `shutdown` flips to true; then finishes the batch in hand (drain) and
+/// returns. The loop never holds a message back for another: a poison message is dead-lettered.
+pub async fn run_stage(
+    bus: Arc<dyn Bus>,
+    stage: Arc<dyn Stage>,
+    group: String,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), BusError> {
+    let mut sub = bus.subscribe(stage.input_topic(), &group).await?;
+    let name = stage.name();
+    tracing::info!(stage = name, topic = stage.input_topic(), "stage started");
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        let batch = tokio::select! {
+            r = sub.poll(stage.max_batch(), Duration::from_millis(200)) => match r {
+                Ok(b) => b,
+                Err(BusError::Closed) => break,
+                Err(e) => {
+                    tracing::warn!(stage = name, error = %e, "poll failed");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => continue,
+        };
+        if batch.is_empty() {
+            continue;
+        }
+        let started = Instant::now();
+        let results = stage.handle(&batch).await;
+        let mut outputs = Vec::new();
+        for (d, r) in batch.iter().zip(results) {
+            let r = match r {
+                Err(e) if e.is_transient() => {
+                    metrics::STAGE_RETRIES.with_label_values(&[name]).inc();
+                    let one = std::slice::from_ref(d);
+                    (|| async {
+                        stage
+                            .handle(one)
+                            .await
+                            .pop()
+                            .unwrap_or(Err(StageError::Permanent(
+                                "handler returned no result".into(),
+                            )))
+                    })
+                    .retry(retry_policy())
+                    .when(StageError::is_transient)
+                    .notify(|e, _| {
+                        metrics::STAGE_RETRIES.with_label_values(&[name]).inc();
+                        tracing::warn!(stage = name, error = %e, "retrying message");
+                    })
+                    .await
+                }
+                other => other,
+            };
+            match r {
+                Ok(mut out) => {
+                    metrics::STAGE_MESSAGES
+                        .with_label_values(&[name, "ok"])
+                        .inc();
+                    outputs.append(&mut out);
+                }
+                Err(e) => {
+                    metrics::STAGE_MESSAGES
+                        .with_label_values(&[name, "dlq"])
+                        .inc();
+                    tracing::error!(stage = name, offset = d.offset, partition = d.partition, error = %e, "message dead-lettered");
+                    let dl = DeadLetter {
+                        stage: name.to_string(),
+                        error: e.to_string(),
+                        topic: d.message.topic.clone(),
+                        partition: d.partition,
+                        offset: d.offset,
+                        key: d.message.key.clone(),
+                        payload: String::from_utf8_lossy(&d.message.payload).into_owned(),
+                    };
+                    let trace = d.message.header("trace_id").unwrap_or("").to_string();
+                    outputs.push(Message::json(
+                        topics::DLQ,
+                        d.message.key.clone(),
+                        &dl,
+                        &trace,
+                    ));
+                }
+            }
+        }
+        // Publish, then commit: a crash between the two redelivers, and every effect is idempotent.
+        (|| async { bus.publish(outputs.clone()).await })
+            .retry(retry_policy().with_max_times(30))
+            .notify(|e, _| tracing::warn!(stage = name, error = %e, "publish failed, retrying"))
+            .await?;
+        sub.commit(&batch).await?;
+        metrics::STAGE_LATENCY
+            .with_label_values(&[name])
+            .observe(started.elapsed().as_secs_f64());
+    }
+    tracing::info!(stage = name, "stage stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Doubler;
+
+    #[async_trait]
+    impl Stage for Doubler {
+        fn name(&self) -> &'static str {
+            "doubler"
+        }
+        fn input_topic(&self) -> &'static str {
+            "in"
+        }
+        async fn handle(&self, batch: &[Delivery]) -> Vec<Result<Vec<Message>, StageError>> {
+            batch
+                .iter()
+                .map(|d| {
+                    let n: i64 = serde_json::from_slice(&d.message.payload)
+                        .map_err(|e| StageError::Permanent(e.to_string()))?;
+                    Ok(vec![Message::json(
+                        "out",
+                        d.message.key.clone(),
+                        &(n * 2),
+                        "t",
+                    )])
+                })
+                .collect()
+        }
+    }
+
+    #[tokio::test]
+    async fn stage_publishes_in_order_and_dead_letters_poison() {
+        let bus = InProcessBus::new(16);
+        bus.ensure_topics(&["in", "out", topics::DLQ])
+            .await
+            .unwrap();
+        let mut out = bus.subscribe("out", "g").await.unwrap();
+        let mut dlq = bus.subscribe(topics::DLQ, "g").await.unwrap();
+        let (tx, rx) = watch::channel(false);
+        let h = tokio::spawn(run_stage(bus.clone(), Arc::new(Doubler), "g".into(), rx));
+        let mut msgs: Vec<Message> = (0..5)
+            .map(|i| Message::json("in", "k".into(), &i, "t"))
+            .collect();
+        msgs.insert(
+            2,
+            Message {
+                topic: "in".into(),
+                key: "k".into(),
+                payload: b"{oops".to_vec(),
+                headers: vec![],
+            },
+        );
+        bus.publish(msgs).await.unwrap();
+        let mut got = Vec::new();
+        while got.len() < 5 {
+            for d in out.poll(10, Duration::from_secs(5)).await.unwrap() {
+                got.push(serde_json::from_slice::<i64>(&d.message.payload).unwrap());
+            }
+        }
+        assert_eq!(got, vec![0, 2, 4, 6, 8]);
+        let dead = dlq.poll(10, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(dead.len(), 1);
+        let dl: DeadLetter = serde_json::from_slice(&dead[0].message.payload).unwrap();
+        assert_eq!(dl.payload, "{oops");
+        assert_eq!(dl.stage, "doubler");
+        tx.send(true).unwrap();
+        h.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn one_consumer_per_topic_in_process() {
+        let bus = InProcessBus::new(4);
+        let _a = bus.subscribe("t", "g").await.unwrap();
+        assert!(matches!(
+            bus.subscribe("t", "g").await,
+            Err(BusError::AlreadySubscribed(_))
+        ));
+    }
+}

@@ -1,0 +1,281 @@
+//! Layered configuration: compiled-in defaults, then an optional file, then
+//! `RECOLLECT__SECTION__KEY` environment variables; validated once at start so a bad value
+//! stops the process with a message that names the key.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+const DEFAULTS: &str = include_str!("../config/default.toml");
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration could not be read: {0}")]
+    Load(#[from] config::ConfigError),
+    #[error("invalid configuration: {key}: {message}")]
+    Invalid { key: &'static str, message: String },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Settings {
+    pub server: ServerSettings,
+    pub storage: StorageSettings,
+    pub embedder: EmbedderSettings,
+    pub extractor: ExtractorSettings,
+    pub graph: GraphSettings,
+    pub vectors: VectorSettings,
+    pub bus: BusSettings,
+    pub consolidation: ConsolidationSettings,
+    pub telemetry: TelemetrySettings,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ServerSettings {
+    pub listen: String,
+    /// `key:tenant` pairs.
+    pub api_keys: Vec<String>,
+    pub max_body_bytes: usize,
+    pub max_turns_per_request: usize,
+    pub max_query_bytes: usize,
+    pub max_k: usize,
+    pub default_k: usize,
+    pub wait_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StorageSettings {
+    pub data_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EmbedderKind {
+    Minilm,
+    Hash,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EmbedderSettings {
+    pub kind: EmbedderKind,
+    /// Empty: look for models/all-MiniLM-L6-v2 beside the binary or the working directory.
+    pub model_dir: String,
+    pub batch_size: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExtractorKind {
+    Rules,
+    Llm,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExtractorSettings {
+    pub kind: ExtractorKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GraphKind {
+    Embedded,
+    Neo4j,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GraphSettings {
+    pub kind: GraphKind,
+    pub uri: String,
+    pub user: String,
+    pub password: String,
+    pub database: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VectorKind {
+    Embedded,
+    Qdrant,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VectorSettings {
+    pub kind: VectorKind,
+    pub url: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BusKind {
+    InProcess,
+    Kafka,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BusSettings {
+    pub kind: BusKind,
+    pub brokers: String,
+    pub group_prefix: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ConsolidationSettings {
+    pub window: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TelemetrySettings {
+    /// text | json
+    pub log_format: String,
+    pub log_level: String,
+}
+
+impl Settings {
+    /// Defaults, then `file` (if any), then `RECOLLECT__…` variables; validated.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut b = config::Config::builder()
+            .add_source(config::File::from_str(DEFAULTS, config::FileFormat::Toml));
+        if let Some(f) = file {
+            b = b.add_source(config::File::from(f).required(true));
+        }
+        b = b.add_source(
+            config::Environment::with_prefix("RECOLLECT")
+                .prefix_separator("__")
+                .separator("__")
+                .list_separator(",")
+                .with_list_parse_key("server.api_keys")
+                .try_parsing(true),
+        );
+        let mut s: Settings = b.build()?.try_deserialize()?;
+        if let Ok(keys) = std::env::var("RECOLLECT_API_KEYS") {
+            s.server.api_keys.extend(
+                keys.split(',')
+                    .map(str::trim)
+                    .filter(|k| !k.is_empty())
+                    .map(String::from),
+            );
+        }
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// Defaults only (tests, tools).
+    pub fn defaults() -> Self {
+        let s: Settings = config::Config::builder()
+            .add_source(config::File::from_str(DEFAULTS, config::FileFormat::Toml))
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .expect("compiled-in defaults parse");
+        s
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, message: String| Err(ConfigError::Invalid { key, message });
+        if self.server.listen.parse::<SocketAddr>().is_err() {
+            return invalid(
+                "server.listen",
+                format!(
+                    "{:?} is not an address like 127.0.0.1:8080",
+                    self.server.listen
+                ),
+            );
+        }
+        for k in &self.server.api_keys {
+            match k.split_once(':') {
+                Some((key, tenant)) if !key.is_empty() && valid_tenant(tenant) => {}
+                _ => {
+                    return invalid(
+                        "server.api_keys",
+                        "each entry must be key:tenant, tenant of [A-Za-z0-9_.-]{1,64}".into(),
+                    )
+                }
+            }
+        }
+        if self.server.max_k == 0 || self.server.max_k > 10_000 {
+            return invalid("server.max_k", "must be in 1..=10000".into());
+        }
+        if self.server.default_k == 0 || self.server.default_k > self.server.max_k {
+            return invalid("server.default_k", "must be in 1..=max_k".into());
+        }
+        if self.server.max_turns_per_request == 0 {
+            return invalid("server.max_turns_per_request", "must be at least 1".into());
+        }
+        if self.server.max_body_bytes < 1024 {
+            return invalid("server.max_body_bytes", "must be at least 1024".into());
+        }
+        if self.embedder.batch_size == 0 || self.embedder.batch_size > 4096 {
+            return invalid("embedder.batch_size", "must be in 1..=4096".into());
+        }
+        if self.consolidation.window < 2 {
+            return invalid("consolidation.window", "must be at least 2".into());
+        }
+        if !matches!(self.telemetry.log_format.as_str(), "text" | "json") {
+            return invalid("telemetry.log_format", "must be text or json".into());
+        }
+        if self.storage.data_dir.as_os_str().is_empty() {
+            return invalid("storage.data_dir", "must not be empty".into());
+        }
+        Ok(())
+    }
+
+    /// API key → tenant pairs.
+    pub fn api_keys(&self) -> Vec<(String, String)> {
+        self.server
+            .api_keys
+            .iter()
+            .filter_map(|k| k.split_once(':'))
+            .map(|(k, t)| (k.to_string(), t.to_string()))
+            .collect()
+    }
+
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.server.listen.parse().expect("validated at load")
+    }
+}
+
+/// Tenants are path-safe names: they end up in keys and file names.
+pub fn valid_tenant(t: &str) -> bool {
+    !t.is_empty()
+        && t.len() <= 64
+        && t.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        let s = Settings::defaults();
+        s.validate().unwrap();
+        assert_eq!(s.server.listen, "127.0.0.1:8080");
+        assert_eq!(s.embedder.kind, EmbedderKind::Minilm);
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let mut s = Settings::defaults();
+        s.server.listen = "nowhere".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("server.listen"), "{e}");
+        let mut s = Settings::defaults();
+        s.server.api_keys = vec!["no-tenant".into()];
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("server.api_keys"));
+    }
+
+    #[test]
+    fn file_overrides_defaults() {
+        let dir = std::env::temp_dir().join(format!("recollect-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("c.toml");
+        std::fs::write(&f, "[server]\nlisten = \"127.0.0.1:9999\"\n").unwrap();
+        let s = Settings::load(Some(&f)).unwrap();
+        assert_eq!(s.server.listen, "127.0.0.1:9999");
+        assert_eq!(s.server.default_k, 30);
+    }
+}

@@ -1,0 +1,274 @@
+//! A bounded cache in front of any [`Embedder`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::{EmbedError, Embedder};
+
+/// Default number of cached texts. At 384 dimensions a full cache holds about 160 MB of
+/// vectors plus the keys; use [`CachedEmbedder::with_capacity`] to trade memory for hits.
+pub const DEFAULT_CACHE_CAPACITY: usize = 100_000;
+
+/// Hit/miss counters of a [`CachedEmbedder`], e.g. for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CacheStats {
+    /// Texts not sent to the inner embedder (cached, or repeated within one call).
+    pub hits: u64,
+    /// Texts passed to the inner embedder.
+    pub misses: u64,
+    /// Texts currently cached.
+    pub len: usize,
+}
+
+/// Two generations: lookups check `young` then `old` (promoting hits from `old`); when `young`
+/// reaches half the capacity it becomes `old` and the previous `old` is dropped. Recently used
+/// texts survive, the total stays at most `capacity`, and every operation is O(1).
+struct Generations {
+    young: HashMap<String, Arc<[f32]>>,
+    old: HashMap<String, Arc<[f32]>>,
+    half: usize,
+}
+
+impl Generations {
+    fn get(&mut self, text: &str) -> Option<Arc<[f32]>> {
+        if let Some(v) = self.young.get(text) {
+            return Some(v.clone());
+        }
+        let (key, v) = self.old.remove_entry(text)?;
+        self.insert(key, v.clone());
+        Some(v)
+    }
+
+    fn insert(&mut self, text: String, v: Arc<[f32]>) {
+        if self.young.len() >= self.half && !self.young.contains_key(&text) {
+            self.old = std::mem::take(&mut self.young);
+        }
+        self.young.insert(text, v);
+    }
+
+    fn len(&self) -> usize {
+        self.young.len() + self.old.len()
+    }
+}
+
+/// Wraps an [`Embedder`] with a bounded cache keyed by the exact text, for texts that repeat
+/// (queries, keywords, entity names). [`Embedder::embed`] serves hits from the cache and sends
+/// the distinct misses to the inner embedder in one batch, so one call costs at most one inner
+/// call. Results are identical to the inner embedder's.
+///
+/// The lock is not held while the inner embedder runs: two threads missing the same text at
+/// once may both embed it, which is harmless.
+pub struct CachedEmbedder<E> {
+    inner: E,
+    cache: Mutex<Generations>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+impl<E: Embedder> CachedEmbedder<E> {
+    /// A cache of [`DEFAULT_CACHE_CAPACITY`] texts around `inner`.
+    pub fn new(inner: E) -> Self {
+        Self::with_capacity(inner, DEFAULT_CACHE_CAPACITY)
+    }
+
+    /// A cache of at most `capacity` texts (at least 2) around `inner`.
+    pub fn with_capacity(inner: E, capacity: usize) -> Self {
+        let half = (capacity / 2).max(1);
+        Self {
+            inner,
+            cache: Mutex::new(Generations {
+                young: HashMap::new(),
+                old: HashMap::new(),
+                half,
+            }),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    /// The wrapped embedder.
+    pub fn inner(&self) -> &E {
+        &self.inner
+    }
+
+    /// Counters since creation, and the current size.
+    pub fn stats(&self) -> CacheStats {
+        CacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            len: self.cache.lock().len(),
+        }
+    }
+
+    /// Empties the cache (the counters are kept).
+    pub fn clear(&self) {
+        let mut c = self.cache.lock();
+        c.young.clear();
+        c.old.clear();
+    }
+}
+
+impl<E: Embedder> Embedder for CachedEmbedder<E> {
+    fn model_name(&self) -> &str {
+        self.inner.model_name()
+    }
+
+    fn dim(&self) -> usize {
+        self.inner.dim()
+    }
+
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let mut out: Vec<Option<Arc<[f32]>>> = Vec::with_capacity(texts.len());
+        // Distinct missing texts, and for each input slot the index of its miss.
+        let mut misses: Vec<&str> = Vec::new();
+        let mut miss_index: HashMap<&str, usize> = HashMap::new();
+        let mut pending: Vec<(usize, usize)> = Vec::new();
+        {
+            let mut cache = self.cache.lock();
+            for (slot, &text) in texts.iter().enumerate() {
+                match cache.get(text) {
+                    Some(v) => out.push(Some(v)),
+                    None => {
+                        let i = *miss_index.entry(text).or_insert_with(|| {
+                            misses.push(text);
+                            misses.len() - 1
+                        });
+                        pending.push((slot, i));
+                        out.push(None);
+                    }
+                }
+            }
+        }
+        // Repeats of a miss within one call count as hits: they are not embedded again.
+        self.hits
+            .fetch_add((texts.len() - misses.len()) as u64, Ordering::Relaxed);
+
+        if !misses.is_empty() {
+            self.misses
+                .fetch_add(misses.len() as u64, Ordering::Relaxed);
+            let fresh = self.inner.embed(&misses)?;
+            if fresh.len() != misses.len() {
+                return Err(EmbedError::CountMismatch {
+                    expected: misses.len(),
+                    got: fresh.len(),
+                });
+            }
+            let fresh: Vec<Arc<[f32]>> = fresh.into_iter().map(Arc::from).collect();
+            {
+                let mut cache = self.cache.lock();
+                for (text, v) in misses.iter().zip(&fresh) {
+                    cache.insert((*text).to_owned(), v.clone());
+                }
+            }
+            for (slot, i) in pending {
+                out[slot] = Some(fresh[i].clone());
+            }
+        }
+
+        Ok(out
+            .into_iter()
+            .map(|v| v.map(|v| v.to_vec()).unwrap_or_default())
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::HashEmbedder;
+    use std::sync::atomic::AtomicUsize;
+
+    /// Counts inner calls and texts.
+    struct Counting {
+        inner: HashEmbedder,
+        calls: AtomicUsize,
+        texts: AtomicUsize,
+    }
+
+    impl Embedder for Counting {
+        fn model_name(&self) -> &str {
+            "counting"
+        }
+        fn dim(&self) -> usize {
+            self.inner.dim()
+        }
+        fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            self.texts.fetch_add(texts.len(), Ordering::SeqCst);
+            self.inner.embed(texts)
+        }
+    }
+
+    fn counting() -> Counting {
+        Counting {
+            inner: HashEmbedder::default(),
+            calls: AtomicUsize::new(0),
+            texts: AtomicUsize::new(0),
+        }
+    }
+
+    #[test]
+    fn second_call_served_from_cache() {
+        let c = CachedEmbedder::new(counting());
+        let first = c.embed(&["alpha", "beta", "alpha"]).unwrap();
+        assert_eq!(c.inner().calls.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            c.inner().texts.load(Ordering::SeqCst),
+            2,
+            "duplicates embedded once"
+        );
+        let second = c.embed(&["beta", "alpha"]).unwrap();
+        assert_eq!(
+            c.inner().calls.load(Ordering::SeqCst),
+            1,
+            "no inner call on all hits"
+        );
+        assert_eq!(second, vec![first[1].clone(), first[0].clone()]);
+        assert_eq!(first[0], first[2]);
+
+        // A mixed call embeds only the miss, in one batch, and keeps the order.
+        let third = c.embed(&["alpha", "gamma", "beta"]).unwrap();
+        assert_eq!(c.inner().calls.load(Ordering::SeqCst), 2);
+        assert_eq!(c.inner().texts.load(Ordering::SeqCst), 3);
+        assert_eq!(third[0], first[0]);
+        assert_eq!(third[1], HashEmbedder::default().embed_one("gamma"));
+        assert_eq!(third[2], first[1]);
+
+        let s = c.stats();
+        assert_eq!(
+            (s.hits, s.misses, s.len),
+            (5, 3, 3),
+            "5 texts served without embedding"
+        );
+        assert_eq!(c.model_name(), "counting");
+        assert!(c.embed(&[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn bounded() {
+        let c = CachedEmbedder::with_capacity(counting(), 10);
+        for i in 0..100 {
+            c.embed(&[&format!("text {i}")]).unwrap();
+            assert!(c.stats().len <= 10);
+        }
+        // The most recent texts are still cached.
+        let calls = c.inner().calls.load(Ordering::SeqCst);
+        c.embed(&["text 99", "text 98"]).unwrap();
+        assert_eq!(c.inner().calls.load(Ordering::SeqCst), calls);
+    }
+
+    #[test]
+    fn hits_in_old_generation_survive_rotation() {
+        let c = CachedEmbedder::with_capacity(counting(), 4);
+        c.embed(&["keep", "a"]).unwrap(); // young = {keep, a}
+        c.embed(&["b"]).unwrap(); // rotate: old = {keep, a}, young = {b}
+        c.embed(&["keep"]).unwrap(); // promoted to young
+        c.embed(&["c", "d"]).unwrap(); // rotations drop a
+        let calls = c.inner().calls.load(Ordering::SeqCst);
+        c.embed(&["keep"]).unwrap();
+        assert_eq!(c.inner().calls.load(Ordering::SeqCst), calls);
+    }
+}

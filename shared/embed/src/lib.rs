@@ -1,0 +1,163 @@
+//! Text embeddings for Recollect.
+//!
+//! * [`MiniLmEmbedder`]: the real, semantic embedder (all-MiniLM-L6-v2 on the CPU via candle),
+//!   loaded from a model directory set up by `scripts/setup-model.sh`
+//!   (see [`default_model_dir`]).
+//! * [`HashEmbedder`]: a deterministic, lexical-only feature-hashing embedder for fast tests and
+//!   the explicit `embedder = "hash"` option.
+//! * [`CachedEmbedder`]: a bounded cache in front of either, for repeated query/keyword texts.
+//!
+//! All embedders return L2-normalised vectors (except the zero vector for texts a
+//! [`HashEmbedder`] finds no feature in), so [`cosine`] is a dot product.
+
+mod cache;
+mod error;
+mod hash;
+mod minilm;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use cache::{CacheStats, CachedEmbedder, DEFAULT_CACHE_CAPACITY};
+pub use error::EmbedError;
+pub use hash::{HashEmbedder, HASH_DIM};
+pub use minilm::{
+    MiniLmEmbedder, DEFAULT_BATCH_SIZE, DEFAULT_MAX_SEQ_LEN, MINILM_DIM, MINILM_MODEL_NAME,
+};
+
+/// Environment variable naming the model directory; see [`default_model_dir`].
+pub const MODEL_DIR_ENV: &str = "RECOLLECT_MODEL_DIR";
+/// Where the model lives relative to the repository (or installation) root.
+pub const MODEL_SUBDIR: &str = "models/all-MiniLM-L6-v2";
+
+/// Turns texts into fixed-size vectors.
+pub trait Embedder: Send + Sync {
+    /// A stable name for the model; vectors from embedders with different names are not
+    /// comparable.
+    fn model_name(&self) -> &str;
+    /// The length of every vector returned.
+    fn dim(&self) -> usize;
+    /// L2-normalised embeddings, one per text, in order. CPU-bound: async callers use
+    /// spawn_blocking.
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError>;
+}
+
+impl<E: Embedder + ?Sized> Embedder for Arc<E> {
+    fn model_name(&self) -> &str {
+        (**self).model_name()
+    }
+    fn dim(&self) -> usize {
+        (**self).dim()
+    }
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        (**self).embed(texts)
+    }
+}
+
+impl<E: Embedder + ?Sized> Embedder for Box<E> {
+    fn model_name(&self) -> &str {
+        (**self).model_name()
+    }
+    fn dim(&self) -> usize {
+        (**self).dim()
+    }
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        (**self).embed(texts)
+    }
+}
+
+/// The model directory to load [`MiniLmEmbedder`] from:
+/// 1. `$RECOLLECT_MODEL_DIR` when set and non-empty;
+/// 2. else the first `models/all-MiniLM-L6-v2` directory found walking up from the running
+///    executable's directory, then from the working directory;
+/// 3. else `./models/all-MiniLM-L6-v2` (which may not exist: loading then reports it).
+pub fn default_model_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os(MODEL_DIR_ENV).filter(|v| !v.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    let starts = [
+        std::env::current_exe()
+            .ok()
+            .and_then(|p| p.parent().map(PathBuf::from)),
+        std::env::current_dir().ok(),
+    ];
+    for start in starts.into_iter().flatten() {
+        for dir in start.ancestors() {
+            let candidate = dir.join(MODEL_SUBDIR);
+            if candidate.is_dir() {
+                return candidate;
+            }
+        }
+    }
+    PathBuf::from(".").join(MODEL_SUBDIR)
+}
+
+/// Cosine similarity of two L2-normalised vectors, i.e. their dot product. Vectors of different
+/// lengths are compared over the shorter length.
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len(), "cosine of vectors of different lengths");
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    // Eight independent sums let the compiler vectorise.
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Scales `v` to unit L2 norm in place; the zero vector is left as it is.
+pub fn l2_normalize(v: &mut [f32]) {
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        for x in v {
+            *x /= norm;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cosine_is_dot() {
+        let a: Vec<f32> = (0..19).map(|i| i as f32).collect();
+        let b: Vec<f32> = (0..19).map(|i| (i as f32).sin()).collect();
+        let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+        assert!((cosine(&a, &b) - want).abs() < 1e-3);
+        let mut u = vec![3.0, 4.0];
+        l2_normalize(&mut u);
+        assert!((cosine(&u, &u) - 1.0).abs() < 1e-6);
+        let mut z = vec![0.0; 4];
+        l2_normalize(&mut z);
+        assert_eq!(z, vec![0.0; 4]);
+    }
+
+    #[test]
+    fn trait_objects() {
+        let e: Arc<dyn Embedder> = Arc::new(HashEmbedder::default());
+        let boxed: Box<dyn Embedder> = Box::new(e.clone());
+        assert_eq!(boxed.dim(), HASH_DIM);
+        assert_eq!(boxed.embed(&["x"]).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn model_dir_from_env_or_repo() {
+        // Without the variable, the walk from the working directory (the crate dir under
+        // `cargo test`) finds the repository's models/ when it exists.
+        if std::env::var_os(MODEL_DIR_ENV).is_none() {
+            let dir = default_model_dir();
+            assert!(dir.ends_with(MODEL_SUBDIR), "{}", dir.display());
+        }
+    }
+}

@@ -1,0 +1,737 @@
+//! Tokenisation shared by BM25, keyword keys and the rule extractors.
+//!
+//! Everything here must agree between store time and query time, so the same
+//! normalisation (lower case, clitic stripping, Snowball English stems) is used everywhere.
+
+use std::collections::HashSet;
+
+use once_cell::sync::Lazy;
+use rust_stemmers::{Algorithm, Stemmer};
+
+/// One stemmer for the process: creating one per call would dominate short texts.
+static STEMMER: Lazy<Stemmer> = Lazy::new(|| Stemmer::create(Algorithm::English));
+
+/// Tokens longer than this are treated as noise (URLs, base64, keyboard mashing): they would
+/// only bloat the sparse vocabulary.
+const MAX_TERM_BYTES: usize = 64;
+
+/// Function words and chat filler. Lexical matching on these only adds noise, and the
+/// keyword graph would merge unrelated turns on them.
+const STOPWORDS: &[&str] = &[
+    // pronouns
+    "i",
+    "me",
+    "my",
+    "mine",
+    "myself",
+    "we",
+    "us",
+    "our",
+    "ours",
+    "ourselves",
+    "you",
+    "your",
+    "yours",
+    "yourself",
+    "yourselves",
+    "he",
+    "him",
+    "his",
+    "himself",
+    "she",
+    "her",
+    "hers",
+    "herself",
+    "it",
+    "its",
+    "itself",
+    "they",
+    "them",
+    "their",
+    "theirs",
+    "themselves",
+    "ya",
+    "u",
+    "ur",
+    "y'all",
+    "yall",
+    "one's",
+    // wh-words
+    "what",
+    "which",
+    "who",
+    "whom",
+    "whose",
+    "when",
+    "where",
+    "why",
+    "how",
+    "whatever",
+    "whenever",
+    "wherever",
+    "whoever",
+    "however",
+    // determiners and quantifiers
+    "this",
+    "that",
+    "these",
+    "those",
+    "a",
+    "an",
+    "the",
+    "some",
+    "any",
+    "each",
+    "every",
+    "either",
+    "neither",
+    "both",
+    "all",
+    "another",
+    "other",
+    "others",
+    "such",
+    "no",
+    "nor",
+    "not",
+    "only",
+    "own",
+    "same",
+    "more",
+    "most",
+    "much",
+    "many",
+    "lot",
+    "lots",
+    "bit",
+    "thing",
+    "things",
+    "stuff",
+    "something",
+    "anything",
+    "everything",
+    "nothing",
+    "someone",
+    "anyone",
+    "everyone",
+    "somebody",
+    "anybody",
+    "everybody",
+    "nobody",
+    "somewhere",
+    "anywhere",
+    "everywhere",
+    "etc",
+    // auxiliaries and modals
+    "am",
+    "is",
+    "are",
+    "was",
+    "were",
+    "be",
+    "been",
+    "being",
+    "have",
+    "has",
+    "had",
+    "having",
+    "do",
+    "does",
+    "did",
+    "doing",
+    "will",
+    "would",
+    "shall",
+    "should",
+    "can",
+    "could",
+    "may",
+    "might",
+    "must",
+    "ought",
+    "gonna",
+    "wanna",
+    "gotta",
+    "let",
+    "lets",
+    // contractions (the tokenizer strips most clitics, these are the whole forms)
+    "i'm",
+    "i've",
+    "i'll",
+    "i'd",
+    "you're",
+    "you've",
+    "you'll",
+    "you'd",
+    "he's",
+    "he'll",
+    "he'd",
+    "she's",
+    "she'll",
+    "she'd",
+    "it's",
+    "it'll",
+    "it'd",
+    "we're",
+    "we've",
+    "we'll",
+    "we'd",
+    "they're",
+    "they've",
+    "they'll",
+    "they'd",
+    "that's",
+    "there's",
+    "here's",
+    "what's",
+    "who's",
+    "where's",
+    "when's",
+    "why's",
+    "how's",
+    "let's",
+    "isn't",
+    "aren't",
+    "wasn't",
+    "weren't",
+    "don't",
+    "doesn't",
+    "didn't",
+    "haven't",
+    "hasn't",
+    "hadn't",
+    "won't",
+    "wouldn't",
+    "can't",
+    "cannot",
+    "couldn't",
+    "shouldn't",
+    "mustn't",
+    "ain't",
+    "needn't",
+    "im",
+    "ive",
+    "dont",
+    "didnt",
+    "doesnt",
+    "cant",
+    "wont",
+    "isnt",
+    "wasnt",
+    "thats",
+    "youre",
+    // prepositions
+    "about",
+    "above",
+    "across",
+    "after",
+    "against",
+    "along",
+    "among",
+    "around",
+    "as",
+    "at",
+    "before",
+    "behind",
+    "below",
+    "beneath",
+    "beside",
+    "besides",
+    "between",
+    "beyond",
+    "by",
+    "down",
+    "during",
+    "except",
+    "for",
+    "from",
+    "in",
+    "inside",
+    "into",
+    "near",
+    "of",
+    "off",
+    "on",
+    "onto",
+    "out",
+    "outside",
+    "over",
+    "since",
+    "through",
+    "throughout",
+    "till",
+    "to",
+    "toward",
+    "towards",
+    "under",
+    "underneath",
+    "until",
+    "up",
+    "upon",
+    "with",
+    "within",
+    "without",
+    "via",
+    "per",
+    // conjunctions
+    "and",
+    "but",
+    "or",
+    "so",
+    "because",
+    "cause",
+    "cuz",
+    "if",
+    "then",
+    "than",
+    "though",
+    "although",
+    "while",
+    "whereas",
+    "unless",
+    "whether",
+    "yet",
+    "also",
+    "too",
+    // adverbs and filler
+    "just",
+    "really",
+    "very",
+    "quite",
+    "even",
+    "still",
+    "already",
+    "again",
+    "ever",
+    "maybe",
+    "perhaps",
+    "actually",
+    "basically",
+    "literally",
+    "totally",
+    "definitely",
+    "here",
+    "there",
+    "now",
+    "well",
+    "anyway",
+    "anyways",
+    "oh",
+    "ah",
+    "ahh",
+    "aw",
+    "aww",
+    "wow",
+    "hey",
+    "hi",
+    "hello",
+    "yeah",
+    "yes",
+    "yep",
+    "yup",
+    "no",
+    "nope",
+    "nah",
+    "ok",
+    "okay",
+    "um",
+    "umm",
+    "uh",
+    "hmm",
+    "huh",
+    "lol",
+    "haha",
+    "hahaha",
+    "omg",
+    "btw",
+    "kinda",
+    "sorta",
+    "please",
+    "yay",
+    "ooh",
+    "oops",
+    "ago",
+    "recently",
+    "lately",
+    "soon",
+    "s",
+    "t",
+    // light verbs: present in almost every turn, they link nothing
+    "go",
+    "goes",
+    "going",
+    "went",
+    "gone",
+    "get",
+    "gets",
+    "getting",
+    "got",
+    "gotten",
+    "come",
+    "comes",
+    "came",
+    "say",
+    "says",
+    "said",
+    "know",
+    "knew",
+    "known",
+    "think",
+    "guess",
+    "mean",
+    "means",
+    "seem",
+    "seems",
+    "seemed",
+];
+
+static STOPSET: Lazy<HashSet<&'static str>> = Lazy::new(|| STOPWORDS.iter().copied().collect());
+
+/// Whether `word` (any case) is a function word or chat filler.
+pub fn is_stopword(word: &str) -> bool {
+    if word
+        .chars()
+        .any(|c| c.is_uppercase() || is_apostrophe(c) && c != '\'')
+    {
+        let lower = lower_normalised(word);
+        STOPSET.contains(strip_clitic(&lower)) || STOPSET.contains(lower.as_str())
+    } else {
+        STOPSET.contains(word) || STOPSET.contains(strip_clitic(word))
+    }
+}
+
+/// Snowball English stem of a word, lower-cased first.
+pub fn stem(word: &str) -> String {
+    if word.chars().any(char::is_uppercase) {
+        let lower = word.to_lowercase();
+        STEMMER.stem(&lower).into_owned()
+    } else {
+        STEMMER.stem(word).into_owned()
+    }
+}
+
+/// Stemmed content terms for BM25: lower case, clitics stripped, stopwords dropped, numbers kept.
+pub fn lexical_terms(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut buf = String::with_capacity(32);
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_alphanumeric() {
+            push_lower(&mut buf, c);
+        } else if is_apostrophe(c)
+            && !buf.is_empty()
+            && chars.peek().is_some_and(|n| n.is_alphanumeric())
+        {
+            buf.push('\'');
+        } else if !buf.is_empty() {
+            emit_term(&buf, &mut out);
+            buf.clear();
+        }
+    }
+    if !buf.is_empty() {
+        emit_term(&buf, &mut out);
+    }
+    out
+}
+
+fn emit_term(raw: &str, out: &mut Vec<String>) {
+    if raw.len() > MAX_TERM_BYTES {
+        return;
+    }
+    let w = strip_clitic(raw);
+    if w.is_empty() || STOPSET.contains(w) || STOPSET.contains(raw) {
+        return;
+    }
+    if w.bytes().all(|b| b.is_ascii_digit()) {
+        out.push(w.to_string());
+        return;
+    }
+    let mut it = w.chars();
+    // A lone letter carries nothing for retrieval.
+    if it.next().is_some() && it.next().is_none() {
+        return;
+    }
+    out.push(STEMMER.stem(w).into_owned());
+}
+
+/// Stable 32-bit FNV-1a hash of a term: the sparse-vector dimension, identical across
+/// processes and releases.
+pub fn term_id(term: &str) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in term.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+pub(crate) fn is_apostrophe(c: char) -> bool {
+    matches!(c, '\'' | '\u{2019}' | '\u{02bc}')
+}
+
+fn push_lower(buf: &mut String, c: char) {
+    if c.is_ascii() {
+        buf.push(c.to_ascii_lowercase());
+    } else {
+        buf.extend(c.to_lowercase());
+    }
+}
+
+/// Lower case with every apostrophe variant folded to `'`.
+pub(crate) fn lower_normalised(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if is_apostrophe(c) {
+            out.push('\'');
+        } else {
+            push_lower(&mut out, c);
+        }
+    }
+    out
+}
+
+/// Drops a trailing clitic ("caroline's" → "caroline", "i'm" → "i"); negations stay whole so
+/// they hit the stopword list.
+pub(crate) fn strip_clitic(w: &str) -> &str {
+    if let Some((head, tail)) = w.rsplit_once('\'') {
+        if !head.is_empty() && matches!(tail, "s" | "m" | "re" | "ve" | "ll" | "d") {
+            return head;
+        }
+    }
+    w
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TokKind {
+    Word,
+    Num,
+    Punct,
+}
+
+/// A token with enough layout information for the rule extractors: where it is, whether it
+/// starts a sentence, and its normalised lower-case form.
+#[derive(Debug, Clone)]
+pub(crate) struct Token<'a> {
+    pub surface: &'a str,
+    /// Lower case, apostrophes folded; empty for punctuation (use `surface`).
+    pub lower: String,
+    pub start: usize,
+    pub end: usize,
+    pub kind: TokKind,
+    pub sent_start: bool,
+}
+
+impl Token<'_> {
+    pub fn is_word(&self) -> bool {
+        self.kind != TokKind::Punct
+    }
+
+    /// Lower-case form without a clitic ("caroline's" → "caroline").
+    pub fn base(&self) -> &str {
+        strip_clitic(&self.lower)
+    }
+
+    /// The surface form without a possessive ("Caroline's" → "Caroline").
+    pub fn surface_base(&self) -> &str {
+        for suffix in ["'s", "\u{2019}s", "'", "\u{2019}"] {
+            if let Some(s) = self.surface.strip_suffix(suffix) {
+                if !s.is_empty() {
+                    return s;
+                }
+            }
+        }
+        self.surface
+    }
+
+    pub fn cap(&self) -> bool {
+        self.kind == TokKind::Word && self.surface.chars().next().is_some_and(char::is_uppercase)
+    }
+
+    /// An acronym such as "LGBTQ" or "NYC": two or more letters, all upper case.
+    pub fn all_caps(&self) -> bool {
+        let mut letters = 0;
+        for c in self.surface_base().chars() {
+            if c.is_alphabetic() {
+                if !c.is_uppercase() {
+                    return false;
+                }
+                letters += 1;
+            }
+        }
+        letters >= 2
+    }
+
+    pub fn is_punct(&self, s: &str) -> bool {
+        self.kind == TokKind::Punct && self.surface == s
+    }
+
+    /// Punctuation that ends a sentence (or a line, which chat uses the same way).
+    pub fn ends_sentence(&self) -> bool {
+        self.kind == TokKind::Punct
+            && matches!(self.surface, "." | "!" | "?" | "\n" | "\u{2026}" | ";")
+    }
+}
+
+/// Titles whose trailing full stop does not end a sentence.
+fn is_title_abbrev(lower: &str) -> bool {
+    matches!(
+        lower,
+        "mr" | "mrs" | "ms" | "dr" | "st" | "jr" | "sr" | "prof" | "mt" | "vs" | "e.g" | "i.e"
+    )
+}
+
+/// Splits text into word, number and punctuation tokens. Linear in the input; never panics.
+pub(crate) fn tokenize(text: &str) -> Vec<Token<'_>> {
+    let mut toks: Vec<Token<'_>> = Vec::with_capacity(text.len() / 5 + 4);
+    let mut pending_sent = true;
+    let mut iter = text.char_indices().peekable();
+    while let Some((i, c)) = iter.next() {
+        if c.is_alphanumeric() {
+            let mut end = i + c.len_utf8();
+            while let Some(&(j, d)) = iter.peek() {
+                if d.is_alphanumeric() {
+                    end = j + d.len_utf8();
+                    iter.next();
+                } else if is_apostrophe(d) {
+                    let after = j + d.len_utf8();
+                    if text[after..]
+                        .chars()
+                        .next()
+                        .is_some_and(char::is_alphanumeric)
+                    {
+                        end = after;
+                        iter.next();
+                    } else {
+                        break;
+                    }
+                } else {
+                    break;
+                }
+            }
+            let surface = &text[i..end];
+            let kind = if surface.bytes().all(|b| b.is_ascii_digit()) {
+                TokKind::Num
+            } else {
+                TokKind::Word
+            };
+            toks.push(Token {
+                surface,
+                lower: lower_normalised(surface),
+                start: i,
+                end,
+                kind,
+                sent_start: pending_sent,
+            });
+            pending_sent = false;
+        } else if c.is_whitespace() {
+            if c == '\n' {
+                toks.push(Token {
+                    surface: &text[i..i + 1],
+                    lower: String::new(),
+                    start: i,
+                    end: i + 1,
+                    kind: TokKind::Punct,
+                    sent_start: false,
+                });
+                pending_sent = true;
+            }
+        } else {
+            let end = i + c.len_utf8();
+            if matches!(c, '.' | '!' | '?' | '\u{2026}') {
+                let prev = toks.last();
+                let abbrev = c == '.'
+                    && prev.is_some_and(|p| {
+                        p.end == i && p.kind == TokKind::Word && is_title_abbrev(&p.lower)
+                    });
+                let decimal = c == '.'
+                    && prev.is_some_and(|p| p.end == i && p.kind == TokKind::Num)
+                    && text[end..].starts_with(|d: char| d.is_ascii_digit());
+                if !abbrev && !decimal {
+                    pending_sent = true;
+                }
+            }
+            toks.push(Token {
+                surface: &text[i..end],
+                lower: String::new(),
+                start: i,
+                end,
+                kind: TokKind::Punct,
+                sent_start: false,
+            });
+        }
+    }
+    toks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lexical_terms_drop_stopwords_and_stem() {
+        let t = lexical_terms(
+            "Hey! I don't know, but Caroline's painting classes were really GREAT in 2023.",
+        );
+        assert_eq!(t, vec!["carolin", "paint", "class", "great", "2023"]);
+    }
+
+    #[test]
+    fn lexical_terms_handle_curly_apostrophes_and_unicode() {
+        let t = lexical_terms("Melanie’s café in Zürich — I’m sure it’s ÉNORME");
+        assert_eq!(t[0], "melani");
+        assert!(t.contains(&"café".to_string()));
+        assert!(t.iter().any(|x| x.starts_with("zürich")));
+        assert!(!t.iter().any(|x| x == "i" || x == "it"));
+        assert!(t.iter().any(|x| x == "énorm"));
+    }
+
+    #[test]
+    fn stopwords_and_stems() {
+        assert!(is_stopword("The"));
+        assert!(is_stopword("don’t"));
+        assert!(is_stopword("gonna"));
+        assert!(!is_stopword("museum"));
+        assert_eq!(stem("Running"), "run");
+        assert_eq!(stem("groups"), "group");
+    }
+
+    #[test]
+    fn term_id_is_fnv1a() {
+        assert_eq!(term_id(""), 0x811c_9dc5);
+        assert_eq!(term_id("a"), 0xe40c_292c);
+        assert_ne!(term_id("group"), term_id("groups"));
+    }
+
+    #[test]
+    fn tokenizer_marks_sentences_and_keeps_clitics() {
+        let toks = tokenize("Dr. Smith met Caroline's mom. Then they left!\nOk");
+        let words: Vec<&str> = toks
+            .iter()
+            .filter(|t| t.is_word())
+            .map(|t| t.surface)
+            .collect();
+        assert_eq!(
+            words,
+            vec![
+                "Dr",
+                "Smith",
+                "met",
+                "Caroline's",
+                "mom",
+                "Then",
+                "they",
+                "left",
+                "Ok"
+            ]
+        );
+        let starts: Vec<&str> = toks
+            .iter()
+            .filter(|t| t.sent_start)
+            .map(|t| t.surface)
+            .collect();
+        assert_eq!(starts, vec!["Dr", "Then", "Ok"]);
+        let c = toks.iter().find(|t| t.surface == "Caroline's").unwrap();
+        assert_eq!(c.base(), "caroline");
+        assert_eq!(c.surface_base(), "Caroline");
+    }
+}

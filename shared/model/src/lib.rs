@@ -1,0 +1,424 @@
+//! The nouns every Recollect crate shares: turns as stored, what enrichment adds to them,
+//! the messages that travel between workers, and the deterministic ids that make
+//! at-least-once delivery exactly-once in effect.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, NaiveDate, Utc};
+use serde::{Deserialize, Serialize};
+
+pub mod error;
+pub use error::{Classify, ErrorKind, RecollectError};
+
+/// Version of every message put on the bus; readers accept this and all older versions.
+pub const SCHEMA_VERSION: u16 = 1;
+
+/// Limits that apply to a stored turn, whatever the entry point.
+pub const MAX_TEXT_BYTES: usize = 64 * 1024;
+
+/// A tenant: derived from the caller's credential, never from a request field.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct TenantId(pub String);
+
+impl TenantId {
+    /// The tenant used when the server runs open, with no API keys configured.
+    pub fn default_tenant() -> Self {
+        Self("default".to_string())
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for TenantId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Deterministic id of a memory (one turn): a UUID made from a hash of tenant,
+/// conversation and turn id, so a retried write lands on the same id everywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MemoryId(pub [u8; 16]);
+
+impl MemoryId {
+    pub fn derive(tenant: &TenantId, conversation: &str, turn_id: &str) -> Self {
+        let mut h = blake3::Hasher::new();
+        // Length prefixes keep ("a","bc") and ("ab","c") apart.
+        for part in [tenant.as_str(), conversation, turn_id] {
+            h.update(&(part.len() as u64).to_le_bytes());
+            h.update(part.as_bytes());
+        }
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&h.finalize().as_bytes()[..16]);
+        // Stamp as a version-4 style UUID so external stores that validate UUIDs accept it.
+        out[6] = (out[6] & 0x0f) | 0x40;
+        out[8] = (out[8] & 0x3f) | 0x80;
+        Self(out)
+    }
+
+    pub fn as_u128(&self) -> u128 {
+        u128::from_be_bytes(self.0)
+    }
+
+    pub fn from_u128(v: u128) -> Self {
+        Self(v.to_be_bytes())
+    }
+
+    /// Parses the canonical 8-4-4-4-12 hex form.
+    pub fn parse(s: &str) -> Option<Self> {
+        let hex: String = s.chars().filter(|c| *c != '-').collect();
+        if hex.len() != 32 || s.len() != 36 {
+            return None;
+        }
+        u128::from_str_radix(&hex, 16).ok().map(Self::from_u128)
+    }
+}
+
+impl std::fmt::Display for MemoryId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let h = format!("{:032x}", self.as_u128());
+        write!(
+            f,
+            "{}-{}-{}-{}-{}",
+            &h[0..8],
+            &h[8..12],
+            &h[12..16],
+            &h[16..20],
+            &h[20..32]
+        )
+    }
+}
+
+impl Serialize for MemoryId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for MemoryId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        MemoryId::parse(&s).ok_or_else(|| serde::de::Error::custom("invalid memory id"))
+    }
+}
+
+/// A turn as a client sends it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TurnInput {
+    #[serde(default)]
+    pub turn_id: Option<String>,
+    pub user: String,
+    #[serde(default)]
+    pub assistant: Option<String>,
+    #[serde(default)]
+    pub user_speaker: Option<String>,
+    #[serde(default)]
+    pub assistant_speaker: Option<String>,
+    pub timestamp: DateTime<Utc>,
+    #[serde(default)]
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The raw turn, written durably before anything else happens to it: the source of truth
+/// from which every derived store can be rebuilt.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Turn {
+    pub memory_id: MemoryId,
+    pub tenant: TenantId,
+    pub conversation_id: String,
+    pub turn_id: String,
+    /// Order of arrival within the conversation; the state machine and consolidation follow it.
+    pub position: u64,
+    pub user: String,
+    pub assistant: String,
+    pub user_speaker: Option<String>,
+    pub assistant_speaker: Option<String>,
+    pub timestamp: DateTime<Utc>,
+    pub recorded_at: DateTime<Utc>,
+    #[serde(default)]
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Turn {
+    /// The fields that carry text, in the order they were said.
+    pub fn fields(&self) -> [(Field, &str); 2] {
+        [
+            (Field::User, &self.user),
+            (Field::Assistant, &self.assistant),
+        ]
+    }
+
+    /// Text with speakers, as a reader would see it.
+    pub fn display_text(&self) -> String {
+        let mut s = String::new();
+        for (field, text) in self.fields() {
+            if text.is_empty() {
+                continue;
+            }
+            let speaker = match field {
+                Field::User => self.user_speaker.as_deref(),
+                Field::Assistant => self.assistant_speaker.as_deref(),
+            };
+            if !s.is_empty() {
+                s.push('\n');
+            }
+            if let Some(sp) = speaker {
+                s.push_str(sp);
+                s.push_str(": ");
+            }
+            s.push_str(text);
+        }
+        s
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Field {
+    User,
+    Assistant,
+}
+
+/// A keyword: `key` is the stemmed, lower-case form Keyword nodes are merged on; `text` is
+/// the surface form (lower case) that gets embedded.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Keyword {
+    pub key: String,
+    pub text: String,
+}
+
+/// A time expression resolved against the turn's anchor time: a closed day range.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TimeRef {
+    /// The words in the text ("last Friday"), or the source of an inferred time.
+    pub text: String,
+    pub start: NaiveDate,
+    pub end: NaiveDate,
+    /// day | week | month | season | year
+    pub granularity: String,
+}
+
+impl TimeRef {
+    /// ISO 8601 key of the TimePoint node: a day, a month, a year, or an interval.
+    pub fn key(&self) -> String {
+        if self.start == self.end {
+            self.start.format("%Y-%m-%d").to_string()
+        } else {
+            format!(
+                "{}/{}",
+                self.start.format("%Y-%m-%d"),
+                self.end.format("%Y-%m-%d")
+            )
+        }
+    }
+}
+
+/// An anaphor resolved at store time by the reference-resolution state machine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reference {
+    /// The words in the text ("she", "there", "that day").
+    pub mention: String,
+    /// entity | location | event | time
+    pub kind: String,
+    /// What it resolved to (an entity name, a location, an ISO date).
+    pub resolved: String,
+    pub field: Field,
+}
+
+/// What the extractor adds to a turn.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Extraction {
+    /// Content words and short phrases; `key` (stemmed) names the Keyword node.
+    pub keywords: Vec<Keyword>,
+    /// Named entities, speakers first, as written.
+    pub entities: Vec<String>,
+    pub locations: Vec<String>,
+    /// Event phrases (verb + object), used by the state machine's event stack.
+    pub events: Vec<String>,
+    pub times: Vec<TimeRef>,
+    pub references: Vec<Reference>,
+    /// ISO 8601 time the turn refers to (first resolved time), or the turn time if none.
+    pub event_time: Option<DateTime<Utc>>,
+    /// Which extractor produced this (`rules`, `llm:<model>`), for the info metric and audits.
+    pub extractor: String,
+}
+
+/// Sparse lexical vector: stemmed-term ids and BM25 term weights.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SparseVector {
+    pub indices: Vec<u32>,
+    pub values: Vec<f32>,
+}
+
+/// A keyword with its embedding, for the keyword vector index.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeywordVector {
+    pub keyword: String,
+    pub vector: Vec<f32>,
+}
+
+/// Everything the embedder adds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Embeddings {
+    pub user: Vec<f32>,
+    /// Empty when the turn has no assistant text.
+    pub assistant: Vec<f32>,
+    pub lexical: SparseVector,
+    pub keywords: Vec<KeywordVector>,
+    pub model: String,
+}
+
+/// Bus payloads, one per topic. Every message carries its schema version and a trace id.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Envelope<T> {
+    #[serde(default = "default_schema_version")]
+    pub schema_version: u16,
+    #[serde(default)]
+    pub trace_id: String,
+    pub body: T,
+}
+
+fn default_schema_version() -> u16 {
+    1
+}
+
+impl<T> Envelope<T> {
+    pub fn new(trace_id: impl Into<String>, body: T) -> Self {
+        Self {
+            schema_version: SCHEMA_VERSION,
+            trace_id: trace_id.into(),
+            body,
+        }
+    }
+}
+
+/// `recollect.turns.raw`
+pub type RawMessage = Envelope<Turn>;
+
+/// `recollect.turns.extracted`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ExtractedTurn {
+    pub turn: Turn,
+    pub extraction: Extraction,
+}
+
+/// `recollect.turns.embedded`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EmbeddedTurn {
+    pub turn: Turn,
+    pub extraction: Extraction,
+    pub embeddings: Embeddings,
+}
+
+/// `recollect.turns.stored`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StoredTurn {
+    pub memory_id: MemoryId,
+    pub tenant: TenantId,
+    pub conversation_id: String,
+    pub position: u64,
+}
+
+/// Topic names, one place.
+pub mod topics {
+    pub const RAW: &str = "recollect.turns.raw";
+    pub const EXTRACTED: &str = "recollect.turns.extracted";
+    pub const EMBEDDED: &str = "recollect.turns.embedded";
+    pub const STORED: &str = "recollect.turns.stored";
+    pub const DLQ: &str = "recollect.dlq";
+    pub const ALL: [&str; 5] = [RAW, EXTRACTED, EMBEDDED, STORED, DLQ];
+}
+
+/// Bus key: one conversation stays ordered on one partition.
+pub fn bus_key(tenant: &TenantId, conversation: &str) -> String {
+    format!("{}/{}", tenant.as_str(), conversation)
+}
+
+/// A Fragment: a topic group of turns made by consolidation.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Fragment {
+    pub id: String,
+    pub tenant: TenantId,
+    pub conversation_id: String,
+    pub description: String,
+    pub members: Vec<MemoryId>,
+    pub keywords: Vec<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Why a memory was returned.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ScoreParts {
+    pub dense: f32,
+    pub lexical: f32,
+    pub keyword: f32,
+    pub fragment: f32,
+    pub time: f32,
+    pub fused: f32,
+}
+
+/// One recalled memory, as the API returns it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RecalledMemory {
+    pub memory_id: MemoryId,
+    pub conversation_id: String,
+    pub turn_id: String,
+    pub user: String,
+    pub assistant: String,
+    pub user_speaker: Option<String>,
+    pub assistant_speaker: Option<String>,
+    pub timestamp: DateTime<Utc>,
+    pub score: f32,
+    /// B, C, BC, lexical, dense, neighbour, fallback
+    pub sources: Vec<String>,
+    pub score_parts: ScoreParts,
+}
+
+/// Per-conversation reference state of the resolution state machine (KeyMem §1).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReferenceState {
+    /// Most recent first; bounded (entities 10, locations 4, events 4, times 4).
+    pub entities: Vec<String>,
+    pub locations: Vec<String>,
+    pub events: Vec<String>,
+    pub times: Vec<TimeRef>,
+    /// entity (lower case) → binding to its latest location/event/time, with turns left to live.
+    pub bindings: BTreeMap<String, Binding>,
+    /// Turns seen, so bindings can expire.
+    pub turns_seen: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Binding {
+    pub location: Option<String>,
+    pub event: Option<String>,
+    pub time: Option<TimeRef>,
+    /// Turn count after which this binding is dead (3-turn TTL).
+    pub expires_after: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_id_is_deterministic_and_round_trips() {
+        let t = TenantId("a".into());
+        let a = MemoryId::derive(&t, "c1", "7");
+        let b = MemoryId::derive(&t, "c1", "7");
+        assert_eq!(a, b);
+        assert_ne!(a, MemoryId::derive(&t, "c1", "8"));
+        assert_ne!(a, MemoryId::derive(&TenantId("b".into()), "c1", "7"));
+        assert_ne!(
+            MemoryId::derive(&t, "c", "17"),
+            MemoryId::derive(&t, "c1", "7")
+        );
+        let s = a.to_string();
+        assert_eq!(s.len(), 36);
+        assert_eq!(MemoryId::parse(&s), Some(a));
+        assert_eq!(MemoryId::parse("not-an-id"), None);
+    }
+}

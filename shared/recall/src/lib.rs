@@ -1,0 +1,337 @@
+//! Recall, written once against the seams and readable beside the KeyMem paper
+//! (../shared/RECALL.md §1): Phase 1 analyse the query, Phase 2 run Path B and Path C beside
+//! the dense field max-sim and BM25 retrievers, Phase 3 source-aware scoring fused with lexical
+//! evidence. Every returned memory says which paths found it and how its score was made.
+
+mod config;
+mod fuse;
+mod path_b;
+mod path_c;
+mod softtfidf;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+use recollect_embed::Embedder;
+use recollect_extract::{analyse_query, QueryAnalysis};
+use recollect_model::{
+    Classify, ErrorKind, MemoryId, RecalledMemory, ReferenceState, SparseVector, TenantId,
+};
+use recollect_store::{Graph, Scope, StoreError, VectorField, VectorIndex, VectorQuery};
+use recollect_telemetry as metrics;
+use serde::{Deserialize, Serialize};
+
+pub use config::{Ablation, RecallConfig};
+pub use path_b::PathB;
+pub use path_c::PathC;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecallError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("unknown conversation {0:?}")]
+    UnknownConversation(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("query embedding failed: {0}")]
+    Embed(String),
+}
+
+impl Classify for RecallError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            RecallError::Invalid(_) => ErrorKind::InvalidArgument,
+            RecallError::UnknownConversation(_) => ErrorKind::NotFound,
+            RecallError::Store(e) => e.kind(),
+            RecallError::Embed(_) => ErrorKind::Unavailable,
+        }
+    }
+}
+
+/// `POST /v1/recall` body.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecallRequest {
+    pub query: String,
+    #[serde(default)]
+    pub conversation_ids: Option<Vec<String>>,
+    #[serde(default)]
+    pub k: Option<i64>,
+    /// The application's reference state, to resolve pronouns in the query.
+    #[serde(default)]
+    pub attention_state: Option<ReferenceState>,
+    /// Anchor for relative times in the query ("last week"); absent: only absolute dates count.
+    #[serde(default)]
+    pub now: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RecallResponse {
+    pub memories: Vec<RecalledMemory>,
+}
+
+/// BM25 query weights: each distinct query term once (IDF is applied by the index).
+pub fn lexical_query(query: &str) -> SparseVector {
+    let mut ids: Vec<u32> = recollect_extract::text::lexical_terms(query)
+        .iter()
+        .map(|t| recollect_extract::text::term_id(t))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    SparseVector {
+        values: vec![1.0; ids.len()],
+        indices: ids,
+    }
+}
+
+pub struct Recall {
+    graph: Arc<dyn Graph>,
+    vectors: Arc<dyn VectorIndex>,
+    embedder: Arc<dyn Embedder>,
+    config: RecallConfig,
+}
+
+/// The query's embeddings: the whole question, and one per query/answer keyword.
+pub(crate) struct QueryVectors {
+    pub query: Vec<f32>,
+    pub keywords: Vec<(String, Vec<f32>)>,
+}
+
+impl Recall {
+    pub fn new(
+        graph: Arc<dyn Graph>,
+        vectors: Arc<dyn VectorIndex>,
+        embedder: Arc<dyn Embedder>,
+        config: RecallConfig,
+    ) -> Self {
+        Self {
+            graph,
+            vectors,
+            embedder,
+            config,
+        }
+    }
+
+    pub fn config(&self) -> &RecallConfig {
+        &self.config
+    }
+
+    pub fn graph(&self) -> &Arc<dyn Graph> {
+        &self.graph
+    }
+
+    pub fn vectors(&self) -> &Arc<dyn VectorIndex> {
+        &self.vectors
+    }
+
+    async fn embed(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, RecallError> {
+        let e = self.embedder.clone();
+        tokio::task::spawn_blocking(move || {
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            e.embed(&refs)
+        })
+        .await
+        .map_err(|e| RecallError::Embed(e.to_string()))?
+        .map_err(|e| RecallError::Embed(e.to_string()))
+    }
+
+    /// Phase 1 (KeyMem §1 Recall): query analysis without an LLM, plus its embeddings.
+    async fn analyse(
+        &self,
+        req: &RecallRequest,
+    ) -> Result<(QueryAnalysis, QueryVectors), RecallError> {
+        let qa = analyse_query(&req.query, req.now, req.attention_state.as_ref());
+        let mut kw_texts: Vec<String> = Vec::new();
+        for k in qa.keywords.iter().chain(qa.answer_keywords.iter()) {
+            if !kw_texts.contains(&k.text) {
+                kw_texts.push(k.text.clone());
+            }
+        }
+        let keys: Vec<String> = kw_texts.clone();
+        let mut texts = vec![req.query.clone()];
+        texts.extend(kw_texts);
+        let mut vecs = self.embed(texts).await?.into_iter();
+        let query = vecs.next().unwrap_or_default();
+        Ok((
+            qa,
+            QueryVectors {
+                query,
+                keywords: keys.into_iter().zip(vecs).collect(),
+            },
+        ))
+    }
+
+    /// Dense field max-sim retrieval: search each field, keep the best field score per turn.
+    async fn dense(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        q: &[f32],
+        limit: usize,
+    ) -> Result<HashMap<MemoryId, f32>, RecallError> {
+        let user = VectorQuery::Dense {
+            field: VectorField::User,
+            vector: q.to_vec(),
+        };
+        let assistant = VectorQuery::Dense {
+            field: VectorField::Assistant,
+            vector: q.to_vec(),
+        };
+        let (u, a) = tokio::join!(
+            self.vectors.search(tenant, scope, &user, limit),
+            self.vectors.search(tenant, scope, &assistant, limit),
+        );
+        let mut out: HashMap<MemoryId, f32> = HashMap::new();
+        for (id, s) in u?.into_iter().chain(a?) {
+            let e = out.entry(id).or_insert(f32::MIN);
+            *e = e.max(s);
+        }
+        Ok(out)
+    }
+
+    async fn lexical(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        query: &str,
+        limit: usize,
+    ) -> Result<HashMap<MemoryId, f32>, RecallError> {
+        let q = lexical_query(query);
+        Ok(self
+            .vectors
+            .search(tenant, scope, &VectorQuery::Lexical(q), limit)
+            .await?
+            .into_iter()
+            .collect())
+    }
+
+    /// Checks the request and the caller's conversations; returns the scope and k.
+    pub async fn validate(
+        &self,
+        tenant: &TenantId,
+        req: &RecallRequest,
+    ) -> Result<(Scope, usize), RecallError> {
+        if req.query.trim().is_empty() {
+            return Err(RecallError::Invalid("query is empty or whitespace".into()));
+        }
+        if req.query.len() > self.config.max_query_bytes {
+            return Err(RecallError::Invalid(format!(
+                "query is {} bytes, the limit is {}",
+                req.query.len(),
+                self.config.max_query_bytes
+            )));
+        }
+        let k = req.k.unwrap_or(self.config.default_k as i64);
+        if k <= 0 || k > self.config.max_k as i64 {
+            return Err(RecallError::Invalid(format!(
+                "k must be in 1..={}, got {k}",
+                self.config.max_k
+            )));
+        }
+        if let Some(convs) = &req.conversation_ids {
+            if convs.is_empty() {
+                return Err(RecallError::Invalid(
+                    "conversation_ids, when given, must not be empty".into(),
+                ));
+            }
+            if convs.len() > 1000 {
+                return Err(RecallError::Invalid("at most 1000 conversation_ids".into()));
+            }
+            let known: HashSet<String> = self
+                .graph
+                .conversations(tenant)
+                .await?
+                .into_iter()
+                .collect();
+            if let Some(unknown) = convs.iter().find(|c| !known.contains(*c)) {
+                return Err(RecallError::UnknownConversation(unknown.clone()));
+            }
+        }
+        Ok((
+            Scope {
+                conversations: req.conversation_ids.clone(),
+            },
+            k as usize,
+        ))
+    }
+
+    /// The whole recall: validate, analyse, retrieve along every path, score, top k.
+    pub async fn recall(
+        &self,
+        tenant: &TenantId,
+        req: &RecallRequest,
+    ) -> Result<Vec<RecalledMemory>, RecallError> {
+        self.recall_with(tenant, req, &Ablation::default()).await
+    }
+
+    pub async fn recall_with(
+        &self,
+        tenant: &TenantId,
+        req: &RecallRequest,
+        ablation: &Ablation,
+    ) -> Result<Vec<RecalledMemory>, RecallError> {
+        let started = Instant::now();
+        let (scope, k) = self.validate(tenant, req).await?;
+        let (qa, qv) = self.analyse(req).await?;
+        metrics::RECALL_LATENCY
+            .with_label_values(&["analyse"])
+            .observe(started.elapsed().as_secs_f64());
+
+        // Phase 2: Path B beside the dense and lexical retrievers, then Path C from B's lookups.
+        let cfg = &self.config;
+        let depth = cfg.retrieve_depth.max(k);
+        let (b, dense, lexical) = tokio::join!(
+            path_b::run(self, tenant, &scope, &qa, &qv, ablation),
+            async {
+                if ablation.dense {
+                    Ok(HashMap::new())
+                } else {
+                    self.dense(tenant, &scope, &qv.query, depth).await
+                }
+            },
+            async {
+                if ablation.lexical {
+                    Ok(HashMap::new())
+                } else {
+                    self.lexical(tenant, &scope, &req.query, depth).await
+                }
+            },
+        );
+        let b = b?;
+        let (dense, lexical) = (dense?, lexical?);
+        let c = if ablation.path_c {
+            PathC::default()
+        } else {
+            path_c::run(self, tenant, &scope, &b).await?
+        };
+        metrics::RECALL_CANDIDATES
+            .with_label_values(&["path_b"])
+            .observe(b.result.len() as f64);
+        metrics::RECALL_CANDIDATES
+            .with_label_values(&["path_c"])
+            .observe(c.turns.len() as f64);
+        metrics::RECALL_CANDIDATES
+            .with_label_values(&["dense"])
+            .observe(dense.len() as f64);
+        metrics::RECALL_CANDIDATES
+            .with_label_values(&["lexical"])
+            .observe(lexical.len() as f64);
+
+        // Phase 3: source-aware scoring, fused with lexical and dense evidence.
+        let out = fuse::score(
+            self, tenant, &qa, &qv, &b, &c, &dense, &lexical, k, ablation,
+        )
+        .await?;
+        if out.is_empty() {
+            metrics::RECALL_EMPTY
+                .with_label_values(&[] as &[&str])
+                .inc();
+        }
+        metrics::RECALL_LATENCY
+            .with_label_values(&["total"])
+            .observe(started.elapsed().as_secs_f64());
+        Ok(out)
+    }
+}

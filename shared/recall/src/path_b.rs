@@ -1,0 +1,200 @@
+//! Path B, direct (KeyMem §1 Phase 2): keyword-vector neighbours → their turns (`kw`), plus
+//! entity, time and location traversal (`ent`, `time`, `loc`); when two or more of those sets
+//! are non-empty only their intersection is kept.
+
+use std::collections::{HashMap, HashSet};
+
+use chrono::NaiveDate;
+use futures::future::try_join_all;
+use recollect_extract::{QueryAnalysis, TimeHintKind};
+use recollect_model::{MemoryId, TenantId};
+use recollect_store::{NodeKind, Scope};
+
+use crate::softtfidf::{idf, Neighbours};
+use crate::{Ablation, QueryVectors, Recall, RecallError};
+
+#[derive(Debug, Default, Clone)]
+pub struct PathB {
+    /// Per query keyword: neighbouring Keyword nodes and their cosine.
+    pub neighbours: Neighbours,
+    /// IDF of every neighbour keyword, over the turns in scope.
+    pub idf: HashMap<String, f32>,
+    pub kw: HashSet<MemoryId>,
+    pub ent: HashSet<MemoryId>,
+    pub time: HashSet<MemoryId>,
+    pub loc: HashSet<MemoryId>,
+    /// Every turn any lookup reached (Path C starts from these).
+    pub union: HashSet<MemoryId>,
+    /// Path B's candidates, after the intersection filter.
+    pub result: HashSet<MemoryId>,
+}
+
+/// Case-insensitive containment in either direction; very short names must match exactly.
+fn contains_either(a: &str, b: &str) -> bool {
+    if a.len() < 3 || b.len() < 3 {
+        return a == b;
+    }
+    a.contains(b) || b.contains(a)
+}
+
+/// A TimePoint key: `YYYY-MM-DD` or `YYYY-MM-DD/YYYY-MM-DD`.
+pub fn parse_time_key(k: &str) -> Option<(NaiveDate, NaiveDate)> {
+    let p = |s: &str| NaiveDate::parse_from_str(s, "%Y-%m-%d").ok();
+    match k.split_once('/') {
+        Some((a, b)) => Some((p(a)?, p(b)?)),
+        None => p(k).map(|d| (d, d)),
+    }
+}
+
+async fn linked(
+    r: &Recall,
+    tenant: &TenantId,
+    scope: &Scope,
+    kind: NodeKind,
+    names: &[String],
+) -> Result<HashSet<MemoryId>, RecallError> {
+    if names.is_empty() {
+        return Ok(HashSet::new());
+    }
+    Ok(r.graph
+        .linked_turns(tenant, scope, kind, names, None, None)
+        .await?
+        .into_iter()
+        .map(|l| l.memory_id)
+        .collect())
+}
+
+async fn contained(
+    r: &Recall,
+    tenant: &TenantId,
+    scope: &Scope,
+    kind: NodeKind,
+    wanted: &[String],
+) -> Result<HashSet<MemoryId>, RecallError> {
+    if wanted.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let wanted: Vec<String> = wanted.iter().map(|w| w.to_lowercase()).collect();
+    let vocab = r.graph.vocabulary(tenant, scope, kind).await?;
+    let names: Vec<String> = vocab
+        .into_iter()
+        .filter(|n| wanted.iter().any(|w| contains_either(n, w)))
+        .collect();
+    linked(r, tenant, scope, kind, &names).await
+}
+
+pub async fn run(
+    r: &Recall,
+    tenant: &TenantId,
+    scope: &Scope,
+    qa: &QueryAnalysis,
+    qv: &QueryVectors,
+    ablation: &Ablation,
+) -> Result<PathB, RecallError> {
+    let cfg = &r.config;
+    // kw: the 30 nearest Keyword nodes (cosine ≥ 0.45) of every query and answer keyword.
+    let searches = qv.keywords.iter().map(|(_, v)| {
+        r.vectors.search_keywords(
+            tenant,
+            scope,
+            v,
+            cfg.keyword_neighbours,
+            cfg.keyword_min_cosine,
+        )
+    });
+    let neighbours: Neighbours = try_join_all(searches)
+        .await?
+        .into_iter()
+        .map(|hits| hits.into_iter().collect())
+        .collect();
+    let mut names: Vec<String> = neighbours.iter().flat_map(|n| n.keys().cloned()).collect();
+    names.sort();
+    names.dedup();
+    let (total, dfs) = r
+        .graph
+        .document_frequencies(tenant, scope, NodeKind::Keyword, &names)
+        .await?;
+    let idf_map: HashMap<String, f32> = names
+        .iter()
+        .cloned()
+        .zip(dfs.iter().map(|&d| idf(total, d)))
+        .collect();
+
+    let kw = linked(r, tenant, scope, NodeKind::Keyword, &names).await?;
+    let (ent, time, loc) = if ablation.graph {
+        Default::default()
+    } else {
+        let time_fut = async {
+            let Some(h) = &qa.time_hint else {
+                return Ok(HashSet::new());
+            };
+            let vocab = r
+                .graph
+                .vocabulary(tenant, scope, NodeKind::TimePoint)
+                .await?;
+            let names: Vec<String> = vocab
+                .into_iter()
+                .filter(|k| {
+                    parse_time_key(k).is_some_and(|(s, e)| match h.kind {
+                        TimeHintKind::Before => s < h.start,
+                        TimeHintKind::After => e > h.end,
+                        TimeHintKind::Exact | TimeHintKind::Range => s <= h.end && e >= h.start,
+                    })
+                })
+                .collect();
+            linked(r, tenant, scope, NodeKind::TimePoint, &names).await
+        };
+        let (e, t, l) = tokio::join!(
+            contained(r, tenant, scope, NodeKind::Entity, &qa.entities),
+            time_fut,
+            contained(r, tenant, scope, NodeKind::Location, &qa.locations),
+        );
+        (e?, t?, l?)
+    };
+
+    let sets = [&kw, &ent, &time, &loc];
+    let union: HashSet<MemoryId> = sets.iter().flat_map(|s| s.iter().copied()).collect();
+    let non_empty: Vec<&HashSet<MemoryId>> =
+        sets.iter().copied().filter(|s| !s.is_empty()).collect();
+    let result = if ablation.path_b {
+        HashSet::new()
+    } else if non_empty.len() >= 2 {
+        non_empty[0]
+            .iter()
+            .copied()
+            .filter(|id| non_empty[1..].iter().all(|s| s.contains(id)))
+            .collect()
+    } else {
+        union.clone()
+    };
+    Ok(PathB {
+        neighbours,
+        idf: idf_map,
+        kw,
+        ent,
+        time,
+        loc,
+        union,
+        result,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn containment_and_time_keys() {
+        assert!(contains_either("new york city", "new york"));
+        assert!(contains_either("york", "new york"));
+        assert!(!contains_either("al", "alice"));
+        assert_eq!(
+            parse_time_key("2023-05-01/2023-05-31"),
+            Some((
+                NaiveDate::from_ymd_opt(2023, 5, 1).unwrap(),
+                NaiveDate::from_ymd_opt(2023, 5, 31).unwrap()
+            ))
+        );
+        assert!(parse_time_key("May").is_none());
+    }
+}

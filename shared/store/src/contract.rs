@@ -1,0 +1,480 @@
+//! The contract every `Graph` and `VectorIndex` implementation passes, written once. Embedded
+//! stores run it in their unit tests; production adapters run the same functions against real
+//! servers.
+
+use std::sync::Arc;
+
+use chrono::{Duration, TimeZone, Utc};
+use recollect_model::{
+    Extraction, Fragment, Keyword, KeywordVector, MemoryId, SparseVector, TenantId, TimeRef, Turn,
+};
+
+use crate::vector::{TurnPoint, VectorField, VectorQuery};
+use crate::{Graph, NodeKind, Scope, VectorIndex};
+
+fn turn(tenant: &TenantId, conv: &str, pos: u64, text: &str) -> Turn {
+    let id = pos.to_string();
+    Turn {
+        memory_id: MemoryId::derive(tenant, conv, &id),
+        tenant: tenant.clone(),
+        conversation_id: conv.into(),
+        turn_id: id,
+        position: pos,
+        user: text.into(),
+        assistant: format!("reply to {text}"),
+        user_speaker: Some("Zoë \"Z\" O'Neil".into()),
+        assistant_speaker: Some("Bot".into()),
+        timestamp: Utc.with_ymd_and_hms(2023, 5, 8, 12, 0, 0).unwrap()
+            + Duration::minutes(pos as i64),
+        recorded_at: Utc::now(),
+        metadata: Default::default(),
+    }
+}
+
+fn extraction(words: &[&str], entity: &str, day: u32) -> Extraction {
+    let d = chrono::NaiveDate::from_ymd_opt(2023, 5, day).unwrap();
+    Extraction {
+        keywords: words
+            .iter()
+            .map(|w| Keyword {
+                key: w.to_string(),
+                text: w.to_string(),
+            })
+            .collect(),
+        entities: vec![entity.to_string()],
+        locations: vec!["Café \"Zürich\"".into()],
+        times: vec![TimeRef {
+            text: "that day".into(),
+            start: d,
+            end: d,
+            granularity: "day".into(),
+        }],
+        event_time: Some(Utc.from_utc_datetime(&d.and_hms_opt(0, 0, 0).unwrap())),
+        extractor: "rules".into(),
+        ..Default::default()
+    }
+}
+
+fn unit(v: &mut [f32]) {
+    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-9);
+    v.iter_mut().for_each(|x| *x /= n);
+}
+
+fn vector(dim: usize, seed: usize) -> Vec<f32> {
+    let mut v: Vec<f32> = (0..dim)
+        .map(|i| (((i * 31 + seed * 17) % 23) as f32) - 11.0)
+        .collect();
+    unit(&mut v);
+    v
+}
+
+/// Graph contract: idempotent writes, tenant isolation, scoped lookups, as-of reads, erasure.
+pub async fn graph_contract(g: Arc<dyn Graph>) {
+    let a = TenantId("tenant-a".into());
+    let b = TenantId("tenant-b".into());
+    let turns: Vec<(Turn, Extraction)> = (0..50)
+        .map(|i| {
+            (
+                turn(
+                    &a,
+                    "c1",
+                    i,
+                    &format!("turn {i} über “quotes” 'and' \\ backslashes"),
+                ),
+                extraction(
+                    if i % 2 == 0 {
+                        &["dog", "park"]
+                    } else {
+                        &["cat"]
+                    },
+                    "Zoë",
+                    1 + (i % 28) as u32,
+                ),
+            )
+        })
+        .collect();
+    // Write twice: one result.
+    g.write_turns(&turns).await.unwrap();
+    g.write_turns(&turns).await.unwrap();
+    let got = g.conversation_turns(&a, "c1", 0, u64::MAX).await.unwrap();
+    assert_eq!(got.len(), 50);
+    assert!(got
+        .windows(2)
+        .all(|w| w[0].turn.position < w[1].turn.position));
+    assert_eq!(
+        got[3].turn.user, turns[3].0.user,
+        "unicode and quotes survive"
+    );
+    let (n, df) = g
+        .document_frequencies(
+            &a,
+            &Scope::all(),
+            NodeKind::Keyword,
+            &["dog".into(), "cat".into()],
+        )
+        .await
+        .unwrap();
+    assert_eq!((n, df), (50, vec![25, 25]));
+
+    // Another tenant with the same conversation id sees nothing of tenant A's.
+    g.write_turns(&[(
+        turn(&b, "c1", 0, "b's turn"),
+        extraction(&["dog"], "Other", 2),
+    )])
+    .await
+    .unwrap();
+    let linked = g
+        .linked_turns(
+            &b,
+            &Scope::all(),
+            NodeKind::Keyword,
+            &["dog".into()],
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(linked.len(), 1);
+    assert!(g
+        .turns(&b, &[turns[0].0.memory_id])
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(g.conversations(&b).await.unwrap(), vec!["c1".to_string()]);
+
+    // Scope filters.
+    g.write_turns(&[(
+        turn(&a, "c2", 0, "other conv"),
+        extraction(&["dog"], "Zoë", 3),
+    )])
+    .await
+    .unwrap();
+    let dogs = |scope: Scope| {
+        let g = g.clone();
+        let a = a.clone();
+        async move {
+            g.linked_turns(&a, &scope, NodeKind::Keyword, &["dog".into()], None, None)
+                .await
+                .unwrap()
+                .len()
+        }
+    };
+    assert_eq!(dogs(Scope::all()).await, 26);
+    assert_eq!(dogs(Scope::of(&["c2"])).await, 1);
+    assert_eq!(dogs(Scope::of(&["c1", "c2"])).await, 26);
+    let ents = g
+        .vocabulary(&a, &Scope::of(&["c1"]), NodeKind::Entity)
+        .await
+        .unwrap();
+    assert_eq!(ents, vec!["zoë".to_string()]);
+    let locs = g
+        .vocabulary(&a, &Scope::of(&["c1"]), NodeKind::Location)
+        .await
+        .unwrap();
+    assert_eq!(locs, vec!["café \"zürich\"".to_string()]);
+
+    // Bi-temporal as-of: nothing was recorded before the writes; event time filters by validity.
+    let before = Utc::now() - Duration::days(1);
+    assert!(g
+        .linked_turns(
+            &a,
+            &Scope::of(&["c1"]),
+            NodeKind::Keyword,
+            &["dog".into()],
+            Some(before),
+            None
+        )
+        .await
+        .unwrap()
+        .is_empty());
+    let may10 = Utc.with_ymd_and_hms(2023, 5, 10, 12, 0, 0).unwrap();
+    let held = g
+        .linked_turns(
+            &a,
+            &Scope::of(&["c1"]),
+            NodeKind::Keyword,
+            &["dog".into(), "cat".into()],
+            None,
+            Some(may10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        held.len(),
+        20,
+        "turns whose event time is on or before 10 May"
+    );
+
+    // Fragments and conversation state.
+    let f = Fragment {
+        id: "frag-1".into(),
+        tenant: a.clone(),
+        conversation_id: "c1".into(),
+        description: "dogs".into(),
+        members: vec![turns[0].0.memory_id, turns[2].0.memory_id],
+        keywords: vec!["dog".into(), "park".into()],
+        created_at: Utc::now(),
+    };
+    g.write_fragments(&[f.clone()]).await.unwrap();
+    g.write_fragments(&[f.clone()]).await.unwrap();
+    let recs = g.turns(&a, &[turns[0].0.memory_id]).await.unwrap();
+    assert_eq!(recs[0].fragments, vec!["frag-1".to_string()]);
+    assert_eq!(g.fragments(&a, &["frag-1".into()]).await.unwrap(), vec![f]);
+    assert!(g
+        .fragments(&b, &["frag-1".into()])
+        .await
+        .unwrap()
+        .is_empty());
+    let mut st = g.conversation_state(&a, "c1").await.unwrap();
+    st.consolidated_until = 10;
+    st.reference.entities.push("Zoë".into());
+    g.save_conversation_state(&a, "c1", &st).await.unwrap();
+    assert_eq!(g.conversation_state(&a, "c1").await.unwrap(), st);
+
+    // Concurrent writers on one conversation: every turn exactly once.
+    let mut handles = Vec::new();
+    for w in 0..4u64 {
+        let g = g.clone();
+        let a = a.clone();
+        handles.push(tokio::spawn(async move {
+            let batch: Vec<(Turn, Extraction)> = (0..25)
+                .map(|i| {
+                    (
+                        turn(&a, "c3", w * 25 + i, "concurrent"),
+                        extraction(&["bird"], "Zoë", 4),
+                    )
+                })
+                .collect();
+            g.write_turns(&batch).await.unwrap();
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    assert_eq!(
+        g.conversation_turns(&a, "c3", 0, u64::MAX)
+            .await
+            .unwrap()
+            .len(),
+        100
+    );
+    let (_, df) = g
+        .document_frequencies(&a, &Scope::of(&["c3"]), NodeKind::Keyword, &["bird".into()])
+        .await
+        .unwrap();
+    assert_eq!(df, vec![100]);
+
+    // Erasure leaves nothing of the conversation and touches nothing else.
+    assert_eq!(g.delete_conversation(&a, "c1").await.unwrap(), 50);
+    assert!(g
+        .conversation_turns(&a, "c1", 0, u64::MAX)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(g
+        .turns(&a, &[turns[0].0.memory_id])
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(g
+        .vocabulary(&a, &Scope::of(&["c1"]), NodeKind::Keyword)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(g
+        .fragments(&a, &["frag-1".into()])
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        g.conversation_state(&a, "c1").await.unwrap(),
+        Default::default()
+    );
+    assert!(!g
+        .conversations(&a)
+        .await
+        .unwrap()
+        .contains(&"c1".to_string()));
+    assert_eq!(dogs(Scope::all()).await, 1);
+    assert_eq!(
+        g.linked_turns(
+            &b,
+            &Scope::all(),
+            NodeKind::Keyword,
+            &["dog".into()],
+            None,
+            None
+        )
+        .await
+        .unwrap()
+        .len(),
+        1
+    );
+}
+
+/// VectorIndex contract: idempotent upserts, field search, lexical search, tenant isolation,
+/// keyword neighbours, erasure, batch sizes.
+pub async fn vector_contract(v: Arc<dyn VectorIndex>, dim: usize) {
+    let a = TenantId("tenant-a".into());
+    let b = TenantId("tenant-b".into());
+    let point = |t: &TenantId, conv: &str, i: usize| TurnPoint {
+        memory_id: MemoryId::derive(t, conv, &i.to_string()),
+        tenant: t.clone(),
+        conversation_id: conv.into(),
+        position: i as u64,
+        timestamp: Utc::now(),
+        user: vector(dim, i),
+        assistant: (i % 3 != 0).then(|| vector(dim, i + 1000)),
+        lexical: SparseVector {
+            indices: vec![i as u32, 99_999],
+            values: vec![1.0, 0.5],
+        },
+    };
+    for size in [1usize, 10, 1000] {
+        let pts: Vec<TurnPoint> = (0..size)
+            .map(|i| point(&a, &format!("size-{size}"), i))
+            .collect();
+        v.upsert_turns(pts.clone()).await.unwrap();
+        v.upsert_turns(pts).await.unwrap();
+        assert_eq!(
+            v.count(&a, &Scope::of(&[&format!("size-{size}")]))
+                .await
+                .unwrap(),
+            size as u64
+        );
+    }
+    let pts: Vec<TurnPoint> = (0..20).map(|i| point(&a, "c1", i)).collect();
+    v.upsert_turns(pts.clone()).await.unwrap();
+    v.upsert_turns(vec![point(&b, "c1", 7)]).await.unwrap();
+
+    // The user field of turn 7 is found by its own vector, in tenant A's scope only.
+    let q = VectorQuery::Dense {
+        field: VectorField::User,
+        vector: vector(dim, 7),
+    };
+    let hits = v.search(&a, &Scope::of(&["c1"]), &q, 3).await.unwrap();
+    assert_eq!(hits[0].0, pts[7].memory_id);
+    assert!((hits[0].1 - 1.0).abs() < 1e-3);
+    let hb = v.search(&b, &Scope::all(), &q, 50).await.unwrap();
+    assert_eq!(hb.len(), 1);
+    assert_ne!(hb[0].0, pts[7].memory_id);
+    let qa = VectorQuery::Dense {
+        field: VectorField::Assistant,
+        vector: vector(dim, 1005),
+    };
+    assert_eq!(
+        v.search(&a, &Scope::of(&["c1"]), &qa, 1).await.unwrap()[0].0,
+        pts[5].memory_id
+    );
+    let lex = VectorQuery::Lexical(SparseVector {
+        indices: vec![11],
+        values: vec![1.0],
+    });
+    let lh = v.search(&a, &Scope::of(&["c1"]), &lex, 5).await.unwrap();
+    assert_eq!(lh.len(), 1);
+    assert_eq!(lh[0].0, pts[11].memory_id);
+    let fv = v
+        .field_vectors(&a, &[pts[3].memory_id, pts[4].memory_id])
+        .await
+        .unwrap();
+    assert!(fv[&pts[3].memory_id].assistant.is_none());
+    assert!(fv[&pts[4].memory_id].assistant.is_some());
+    assert!(v
+        .field_vectors(&b, &[pts[3].memory_id])
+        .await
+        .unwrap()
+        .is_empty());
+
+    // Keyword neighbours, per conversation, with a cosine floor.
+    let kws = vec![
+        KeywordVector {
+            keyword: "dog".into(),
+            vector: vector(dim, 1),
+        },
+        KeywordVector {
+            keyword: "café \"ü\"".into(),
+            vector: vector(dim, 2),
+        },
+    ];
+    v.upsert_keywords(&a, "c1", kws.clone()).await.unwrap();
+    v.upsert_keywords(&a, "c1", kws).await.unwrap();
+    let near = v
+        .search_keywords(&a, &Scope::of(&["c1"]), &vector(dim, 1), 30, 0.99)
+        .await
+        .unwrap();
+    assert_eq!(near, vec![("dog".to_string(), near[0].1)]);
+    assert!(v
+        .search_keywords(&b, &Scope::all(), &vector(dim, 1), 30, 0.0)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(v
+        .search_keywords(&a, &Scope::of(&["c2"]), &vector(dim, 1), 30, 0.0)
+        .await
+        .unwrap()
+        .is_empty());
+
+    // Erasure.
+    assert_eq!(v.delete_conversation(&a, "c1").await.unwrap(), 20);
+    assert_eq!(v.count(&a, &Scope::of(&["c1"])).await.unwrap(), 0);
+    assert!(v
+        .search(&a, &Scope::of(&["c1"]), &q, 5)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(v
+        .search_keywords(&a, &Scope::of(&["c1"]), &vector(dim, 1), 30, 0.0)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(v.count(&b, &Scope::of(&["c1"])).await.unwrap(), 1);
+    // Wrong dimensions are refused, not stored.
+    let mut bad = point(&a, "c9", 1);
+    bad.user = vec![1.0; dim + 1];
+    assert!(v.upsert_turns(vec![bad]).await.is_err());
+    assert_eq!(v.count(&a, &Scope::of(&["c9"])).await.unwrap(), 0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{EdgeVectorIndex, EmbeddedGraph};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn embedded_graph_passes_the_contract() {
+        let dir = tempfile::tempdir().unwrap();
+        graph_contract(Arc::new(
+            EmbeddedGraph::open(&dir.path().join("g.redb")).unwrap(),
+        ))
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn embedded_vectors_pass_the_contract() {
+        let dir = tempfile::tempdir().unwrap();
+        vector_contract(Arc::new(EdgeVectorIndex::open(dir.path(), 32).unwrap()), 32).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn embedded_vectors_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = TenantId("t".into());
+        {
+            let v = EdgeVectorIndex::open(dir.path(), 8).unwrap();
+            v.upsert_turns(vec![TurnPoint {
+                memory_id: MemoryId::derive(&t, "c", "0"),
+                tenant: t.clone(),
+                conversation_id: "c".into(),
+                position: 0,
+                timestamp: Utc::now(),
+                user: vector(8, 1),
+                assistant: None,
+                lexical: SparseVector::default(),
+            }])
+            .await
+            .unwrap();
+        }
+        let v = EdgeVectorIndex::open(dir.path(), 8).unwrap();
+        assert_eq!(v.count(&t, &Scope::all()).await.unwrap(), 1);
+    }
+}

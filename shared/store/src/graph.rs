@@ -1,0 +1,248 @@
+//! The `Graph` seam (KeyMem's graph, Zep's bi-temporal edges). Turns are nodes; Keyword, Entity,
+//! Location, TimePoint, Reference and Fragment nodes hang off them by typed edges; every edge
+//! carries event time (`valid_from`/`valid_to`) and record time (`recorded_at`/`expired_at`).
+//! Nothing is deleted or merged automatically; only an erasure removes data.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use recollect_model::{Extraction, Fragment, MemoryId, ReferenceState, TenantId, Turn};
+use serde::{Deserialize, Serialize};
+
+use crate::StoreError;
+
+/// Structural node kinds a turn links to; the edge type follows from the kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum NodeKind {
+    /// HAS_KEYWORD, merged on the stemmed key
+    Keyword,
+    /// INVOLVES, merged on the lower-cased name
+    Entity,
+    /// AT_LOCATION
+    Location,
+    /// AT_TIME, merged on the ISO 8601 key
+    TimePoint,
+    /// HAS_REFERENCE, named `mention→resolved`
+    Reference,
+}
+
+impl NodeKind {
+    pub const ALL: [NodeKind; 5] = [
+        NodeKind::Keyword,
+        NodeKind::Entity,
+        NodeKind::Location,
+        NodeKind::TimePoint,
+        NodeKind::Reference,
+    ];
+
+    pub fn tag(&self) -> u8 {
+        match self {
+            NodeKind::Keyword => b'k',
+            NodeKind::Entity => b'e',
+            NodeKind::Location => b'l',
+            NodeKind::TimePoint => b't',
+            NodeKind::Reference => b'r',
+        }
+    }
+
+    pub fn label(&self) -> &'static str {
+        match self {
+            NodeKind::Keyword => "Keyword",
+            NodeKind::Entity => "Entity",
+            NodeKind::Location => "Location",
+            NodeKind::TimePoint => "TimePoint",
+            NodeKind::Reference => "Reference",
+        }
+    }
+
+    pub fn edge(&self) -> &'static str {
+        match self {
+            NodeKind::Keyword => "HAS_KEYWORD",
+            NodeKind::Entity => "INVOLVES",
+            NodeKind::Location => "AT_LOCATION",
+            NodeKind::TimePoint => "AT_TIME",
+            NodeKind::Reference => "HAS_REFERENCE",
+        }
+    }
+
+    /// The node names a turn's extraction links to, normalised as nodes are merged.
+    pub fn names(&self, x: &Extraction) -> Vec<String> {
+        let mut v: Vec<String> = match self {
+            NodeKind::Keyword => x.keywords.iter().map(|k| k.key.clone()).collect(),
+            NodeKind::Entity => x.entities.iter().map(|e| e.to_lowercase()).collect(),
+            NodeKind::Location => x.locations.iter().map(|e| e.to_lowercase()).collect(),
+            NodeKind::TimePoint => x.times.iter().map(|t| t.key()).collect(),
+            NodeKind::Reference => x
+                .references
+                .iter()
+                .map(|r| format!("{}→{}", r.mention.to_lowercase(), r.resolved))
+                .collect(),
+        };
+        v.retain(|s| !s.is_empty());
+        v.sort();
+        v.dedup();
+        v
+    }
+}
+
+/// Bi-temporal stamps of an edge.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EdgeTimes {
+    /// When the fact held in the world (the turn's event time).
+    pub valid_from: DateTime<Utc>,
+    pub valid_to: Option<DateTime<Utc>>,
+    /// When Recollect recorded it.
+    pub recorded_at: DateTime<Utc>,
+    pub expired_at: Option<DateTime<Utc>>,
+}
+
+impl EdgeTimes {
+    /// Whether the edge was recorded by `recorded_by` and not yet expired then, and held at `valid_at`.
+    pub fn visible(
+        &self,
+        recorded_by: Option<DateTime<Utc>>,
+        valid_at: Option<DateTime<Utc>>,
+    ) -> bool {
+        if let Some(r) = recorded_by {
+            if self.recorded_at > r || self.expired_at.is_some_and(|e| e <= r) {
+                return false;
+            }
+        } else if self.expired_at.is_some() {
+            return false;
+        }
+        if let Some(v) = valid_at {
+            if self.valid_from > v || self.valid_to.is_some_and(|e| e <= v) {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// A turn as the graph holds it: the raw turn, its extraction, its fragments.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnRecord {
+    pub turn: Turn,
+    pub extraction: Extraction,
+    pub fragments: Vec<String>,
+}
+
+/// A turn reached from a structural node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinkedTurn {
+    pub name: String,
+    pub memory_id: MemoryId,
+    pub conversation_id: String,
+}
+
+/// Which conversations of a tenant a query may see (None: all of them).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Scope {
+    pub conversations: Option<Vec<String>>,
+}
+
+impl Scope {
+    pub fn all() -> Self {
+        Self {
+            conversations: None,
+        }
+    }
+    pub fn of(conversations: &[&str]) -> Self {
+        Self {
+            conversations: Some(conversations.iter().map(|s| s.to_string()).collect()),
+        }
+    }
+}
+
+/// Per-conversation state the workers keep in the graph (never only in memory).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ConversationState {
+    pub reference: ReferenceState,
+    /// Position of the last turn applied to `reference` (replays of older turns leave it alone).
+    pub reference_position: Option<u64>,
+    /// Turns before this position have been consolidated into fragments.
+    pub consolidated_until: u64,
+}
+
+#[async_trait]
+pub trait Graph: Send + Sync + 'static {
+    fn kind(&self) -> &'static str;
+
+    /// Writes Turn nodes with all their structural nodes and edges. Idempotent (MERGE semantics).
+    async fn write_turns(&self, turns: &[(Turn, Extraction)]) -> Result<(), StoreError>;
+
+    /// Writes Fragment nodes and PART_OF edges. Idempotent on fragment id.
+    async fn write_fragments(&self, fragments: &[Fragment]) -> Result<(), StoreError>;
+
+    /// Turns by id, tenant-checked; unknown ids are skipped.
+    async fn turns(
+        &self,
+        tenant: &TenantId,
+        ids: &[MemoryId],
+    ) -> Result<Vec<TurnRecord>, StoreError>;
+
+    /// Turns of a conversation with `from <= position < to`, in order.
+    async fn conversation_turns(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<TurnRecord>, StoreError>;
+
+    /// Conversation ids of a tenant that have stored turns.
+    async fn conversations(&self, tenant: &TenantId) -> Result<Vec<String>, StoreError>;
+
+    /// Distinct node names of `kind` linked from turns in scope (for containment and range matching).
+    async fn vocabulary(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        kind: NodeKind,
+    ) -> Result<Vec<String>, StoreError>;
+
+    /// Turns in scope linked to any of `names`, with edges visible as of the given times.
+    async fn linked_turns(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        kind: NodeKind,
+        names: &[String],
+        recorded_by: Option<DateTime<Utc>>,
+        valid_at: Option<DateTime<Utc>>,
+    ) -> Result<Vec<LinkedTurn>, StoreError>;
+
+    /// Number of turns in scope and, for each name, how many of them link to it (df).
+    async fn document_frequencies(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        kind: NodeKind,
+        names: &[String],
+    ) -> Result<(u64, Vec<u64>), StoreError>;
+
+    async fn fragments(
+        &self,
+        tenant: &TenantId,
+        ids: &[String],
+    ) -> Result<Vec<Fragment>, StoreError>;
+
+    async fn conversation_state(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<ConversationState, StoreError>;
+
+    async fn save_conversation_state(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        state: &ConversationState,
+    ) -> Result<(), StoreError>;
+
+    /// Removes every node, edge, fragment and state of a conversation; returns turns removed.
+    async fn delete_conversation(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<u64, StoreError>;
+}

@@ -1,0 +1,519 @@
+//! The embedded graph: redb tables laid out so every Path B lookup is a prefix scan over one
+//! conversation's keys (cost grows with the answer, not with the store).
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use recollect_model::{Extraction, Fragment, MemoryId, TenantId, Turn};
+use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
+
+use crate::graph::{ConversationState, EdgeTimes, Graph, LinkedTurn, NodeKind, Scope, TurnRecord};
+use crate::keys;
+use crate::StoreError;
+
+/// memory id → TurnRecord (JSON)
+const TURNS: TableDefinition<u128, &[u8]> = TableDefinition::new("turn_nodes");
+/// tenant\0conversation\0 + position (BE) → memory id
+const CONV_TURNS: TableDefinition<&[u8], u128> = TableDefinition::new("conversation_turns");
+/// tag + tenant\0conversation\0name\0 + memory id (BE) → EdgeTimes (JSON)
+const LINKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("links");
+/// tag + tenant\0conversation\0name\0 → number of turns linked (df)
+const VOCAB: TableDefinition<&[u8], u64> = TableDefinition::new("vocabulary");
+/// tenant\0conversation\0 → ConversationState (JSON)
+const CONV_STATE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("conversation_state");
+/// tenant\0conversation\0 → turns stored
+const CONV_COUNT: TableDefinition<&[u8], u64> = TableDefinition::new("conversation_count");
+/// tenant\0fragment id\0 → Fragment (JSON)
+const FRAGMENTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("fragments");
+/// tenant\0conversation\0fragment id\0 → ()
+const CONV_FRAGMENTS: TableDefinition<&[u8], ()> = TableDefinition::new("conversation_fragments");
+
+#[derive(Clone)]
+pub struct EmbeddedGraph {
+    db: Arc<Database>,
+}
+
+fn link_prefix(kind: NodeKind, tenant: &str, conversation: &str, name: &str) -> Vec<u8> {
+    let mut k = vec![kind.tag()];
+    k.extend(keys::join(&[tenant, conversation, &keys::clean(name)]));
+    k
+}
+
+fn conv_prefix(kind: NodeKind, tenant: &str, conversation: &str) -> Vec<u8> {
+    let mut k = vec![kind.tag()];
+    k.extend(keys::join(&[tenant, conversation]));
+    k
+}
+
+impl EmbeddedGraph {
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let db = Database::create(path)?;
+        let w = db.begin_write()?;
+        w.open_table(TURNS)?;
+        w.open_table(CONV_TURNS)?;
+        w.open_table(LINKS)?;
+        w.open_table(VOCAB)?;
+        w.open_table(CONV_STATE)?;
+        w.open_table(CONV_COUNT)?;
+        w.open_table(FRAGMENTS)?;
+        w.open_table(CONV_FRAGMENTS)?;
+        w.commit()?;
+        Ok(Self { db: Arc::new(db) })
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || f(&db)).await?
+    }
+
+    fn scope_conversations(
+        db: &Database,
+        tenant: &str,
+        scope: &Scope,
+    ) -> Result<Vec<String>, StoreError> {
+        if let Some(c) = &scope.conversations {
+            return Ok(c.clone());
+        }
+        let r = db.begin_read()?;
+        let t = r.open_table(CONV_COUNT)?;
+        let prefix = keys::join(&[tenant]);
+        let end = keys::prefix_end(&prefix);
+        let mut out = Vec::new();
+        for e in t.range(prefix.as_slice()..end.as_slice())? {
+            let (k, _) = e?;
+            if let Some(c) = keys::split(k.value()).get(1) {
+                out.push(String::from_utf8_lossy(c).into_owned());
+            }
+        }
+        Ok(out)
+    }
+
+    fn write_turns_sync(db: &Database, turns: &[(Turn, Extraction)]) -> Result<(), StoreError> {
+        let now = Utc::now();
+        let w = db.begin_write()?;
+        {
+            let mut nodes = w.open_table(TURNS)?;
+            let mut conv = w.open_table(CONV_TURNS)?;
+            let mut links = w.open_table(LINKS)?;
+            let mut vocab = w.open_table(VOCAB)?;
+            let mut count = w.open_table(CONV_COUNT)?;
+            for (turn, x) in turns {
+                let tenant = turn.tenant.as_str();
+                let cid = turn.conversation_id.as_str();
+                let id = turn.memory_id.as_u128();
+                let old: Option<TurnRecord> = match nodes.get(id)? {
+                    Some(v) => Some(serde_json::from_slice(v.value())?),
+                    None => None,
+                };
+                let fragments = old
+                    .as_ref()
+                    .map(|o| o.fragments.clone())
+                    .unwrap_or_default();
+                let record = TurnRecord {
+                    turn: turn.clone(),
+                    extraction: x.clone(),
+                    fragments,
+                };
+                nodes.insert(id, serde_json::to_vec(&record)?.as_slice())?;
+                let mut ck = keys::join(&[tenant, cid]);
+                ck.extend_from_slice(&turn.position.to_be_bytes());
+                conv.insert(ck.as_slice(), id)?;
+                if old.is_none() {
+                    let k = keys::join(&[tenant, cid]);
+                    let n = count.get(k.as_slice())?.map(|v| v.value()).unwrap_or(0);
+                    count.insert(k.as_slice(), n + 1)?;
+                }
+                let valid_from = x.event_time.unwrap_or(turn.timestamp);
+                for kind in NodeKind::ALL {
+                    let new_names: BTreeSet<String> = kind.names(x).into_iter().collect();
+                    let old_names: BTreeSet<String> = old
+                        .as_ref()
+                        .map(|o| kind.names(&o.extraction).into_iter().collect())
+                        .unwrap_or_default();
+                    // A re-derived extraction replaces its own links; nothing else is touched.
+                    for name in old_names.difference(&new_names) {
+                        let mut lk = link_prefix(kind, tenant, cid, name);
+                        let vk = lk.clone();
+                        lk.extend_from_slice(&id.to_be_bytes());
+                        if links.remove(lk.as_slice())?.is_some() {
+                            let n = vocab.get(vk.as_slice())?.map(|v| v.value()).unwrap_or(1);
+                            if n <= 1 {
+                                vocab.remove(vk.as_slice())?;
+                            } else {
+                                vocab.insert(vk.as_slice(), n - 1)?;
+                            }
+                        }
+                    }
+                    for name in &new_names {
+                        let mut lk = link_prefix(kind, tenant, cid, name);
+                        let vk = lk.clone();
+                        lk.extend_from_slice(&id.to_be_bytes());
+                        if links.get(lk.as_slice())?.is_some() {
+                            continue;
+                        }
+                        let times = EdgeTimes {
+                            valid_from,
+                            valid_to: None,
+                            recorded_at: now,
+                            expired_at: None,
+                        };
+                        links.insert(lk.as_slice(), serde_json::to_vec(&times)?.as_slice())?;
+                        let n = vocab.get(vk.as_slice())?.map(|v| v.value()).unwrap_or(0);
+                        vocab.insert(vk.as_slice(), n + 1)?;
+                    }
+                }
+            }
+        }
+        w.commit()?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Graph for EmbeddedGraph {
+    fn kind(&self) -> &'static str {
+        "embedded"
+    }
+
+    async fn write_turns(&self, turns: &[(Turn, Extraction)]) -> Result<(), StoreError> {
+        let turns = turns.to_vec();
+        self.blocking(move |db| Self::write_turns_sync(db, &turns))
+            .await
+    }
+
+    async fn write_fragments(&self, fragments: &[Fragment]) -> Result<(), StoreError> {
+        let fragments = fragments.to_vec();
+        self.blocking(move |db| {
+            let w = db.begin_write()?;
+            {
+                let mut ft = w.open_table(FRAGMENTS)?;
+                let mut cf = w.open_table(CONV_FRAGMENTS)?;
+                let mut nodes = w.open_table(TURNS)?;
+                for f in &fragments {
+                    let t = f.tenant.as_str();
+                    ft.insert(
+                        keys::join(&[t, &f.id]).as_slice(),
+                        serde_json::to_vec(f)?.as_slice(),
+                    )?;
+                    cf.insert(keys::join(&[t, &f.conversation_id, &f.id]).as_slice(), ())?;
+                    for m in &f.members {
+                        let rec = match nodes.get(m.as_u128())? {
+                            Some(v) => serde_json::from_slice::<TurnRecord>(v.value())?,
+                            None => continue,
+                        };
+                        if rec.fragments.contains(&f.id) || rec.turn.tenant != f.tenant {
+                            continue;
+                        }
+                        let mut rec = rec;
+                        rec.fragments.push(f.id.clone());
+                        nodes.insert(m.as_u128(), serde_json::to_vec(&rec)?.as_slice())?;
+                    }
+                }
+            }
+            w.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn turns(
+        &self,
+        tenant: &TenantId,
+        ids: &[MemoryId],
+    ) -> Result<Vec<TurnRecord>, StoreError> {
+        let tenant = tenant.clone();
+        let ids = ids.to_vec();
+        self.blocking(move |db| {
+            let r = db.begin_read()?;
+            let t = r.open_table(TURNS)?;
+            let mut out = Vec::with_capacity(ids.len());
+            for id in ids {
+                if let Some(v) = t.get(id.as_u128())? {
+                    let rec: TurnRecord = serde_json::from_slice(v.value())?;
+                    if rec.turn.tenant == tenant {
+                        out.push(rec);
+                    }
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn conversation_turns(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<TurnRecord>, StoreError> {
+        let prefix = keys::join(&[tenant.as_str(), conversation]);
+        self.blocking(move |db| {
+            let r = db.begin_read()?;
+            let idx = r.open_table(CONV_TURNS)?;
+            let t = r.open_table(TURNS)?;
+            let mut lo = prefix.clone();
+            lo.extend_from_slice(&from.to_be_bytes());
+            let mut hi = prefix.clone();
+            hi.extend_from_slice(&to.to_be_bytes());
+            let mut out = Vec::new();
+            for e in idx.range(lo.as_slice()..hi.as_slice())? {
+                let (_, id) = e?;
+                if let Some(v) = t.get(id.value())? {
+                    out.push(serde_json::from_slice(v.value())?);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn conversations(&self, tenant: &TenantId) -> Result<Vec<String>, StoreError> {
+        let tenant = tenant.clone();
+        self.blocking(move |db| Self::scope_conversations(db, tenant.as_str(), &Scope::all()))
+            .await
+    }
+
+    async fn vocabulary(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        kind: NodeKind,
+    ) -> Result<Vec<String>, StoreError> {
+        let tenant = tenant.clone();
+        let scope = scope.clone();
+        self.blocking(move |db| {
+            let convs = Self::scope_conversations(db, tenant.as_str(), &scope)?;
+            let r = db.begin_read()?;
+            let v = r.open_table(VOCAB)?;
+            let mut out = BTreeSet::new();
+            for c in convs {
+                let p = conv_prefix(kind, tenant.as_str(), &c);
+                let end = keys::prefix_end(&p);
+                for e in v.range(p.as_slice()..end.as_slice())? {
+                    let (k, _) = e?;
+                    let name = &k.value()[p.len()..];
+                    let name = name.strip_suffix(&[0]).unwrap_or(name);
+                    out.insert(String::from_utf8_lossy(name).into_owned());
+                }
+            }
+            Ok(out.into_iter().collect())
+        })
+        .await
+    }
+
+    async fn linked_turns(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        kind: NodeKind,
+        names: &[String],
+        recorded_by: Option<DateTime<Utc>>,
+        valid_at: Option<DateTime<Utc>>,
+    ) -> Result<Vec<LinkedTurn>, StoreError> {
+        let tenant = tenant.clone();
+        let scope = scope.clone();
+        let names = names.to_vec();
+        self.blocking(move |db| {
+            let convs = Self::scope_conversations(db, tenant.as_str(), &scope)?;
+            let r = db.begin_read()?;
+            let links = r.open_table(LINKS)?;
+            let mut out = Vec::new();
+            for c in &convs {
+                for name in &names {
+                    let p = link_prefix(kind, tenant.as_str(), c, name);
+                    let end = keys::prefix_end(&p);
+                    for e in links.range(p.as_slice()..end.as_slice())? {
+                        let (k, v) = e?;
+                        let idb = &k.value()[p.len()..];
+                        let Ok(idb) = <[u8; 16]>::try_from(idb) else {
+                            continue;
+                        };
+                        if recorded_by.is_some() || valid_at.is_some() {
+                            let times: EdgeTimes = serde_json::from_slice(v.value())?;
+                            if !times.visible(recorded_by, valid_at) {
+                                continue;
+                            }
+                        }
+                        out.push(LinkedTurn {
+                            name: name.clone(),
+                            memory_id: MemoryId(idb),
+                            conversation_id: c.clone(),
+                        });
+                    }
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn document_frequencies(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        kind: NodeKind,
+        names: &[String],
+    ) -> Result<(u64, Vec<u64>), StoreError> {
+        let tenant = tenant.clone();
+        let scope = scope.clone();
+        let names = names.to_vec();
+        self.blocking(move |db| {
+            let convs = Self::scope_conversations(db, tenant.as_str(), &scope)?;
+            let r = db.begin_read()?;
+            let v = r.open_table(VOCAB)?;
+            let cnt = r.open_table(CONV_COUNT)?;
+            let mut total = 0;
+            let mut df = vec![0u64; names.len()];
+            for c in &convs {
+                total += cnt
+                    .get(keys::join(&[tenant.as_str(), c]).as_slice())?
+                    .map(|x| x.value())
+                    .unwrap_or(0);
+                for (i, n) in names.iter().enumerate() {
+                    let k = link_prefix(kind, tenant.as_str(), c, n);
+                    df[i] += v.get(k.as_slice())?.map(|x| x.value()).unwrap_or(0);
+                }
+            }
+            Ok((total, df))
+        })
+        .await
+    }
+
+    async fn fragments(
+        &self,
+        tenant: &TenantId,
+        ids: &[String],
+    ) -> Result<Vec<Fragment>, StoreError> {
+        let tenant = tenant.clone();
+        let ids = ids.to_vec();
+        self.blocking(move |db| {
+            let r = db.begin_read()?;
+            let t = r.open_table(FRAGMENTS)?;
+            let mut out = Vec::new();
+            for id in ids {
+                if let Some(v) = t.get(keys::join(&[tenant.as_str(), &id]).as_slice())? {
+                    out.push(serde_json::from_slice(v.value())?);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn conversation_state(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<ConversationState, StoreError> {
+        let k = keys::join(&[tenant.as_str(), conversation]);
+        self.blocking(move |db| {
+            let r = db.begin_read()?;
+            let t = r.open_table(CONV_STATE)?;
+            match t.get(k.as_slice())? {
+                Some(v) => Ok(serde_json::from_slice(v.value())?),
+                None => Ok(ConversationState::default()),
+            }
+        })
+        .await
+    }
+
+    async fn save_conversation_state(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        state: &ConversationState,
+    ) -> Result<(), StoreError> {
+        let k = keys::join(&[tenant.as_str(), conversation]);
+        let v = serde_json::to_vec(state)?;
+        self.blocking(move |db| {
+            let w = db.begin_write()?;
+            w.open_table(CONV_STATE)?
+                .insert(k.as_slice(), v.as_slice())?;
+            w.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn delete_conversation(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<u64, StoreError> {
+        let tenant = tenant.as_str().to_string();
+        let conversation = conversation.to_string();
+        self.blocking(move |db| {
+            let cp = keys::join(&[&tenant, &conversation]);
+            let cend = keys::prefix_end(&cp);
+            let w = db.begin_write()?;
+            let n;
+            {
+                let mut idx = w.open_table(CONV_TURNS)?;
+                let mut nodes = w.open_table(TURNS)?;
+                let ids: Vec<u128> = idx
+                    .range(cp.as_slice()..cend.as_slice())?
+                    .map(|e| e.map(|(_, v)| v.value()))
+                    .collect::<Result<_, _>>()?;
+                n = ids.len() as u64;
+                for id in ids {
+                    nodes.remove(id)?;
+                }
+                idx.retain_in(cp.as_slice()..cend.as_slice(), |_, _| false)?;
+                let mut links = w.open_table(LINKS)?;
+                let mut vocab = w.open_table(VOCAB)?;
+                for kind in NodeKind::ALL {
+                    let p = conv_prefix(kind, &tenant, &conversation);
+                    let end = keys::prefix_end(&p);
+                    links.retain_in(p.as_slice()..end.as_slice(), |_, _| false)?;
+                    vocab.retain_in(p.as_slice()..end.as_slice(), |_, _| false)?;
+                }
+                w.open_table(CONV_STATE)?.remove(cp.as_slice())?;
+                w.open_table(CONV_COUNT)?.remove(cp.as_slice())?;
+                let mut cf = w.open_table(CONV_FRAGMENTS)?;
+                let mut ft = w.open_table(FRAGMENTS)?;
+                let frag_ids: Vec<String> = cf
+                    .range(cp.as_slice()..cend.as_slice())?
+                    .map(|e| {
+                        e.map(|(k, _)| {
+                            keys::split(k.value())
+                                .get(2)
+                                .map(|s| String::from_utf8_lossy(s).into_owned())
+                                .unwrap_or_default()
+                        })
+                    })
+                    .collect::<Result<_, _>>()?;
+                for f in frag_ids {
+                    ft.remove(keys::join(&[&tenant, &f]).as_slice())?;
+                }
+                cf.retain_in(cp.as_slice()..cend.as_slice(), |_, _| false)?;
+            }
+            w.commit()?;
+            Ok(n)
+        })
+        .await
+    }
+}
+
+impl EmbeddedGraph {
+    /// Rows in every table, for erasure checks and disk accounting.
+    pub fn table_sizes(&self) -> Result<HashMap<&'static str, u64>, StoreError> {
+        let r = self.db.begin_read()?;
+        let mut m = HashMap::new();
+        m.insert("turn_nodes", r.open_table(TURNS)?.len()?);
+        m.insert("links", r.open_table(LINKS)?.len()?);
+        m.insert("vocabulary", r.open_table(VOCAB)?.len()?);
+        m.insert("fragments", r.open_table(FRAGMENTS)?.len()?);
+        m.insert("conversation_state", r.open_table(CONV_STATE)?.len()?);
+        Ok(m)
+    }
+}

@@ -1,0 +1,41 @@
+//! Byte keys for redb tables: NUL-separated parts, so a prefix scan over
+//! `tenant\0conversation\0` finds exactly one conversation's rows.
+
+pub fn join(parts: &[&str]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(parts.iter().map(|p| p.len() + 1).sum());
+    for p in parts {
+        k.extend_from_slice(p.as_bytes());
+        k.push(0);
+    }
+    k
+}
+
+/// The exclusive upper bound of all keys starting with `prefix`.
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0xff; prefix.len() + 1]
+}
+
+/// Splits a key made by [`join`] back into its parts (the last part may be binary).
+pub fn split(key: &[u8]) -> Vec<&[u8]> {
+    let mut parts: Vec<&[u8]> = key.split(|b| *b == 0).collect();
+    if parts.last().is_some_and(|p| p.is_empty()) {
+        parts.pop();
+    }
+    parts
+}
+
+/// NUL would break the key layout; text fields never need it.
+pub fn clean(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains('\0') {
+        std::borrow::Cow::Owned(s.replace('\0', ""))
+    } else {
+        std::borrow::Cow::Borrowed(s)
+    }
+}

@@ -1,0 +1,25 @@
+//! Storage seams and their embedded implementations.
+//!
+//! - [`raw::RawStore`]: the durable log of raw turns (the source of truth) and the set of turns
+//!   whose enrichment has not finished, replayed at start.
+//! - [`Graph`]: turns, structural nodes and bi-temporal edges (embedded: redb; production: Neo4j).
+//! - [`VectorIndex`]: dense field vectors, sparse lexical vectors and keyword vectors
+//!   (embedded: Qdrant's edge engine; production: a Qdrant server).
+//!
+//! The recall pipeline is written against the traits only.
+
+pub mod contract;
+pub mod error;
+pub mod graph;
+pub mod graph_embedded;
+mod keys;
+pub mod raw;
+pub mod vector;
+pub mod vector_edge;
+
+pub use error::StoreError;
+pub use graph::{EdgeTimes, Graph, LinkedTurn, NodeKind, Scope, TurnRecord};
+pub use graph_embedded::EmbeddedGraph;
+pub use raw::RawStore;
+pub use vector::{TurnPoint, VectorField, VectorIndex, VectorQuery};
+pub use vector_edge::EdgeVectorIndex;

@@ -1,0 +1,298 @@
+//! The raw-turn store: every accepted turn, written durably (fsync on commit) before the client
+//! hears 202, plus the set of turns whose enrichment has not finished. Everything derived can be
+//! rebuilt from here; on start the pending set is replayed through the pipeline.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use chrono::Utc;
+use recollect_model::{MemoryId, TenantId, Turn, TurnInput};
+use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
+
+use crate::keys;
+use crate::StoreError;
+
+/// memory id → Turn (JSON)
+const TURNS: TableDefinition<u128, &[u8]> = TableDefinition::new("turns");
+/// tenant\0conversation\0 + position (big endian) → memory id
+const CONV_INDEX: TableDefinition<&[u8], u128> = TableDefinition::new("conversation_index");
+/// tenant\0conversation\0 → next position
+const CONV_NEXT: TableDefinition<&[u8], u64> = TableDefinition::new("conversation_next");
+/// memory id → () for turns not yet stored by the graph-writer
+const PENDING: TableDefinition<u128, ()> = TableDefinition::new("pending");
+
+#[derive(Clone)]
+pub struct RawStore {
+    db: Arc<Database>,
+}
+
+/// The outcome of appending one input.
+#[derive(Debug, Clone)]
+pub struct Appended {
+    pub turn: Turn,
+    /// False when the same turn (same memory id) was already stored: a retry.
+    pub new: bool,
+}
+
+impl RawStore {
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let db = Database::create(path)?;
+        let w = db.begin_write()?;
+        w.open_table(TURNS)?;
+        w.open_table(CONV_INDEX)?;
+        w.open_table(CONV_NEXT)?;
+        w.open_table(PENDING)?;
+        w.commit()?;
+        Ok(Self { db: Arc::new(db) })
+    }
+
+    /// Appends turns to a conversation in one durable transaction. Inputs must be validated.
+    pub fn append(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        inputs: &[TurnInput],
+    ) -> Result<Vec<Appended>, StoreError> {
+        let conv_key = keys::join(&[tenant.as_str(), conversation]);
+        let now = Utc::now();
+        let w = self.db.begin_write()?;
+        let mut out = Vec::with_capacity(inputs.len());
+        {
+            let mut turns = w.open_table(TURNS)?;
+            let mut index = w.open_table(CONV_INDEX)?;
+            let mut next = w.open_table(CONV_NEXT)?;
+            let mut pending = w.open_table(PENDING)?;
+            let mut position = next
+                .get(conv_key.as_slice())?
+                .map(|v| v.value())
+                .unwrap_or(0);
+            for input in inputs {
+                let turn_id = input
+                    .turn_id
+                    .clone()
+                    .unwrap_or_else(|| position.to_string());
+                let id = MemoryId::derive(tenant, conversation, &turn_id);
+                if let Some(existing) = turns.get(id.as_u128())? {
+                    out.push(Appended {
+                        turn: serde_json::from_slice(existing.value())?,
+                        new: false,
+                    });
+                    continue;
+                }
+                let turn = Turn {
+                    memory_id: id,
+                    tenant: tenant.clone(),
+                    conversation_id: conversation.to_string(),
+                    turn_id,
+                    position,
+                    user: input.user.clone(),
+                    assistant: input.assistant.clone().unwrap_or_default(),
+                    user_speaker: input.user_speaker.clone(),
+                    assistant_speaker: input.assistant_speaker.clone(),
+                    timestamp: input.timestamp,
+                    recorded_at: now,
+                    metadata: input.metadata.clone(),
+                };
+                turns.insert(id.as_u128(), serde_json::to_vec(&turn)?.as_slice())?;
+                let mut ik = conv_key.clone();
+                ik.extend_from_slice(&position.to_be_bytes());
+                index.insert(ik.as_slice(), id.as_u128())?;
+                pending.insert(id.as_u128(), ())?;
+                position += 1;
+                out.push(Appended { turn, new: true });
+            }
+            next.insert(conv_key.as_slice(), position)?;
+        }
+        w.commit()?;
+        Ok(out)
+    }
+
+    pub fn get(&self, id: MemoryId) -> Result<Option<Turn>, StoreError> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(TURNS)?;
+        match t.get(id.as_u128())? {
+            Some(v) => Ok(Some(serde_json::from_slice(v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Turns whose enrichment has not finished, in conversation order.
+    pub fn pending(&self) -> Result<Vec<Turn>, StoreError> {
+        let r = self.db.begin_read()?;
+        let p = r.open_table(PENDING)?;
+        let t = r.open_table(TURNS)?;
+        let mut out = Vec::new();
+        for e in p.iter()? {
+            let (id, _) = e?;
+            if let Some(v) = t.get(id.value())? {
+                out.push(serde_json::from_slice::<Turn>(v.value())?);
+            }
+        }
+        out.sort_by(|a, b| {
+            (&a.tenant, &a.conversation_id, a.position).cmp(&(
+                &b.tenant,
+                &b.conversation_id,
+                b.position,
+            ))
+        });
+        Ok(out)
+    }
+
+    pub fn pending_count(&self) -> Result<u64, StoreError> {
+        let r = self.db.begin_read()?;
+        Ok(r.open_table(PENDING)?.len()?)
+    }
+
+    pub fn is_pending(&self, id: MemoryId) -> Result<bool, StoreError> {
+        let r = self.db.begin_read()?;
+        Ok(r.open_table(PENDING)?.get(id.as_u128())?.is_some())
+    }
+
+    /// The graph-writer finished these turns.
+    pub fn mark_stored(&self, ids: &[MemoryId]) -> Result<(), StoreError> {
+        let w = self.db.begin_write()?;
+        {
+            let mut p = w.open_table(PENDING)?;
+            for id in ids {
+                p.remove(id.as_u128())?;
+            }
+        }
+        w.commit()?;
+        Ok(())
+    }
+
+    pub fn conversation_exists(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<bool, StoreError> {
+        let r = self.db.begin_read()?;
+        let k = keys::join(&[tenant.as_str(), conversation]);
+        Ok(r.open_table(CONV_NEXT)?.get(k.as_slice())?.is_some())
+    }
+
+    /// Conversation ids of a tenant.
+    pub fn conversations(&self, tenant: &TenantId) -> Result<Vec<String>, StoreError> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(CONV_NEXT)?;
+        let prefix = keys::join(&[tenant.as_str()]);
+        let end = keys::prefix_end(&prefix);
+        let mut out = Vec::new();
+        for e in t.range(prefix.as_slice()..end.as_slice())? {
+            let (k, _) = e?;
+            if let Some(c) = keys::split(k.value()).get(1) {
+                out.push(String::from_utf8_lossy(c).into_owned());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every turn of a conversation, in order.
+    pub fn conversation_turns(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<Vec<Turn>, StoreError> {
+        let r = self.db.begin_read()?;
+        let idx = r.open_table(CONV_INDEX)?;
+        let t = r.open_table(TURNS)?;
+        let prefix = keys::join(&[tenant.as_str(), conversation]);
+        let end = keys::prefix_end(&prefix);
+        let mut out = Vec::new();
+        for e in idx.range(prefix.as_slice()..end.as_slice())? {
+            let (_, id) = e?;
+            if let Some(v) = t.get(id.value())? {
+                out.push(serde_json::from_slice(v.value())?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Erases a conversation's raw turns, pending marks and position counter; returns turns removed.
+    pub fn delete_conversation(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<u64, StoreError> {
+        let prefix = keys::join(&[tenant.as_str(), conversation]);
+        let end = keys::prefix_end(&prefix);
+        let w = self.db.begin_write()?;
+        let mut n = 0;
+        {
+            let mut idx = w.open_table(CONV_INDEX)?;
+            let mut turns = w.open_table(TURNS)?;
+            let mut pending = w.open_table(PENDING)?;
+            let ids: Vec<u128> = idx
+                .range(prefix.as_slice()..end.as_slice())?
+                .map(|e| e.map(|(_, v)| v.value()))
+                .collect::<Result<_, _>>()?;
+            for id in ids {
+                turns.remove(id)?;
+                pending.remove(id)?;
+                n += 1;
+            }
+            idx.retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)?;
+            w.open_table(CONV_NEXT)?.remove(prefix.as_slice())?;
+        }
+        w.commit()?;
+        Ok(n)
+    }
+
+    pub fn count(&self) -> Result<u64, StoreError> {
+        let r = self.db.begin_read()?;
+        Ok(r.open_table(TURNS)?.len()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(turn_id: Option<&str>, text: &str) -> TurnInput {
+        TurnInput {
+            turn_id: turn_id.map(String::from),
+            user: text.into(),
+            assistant: Some("ok".into()),
+            user_speaker: None,
+            assistant_speaker: None,
+            timestamp: Utc::now(),
+            metadata: Default::default(),
+        }
+    }
+
+    #[test]
+    fn append_is_idempotent_on_turn_id_and_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("raw.redb");
+        let t = TenantId("t".into());
+        let ids = {
+            let s = RawStore::open(&path).unwrap();
+            let a = s
+                .append(&t, "c", &[input(Some("a"), "one"), input(None, "two")])
+                .unwrap();
+            assert!(a.iter().all(|x| x.new));
+            let again = s.append(&t, "c", &[input(Some("a"), "one")]).unwrap();
+            assert!(!again[0].new);
+            assert_eq!(again[0].turn.memory_id, a[0].turn.memory_id);
+            a.iter().map(|x| x.turn.memory_id).collect::<Vec<_>>()
+        };
+        let s = RawStore::open(&path).unwrap();
+        assert_eq!(s.count().unwrap(), 2);
+        assert_eq!(s.pending().unwrap().len(), 2);
+        s.mark_stored(&ids[..1]).unwrap();
+        assert_eq!(s.pending().unwrap()[0].memory_id, ids[1]);
+        let turns = s.conversation_turns(&t, "c").unwrap();
+        assert_eq!(
+            turns.iter().map(|t| t.position).collect::<Vec<_>>(),
+            vec![0, 1]
+        );
+        assert_eq!(s.conversations(&t).unwrap(), vec!["c".to_string()]);
+        assert!(s.conversations(&TenantId("u".into())).unwrap().is_empty());
+        assert_eq!(s.delete_conversation(&t, "c").unwrap(), 2);
+        assert_eq!(s.count().unwrap(), 0);
+        assert!(!s.conversation_exists(&t, "c").unwrap());
+    }
+}

@@ -1,0 +1,118 @@
+//! The `VectorIndex` seam: per turn one dense vector per field (user, assistant; never their
+//! concatenation) and a sparse lexical vector scored as BM25 by the engine's IDF modifier; per
+//! conversation one vector per distinct keyword, for KeyMem's keyword-neighbour search.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use recollect_model::{KeywordVector, MemoryId, SparseVector, TenantId};
+
+use crate::{Scope, StoreError};
+
+pub const USER_VECTOR: &str = "user";
+pub const ASSISTANT_VECTOR: &str = "assistant";
+pub const LEXICAL_VECTOR: &str = "lexical";
+pub const KEYWORD_VECTOR: &str = "keyword";
+
+/// A turn's point.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnPoint {
+    pub memory_id: MemoryId,
+    pub tenant: TenantId,
+    pub conversation_id: String,
+    pub position: u64,
+    pub timestamp: DateTime<Utc>,
+    pub user: Vec<f32>,
+    /// None when the turn has no assistant text.
+    pub assistant: Option<Vec<f32>>,
+    pub lexical: SparseVector,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum VectorField {
+    User,
+    Assistant,
+}
+
+impl VectorField {
+    pub fn name(&self) -> &'static str {
+        match self {
+            VectorField::User => USER_VECTOR,
+            VectorField::Assistant => ASSISTANT_VECTOR,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum VectorQuery {
+    Dense {
+        field: VectorField,
+        vector: Vec<f32>,
+    },
+    Lexical(SparseVector),
+}
+
+/// Dense vectors of a stored turn.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldVectors {
+    pub user: Vec<f32>,
+    pub assistant: Option<Vec<f32>>,
+}
+
+#[async_trait]
+pub trait VectorIndex: Send + Sync + 'static {
+    fn kind(&self) -> &'static str;
+
+    /// Upserts turn points (idempotent on memory id); returns when durable.
+    async fn upsert_turns(&self, points: Vec<TurnPoint>) -> Result<(), StoreError>;
+
+    /// Best `limit` turns in scope for the query, highest score first.
+    async fn search(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        query: &VectorQuery,
+        limit: usize,
+    ) -> Result<Vec<(MemoryId, f32)>, StoreError>;
+
+    /// Dense field vectors of the given turns (tenant-checked).
+    async fn field_vectors(
+        &self,
+        tenant: &TenantId,
+        ids: &[MemoryId],
+    ) -> Result<HashMap<MemoryId, FieldVectors>, StoreError>;
+
+    /// Upserts a conversation's keyword vectors (idempotent on tenant, conversation, keyword).
+    async fn upsert_keywords(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        keywords: Vec<KeywordVector>,
+    ) -> Result<(), StoreError>;
+
+    /// Keywords in scope nearest to `vector` with cosine ≥ `min_score` (name, score).
+    async fn search_keywords(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        vector: &[f32],
+        limit: usize,
+        min_score: f32,
+    ) -> Result<Vec<(String, f32)>, StoreError>;
+
+    /// Removes every turn and keyword point of a conversation; returns turn points removed.
+    async fn delete_conversation(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<u64, StoreError>;
+
+    /// Turn points in scope.
+    async fn count(&self, tenant: &TenantId, scope: &Scope) -> Result<u64, StoreError>;
+
+    /// Background maintenance (index building); never required for correctness.
+    async fn optimize(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}

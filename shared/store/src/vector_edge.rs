@@ -1,0 +1,459 @@
+//! `VectorIndex` on Qdrant's embedded engine (qdrant-edge): two shards under the data dir,
+//! `turns` (named dense `user`/`assistant`, sparse `lexical` with the IDF modifier) and
+//! `keywords`, each with keyword payload indexes on tenant (a tenant index) and conversation.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use qdrant_edge::external::uuid::Uuid;
+use qdrant_edge::{
+    AnyVariants, Condition, CountRequest, Distance, EdgeConfigBuilder, EdgeShard,
+    EdgeSparseVectorParamsBuilder, EdgeVectorParamsBuilder, FieldCondition, Filter, JsonPath,
+    KeywordIndexParams, Match, Modifier, NamedQuery, PayloadFieldSchema, PayloadSchemaParams,
+    PointId, PointInsertOperations, PointOperations, PointStruct, QueryEnum, SearchRequest,
+    UpdateOperation, ValueVariants, Vector, VectorInternal, VectorStructInternal, Vectors,
+    WithPayloadInterface, WithVector,
+};
+use recollect_model::{KeywordVector, MemoryId, SparseVector, TenantId};
+
+use crate::vector::{
+    FieldVectors, TurnPoint, VectorIndex, VectorQuery, ASSISTANT_VECTOR, KEYWORD_VECTOR,
+    LEXICAL_VECTOR, USER_VECTOR,
+};
+use crate::{Scope, StoreError};
+
+pub struct EdgeVectorIndex {
+    turns: Arc<EdgeShard>,
+    keywords: Arc<EdgeShard>,
+    dim: usize,
+}
+
+fn json_path(p: &str) -> JsonPath {
+    p.parse().expect("static payload paths are valid")
+}
+
+fn err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+fn point_id(id: MemoryId) -> PointId {
+    PointId::Uuid(Uuid::from_bytes(id.0))
+}
+
+fn memory_id(p: &PointId) -> Option<MemoryId> {
+    match p {
+        PointId::Uuid(u) => Some(MemoryId(*u.as_bytes())),
+        PointId::NumId(_) => None,
+    }
+}
+
+fn keyword_point(tenant: &TenantId, conversation: &str, keyword: &str) -> PointId {
+    point_id(MemoryId::derive(
+        tenant,
+        conversation,
+        &format!("keyword:{keyword}"),
+    ))
+}
+
+fn match_value(key: &str, value: &str) -> Condition {
+    Condition::Field(FieldCondition::new_match(
+        json_path(key),
+        Match::new_value(ValueVariants::String(value.to_string())),
+    ))
+}
+
+/// Tenant always; conversations when the scope names them.
+fn scope_filter(tenant: &TenantId, scope: &Scope) -> Filter {
+    let mut must = vec![match_value("tenant", tenant.as_str())];
+    if let Some(convs) = &scope.conversations {
+        must.push(Condition::Field(FieldCondition::new_match(
+            json_path("conversation"),
+            Match::new_any(AnyVariants::Strings(convs.iter().cloned().collect())),
+        )));
+    }
+    Filter {
+        must: Some(must),
+        ..Default::default()
+    }
+}
+
+fn open_shard(path: &Path, config: qdrant_edge::EdgeConfig) -> Result<EdgeShard, StoreError> {
+    std::fs::create_dir_all(path)?;
+    let has_config = path.join("edge_config.json").exists();
+    let shard = if has_config {
+        EdgeShard::load(path, Some(config))
+    } else {
+        EdgeShard::new(path, config)
+    };
+    let shard = shard.map_err(err)?;
+    for field in ["tenant", "conversation"] {
+        let params = KeywordIndexParams {
+            is_tenant: Some(field == "tenant"),
+            ..Default::default()
+        };
+        shard
+            .update(UpdateOperation::FieldIndexOperation(
+                qdrant_edge::FieldIndexOperations::CreateIndex(qdrant_edge::CreateIndex {
+                    field_name: json_path(field),
+                    field_schema: Some(PayloadFieldSchema::FieldParams(
+                        PayloadSchemaParams::Keyword(params),
+                    )),
+                }),
+            ))
+            .map_err(err)?;
+    }
+    Ok(shard)
+}
+
+impl EdgeVectorIndex {
+    pub fn open(dir: &Path, dim: usize) -> Result<Self, StoreError> {
+        let turns_cfg = EdgeConfigBuilder::new()
+            .vector(
+                USER_VECTOR,
+                EdgeVectorParamsBuilder::new(dim, Distance::Cosine).build(),
+            )
+            .vector(
+                ASSISTANT_VECTOR,
+                EdgeVectorParamsBuilder::new(dim, Distance::Cosine).build(),
+            )
+            .sparse_vector(
+                LEXICAL_VECTOR,
+                EdgeSparseVectorParamsBuilder::new()
+                    .modifier(Modifier::Idf)
+                    .build(),
+            )
+            .build();
+        let kw_cfg = EdgeConfigBuilder::new()
+            .vector(
+                KEYWORD_VECTOR,
+                EdgeVectorParamsBuilder::new(dim, Distance::Cosine).build(),
+            )
+            .build();
+        Ok(Self {
+            turns: Arc::new(open_shard(&dir.join("turns"), turns_cfg)?),
+            keywords: Arc::new(open_shard(&dir.join("keywords"), kw_cfg)?),
+            dim,
+        })
+    }
+
+    async fn blocking<T: Send + 'static>(
+        shard: &Arc<EdgeShard>,
+        f: impl FnOnce(&EdgeShard) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let s = shard.clone();
+        tokio::task::spawn_blocking(move || f(&s)).await?
+    }
+
+    fn check_dim(&self, v: &[f32]) -> Result<(), StoreError> {
+        if v.len() != self.dim {
+            return Err(StoreError::Invalid(format!(
+                "vector has {} dimensions, index has {}",
+                v.len(),
+                self.dim
+            )));
+        }
+        Ok(())
+    }
+
+    fn flush(shard: &EdgeShard) {
+        shard.flush();
+    }
+}
+
+fn sparse(v: &SparseVector) -> Result<Vector, StoreError> {
+    let mut pairs: Vec<(u32, f32)> = v
+        .indices
+        .iter()
+        .copied()
+        .zip(v.values.iter().copied())
+        .collect();
+    pairs.sort_by_key(|p| p.0);
+    pairs.dedup_by_key(|p| p.0);
+    Vector::try_from(pairs).map_err(err)
+}
+
+#[async_trait]
+impl VectorIndex for EdgeVectorIndex {
+    fn kind(&self) -> &'static str {
+        "embedded"
+    }
+
+    async fn upsert_turns(&self, points: Vec<TurnPoint>) -> Result<(), StoreError> {
+        if points.is_empty() {
+            return Ok(());
+        }
+        let mut structs = Vec::with_capacity(points.len());
+        for p in &points {
+            self.check_dim(&p.user)?;
+            let mut named: Vec<(String, Vector)> =
+                vec![(USER_VECTOR.into(), Vector::new_dense(p.user.clone()))];
+            if let Some(a) = &p.assistant {
+                self.check_dim(a)?;
+                named.push((ASSISTANT_VECTOR.into(), Vector::new_dense(a.clone())));
+            }
+            if !p.lexical.indices.is_empty() {
+                named.push((LEXICAL_VECTOR.into(), sparse(&p.lexical)?));
+            }
+            let payload = serde_json::json!({
+                "tenant": p.tenant.as_str(),
+                "conversation": p.conversation_id,
+                "position": p.position,
+                "timestamp": p.timestamp.to_rfc3339(),
+            });
+            structs.push(
+                PointStruct::new(point_id(p.memory_id), Vectors::new_named(named), payload).into(),
+            );
+        }
+        Self::blocking(&self.turns, move |s| {
+            s.update(UpdateOperation::PointOperation(
+                PointOperations::UpsertPoints(PointInsertOperations::PointsList(structs)),
+            ))
+            .map_err(err)?;
+            Self::flush(s);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn search(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        query: &VectorQuery,
+        limit: usize,
+    ) -> Result<Vec<(MemoryId, f32)>, StoreError> {
+        let (name, vector) = match query {
+            VectorQuery::Dense { field, vector } => {
+                self.check_dim(vector)?;
+                (field.name(), Vector::new_dense(vector.clone()))
+            }
+            VectorQuery::Lexical(v) => {
+                if v.indices.is_empty() {
+                    return Ok(vec![]);
+                }
+                (LEXICAL_VECTOR, sparse(v)?)
+            }
+        };
+        let req = SearchRequest {
+            query: QueryEnum::Nearest(NamedQuery::new(VectorInternal::from(vector), name)),
+            filter: Some(scope_filter(tenant, scope)),
+            params: None,
+            limit,
+            offset: 0,
+            with_payload: Some(WithPayloadInterface::Bool(false)),
+            with_vector: None,
+            score_threshold: None,
+        };
+        Self::blocking(&self.turns, move |s| {
+            let pts = s.search(req).map_err(err)?;
+            Ok(pts
+                .iter()
+                .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score)))
+                .collect())
+        })
+        .await
+    }
+
+    async fn field_vectors(
+        &self,
+        tenant: &TenantId,
+        ids: &[MemoryId],
+    ) -> Result<HashMap<MemoryId, FieldVectors>, StoreError> {
+        let pids: Vec<PointId> = ids.iter().map(|m| point_id(*m)).collect();
+        let tenant = tenant.clone();
+        Self::blocking(&self.turns, move |s| {
+            let recs = s
+                .retrieve(
+                    &pids,
+                    Some(WithPayloadInterface::Fields(vec![json_path("tenant")])),
+                    Some(WithVector::Selector(vec![
+                        USER_VECTOR.into(),
+                        ASSISTANT_VECTOR.into(),
+                    ])),
+                )
+                .map_err(err)?;
+            let mut out = HashMap::with_capacity(recs.len());
+            for r in recs {
+                let owner = r
+                    .payload
+                    .as_ref()
+                    .and_then(|p| p.0.get("tenant"))
+                    .and_then(|v| v.as_str());
+                if owner != Some(tenant.as_str()) {
+                    continue;
+                }
+                let (Some(id), Some(VectorStructInternal::Named(mut named))) =
+                    (memory_id(&r.id), r.vector)
+                else {
+                    continue;
+                };
+                let dense = |v: Option<VectorInternal>| match v {
+                    Some(VectorInternal::Dense(d)) => Some(d),
+                    _ => None,
+                };
+                let Some(user) = dense(named.remove(USER_VECTOR)) else {
+                    continue;
+                };
+                out.insert(
+                    id,
+                    FieldVectors {
+                        user,
+                        assistant: dense(named.remove(ASSISTANT_VECTOR)),
+                    },
+                );
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn upsert_keywords(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        keywords: Vec<KeywordVector>,
+    ) -> Result<(), StoreError> {
+        if keywords.is_empty() {
+            return Ok(());
+        }
+        let mut structs = Vec::with_capacity(keywords.len());
+        for k in &keywords {
+            self.check_dim(&k.vector)?;
+            let payload = serde_json::json!({
+                "tenant": tenant.as_str(),
+                "conversation": conversation,
+                "keyword": k.keyword,
+            });
+            structs.push(
+                PointStruct::new(
+                    keyword_point(tenant, conversation, &k.keyword),
+                    Vectors::new_named([(KEYWORD_VECTOR, Vector::new_dense(k.vector.clone()))]),
+                    payload,
+                )
+                .into(),
+            );
+        }
+        Self::blocking(&self.keywords, move |s| {
+            s.update(UpdateOperation::PointOperation(
+                PointOperations::UpsertPoints(PointInsertOperations::PointsList(structs)),
+            ))
+            .map_err(err)?;
+            Self::flush(s);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn search_keywords(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        vector: &[f32],
+        limit: usize,
+        min_score: f32,
+    ) -> Result<Vec<(String, f32)>, StoreError> {
+        self.check_dim(vector)?;
+        // Keywords are indexed per conversation: ask for more when several conversations are in scope.
+        let req = SearchRequest {
+            query: QueryEnum::Nearest(NamedQuery::new(
+                VectorInternal::from(Vector::new_dense(vector.to_vec())),
+                KEYWORD_VECTOR,
+            )),
+            filter: Some(scope_filter(tenant, scope)),
+            params: None,
+            limit: limit * 4,
+            offset: 0,
+            with_payload: Some(WithPayloadInterface::Fields(vec![json_path("keyword")])),
+            with_vector: None,
+            score_threshold: Some(min_score),
+        };
+        Self::blocking(&self.keywords, move |s| {
+            let pts = s.search(req).map_err(err)?;
+            let mut out: Vec<(String, f32)> = Vec::new();
+            for p in pts {
+                let Some(k) = p
+                    .payload
+                    .as_ref()
+                    .and_then(|pl| pl.0.get("keyword"))
+                    .and_then(|v| v.as_str())
+                else {
+                    continue;
+                };
+                if !out.iter().any(|(name, _)| name == k) {
+                    out.push((k.to_string(), p.score));
+                }
+                if out.len() == limit {
+                    break;
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn delete_conversation(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<u64, StoreError> {
+        let scope = Scope::of(&[conversation]);
+        let n = self.count(tenant, &scope).await?;
+        let filter = scope_filter(tenant, &scope);
+        let f2 = filter.clone();
+        Self::blocking(&self.turns, move |s| {
+            s.update(UpdateOperation::PointOperation(
+                PointOperations::DeletePointsByFilter(filter),
+            ))
+            .map_err(err)?;
+            Self::flush(s);
+            Ok(())
+        })
+        .await?;
+        Self::blocking(&self.keywords, move |s| {
+            s.update(UpdateOperation::PointOperation(
+                PointOperations::DeletePointsByFilter(f2),
+            ))
+            .map_err(err)?;
+            Self::flush(s);
+            Ok(())
+        })
+        .await?;
+        Ok(n)
+    }
+
+    async fn count(&self, tenant: &TenantId, scope: &Scope) -> Result<u64, StoreError> {
+        let filter = scope_filter(tenant, scope);
+        Self::blocking(&self.turns, move |s| {
+            let n = s
+                .count(CountRequest {
+                    filter: Some(filter),
+                    exact: true,
+                })
+                .map_err(err)?;
+            Ok(n as u64)
+        })
+        .await
+    }
+
+    async fn optimize(&self) -> Result<(), StoreError> {
+        Self::blocking(&self.turns, |s| s.optimize().map(|_| ()).map_err(err)).await?;
+        Self::blocking(&self.keywords, |s| s.optimize().map(|_| ()).map_err(err)).await
+    }
+}
+
+impl EdgeVectorIndex {
+    /// Keyword points in scope (erasure checks).
+    pub async fn keyword_count(&self, tenant: &TenantId, scope: &Scope) -> Result<u64, StoreError> {
+        let filter = scope_filter(tenant, scope);
+        Self::blocking(&self.keywords, move |s| {
+            Ok(s.count(CountRequest {
+                filter: Some(filter),
+                exact: true,
+            })
+            .map_err(err)? as u64)
+        })
+        .await
+    }
+}

@@ -1,0 +1,197 @@
+//! Helpers for end-to-end tests: start the real `recollect` binary on a free loopback port with
+//! its own data directory, wait until it is ready, stop it by PID.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use reqwest::blocking::Client;
+use serde_json::Value;
+
+/// The `recollect` binary built beside this test binary (target/<profile>/recollect).
+pub fn binary() -> PathBuf {
+    if let Ok(p) = std::env::var("RECOLLECT_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    dir.join("recollect")
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running server; killed on drop.
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+    pub data_dir: PathBuf,
+    pub client: Client,
+}
+
+impl Server {
+    /// Starts `recollect serve` on `data_dir` with extra environment, and waits for /readyz.
+    pub fn start(data_dir: &Path, env: &[(&str, &str)]) -> Server {
+        let port = free_port();
+        let mut cmd = Command::new(binary());
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--data-dir")
+            .arg(data_dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("start recollect serve");
+        let s = Server {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            data_dir: data_dir.to_path_buf(),
+            client: Client::builder()
+                .timeout(Duration::from_secs(180))
+                .build()
+                .unwrap(),
+        };
+        s.wait_ready(Duration::from_secs(120));
+        s
+    }
+
+    pub fn wait_ready(&self, limit: Duration) {
+        let start = Instant::now();
+        loop {
+            if let Ok(r) = self.client.get(format!("{}/readyz", self.url)).send() {
+                if r.status().is_success() {
+                    return;
+                }
+            }
+            assert!(
+                start.elapsed() < limit,
+                "server did not become ready within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn post(&self, path: &str, key: Option<&str>, body: &Value) -> (u16, Value) {
+        let mut r = self.client.post(format!("{}{path}", self.url)).json(body);
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        let resp = r.send().expect("request");
+        let status = resp.status().as_u16();
+        (status, resp.json().unwrap_or(Value::Null))
+    }
+
+    pub fn post_raw(
+        &self,
+        path: &str,
+        key: Option<&str>,
+        body: Vec<u8>,
+        content_type: &str,
+    ) -> (u16, Value) {
+        let mut r = self
+            .client
+            .post(format!("{}{path}", self.url))
+            .header("content-type", content_type)
+            .body(body);
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        let resp = r.send().expect("request");
+        let status = resp.status().as_u16();
+        (status, resp.json().unwrap_or(Value::Null))
+    }
+
+    pub fn get(&self, path: &str, key: Option<&str>) -> (u16, Value) {
+        let mut r = self.client.get(format!("{}{path}", self.url));
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        let resp = r.send().expect("request");
+        let status = resp.status().as_u16();
+        let text = resp.text().unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    pub fn delete(&self, path: &str, key: Option<&str>) -> (u16, Value) {
+        let mut r = self.client.delete(format!("{}{path}", self.url));
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        let resp = r.send().expect("request");
+        let status = resp.status().as_u16();
+        (status, resp.json().unwrap_or(Value::Null))
+    }
+
+    /// SIGKILL: no chance to flush or drain.
+    pub fn kill9(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-9")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait: graceful shutdown.
+    pub fn stop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.kill9();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Skips (with a message) when the embedding model is not set up; `make test` always sets it up.
+pub fn model_available() -> bool {
+    let dir = std::env::var("RECOLLECT_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../models/all-MiniLM-L6-v2"
+            ))
+        });
+    let ok = dir.join("model.safetensors").exists();
+    if !ok {
+        eprintln!(
+            "skipping: no embedding model at {} (run `make setup`)",
+            dir.display()
+        );
+    }
+    ok
+}
+
+pub fn model_env() -> Vec<(&'static str, String)> {
+    let dir = std::env::var("RECOLLECT_MODEL_DIR").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../models/all-MiniLM-L6-v2").to_string()
+    });
+    vec![("RECOLLECT_MODEL_DIR", dir)]
+}
