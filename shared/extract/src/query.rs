@@ -3,6 +3,7 @@
 //! keys meet stored keys.
 
 use chrono::{DateTime, NaiveDate, Utc};
+use once_cell::sync::Lazy;
 use recollect_model::{Field, Keyword, Reference, ReferenceState};
 use serde::{Deserialize, Serialize};
 
@@ -134,8 +135,16 @@ fn is_question_generic(base: &str) -> bool {
             | "person"
             | "number"
             | "come"
+            | "times"
     )
 }
+
+/// Stems of question scaffolding, removed from the query's BM25 terms.
+static GENERIC_STEMS: Lazy<Vec<String>> = Lazy::new(|| {
+    lexical_terms(
+        "like kind type sort mention tell talk name describe happen often way according specific times",
+    )
+});
 
 fn answer_words(w: Want) -> &'static [&'static str] {
     match w {
@@ -388,12 +397,9 @@ pub fn analyse_query(
         }
     }
 
-    let generic_stems: Vec<String> = lexical_terms(
-        "did does do like kind type sort think mention tell talk name describe happen often ever way according specific",
-    );
     let lexical = lexical_terms(query)
         .into_iter()
-        .filter(|t| !generic_stems.contains(t))
+        .filter(|t| !GENERIC_STEMS.contains(t))
         .collect();
 
     locs.sort_by_key(|(p, _)| *p);
@@ -403,15 +409,17 @@ pub fn analyse_query(
     }
     let mut references = Vec::new();
     if let Some(a) = attention {
-        let refs = Resolver.resolve_tokens(
-            &toks,
-            query,
-            Field::User,
-            None,
-            None,
-            a,
-            now.unwrap_or(DateTime::<Utc>::MAX_UTC),
-        );
+        let refs = Resolver
+            .resolve_tokens(
+                &toks,
+                query,
+                Field::User,
+                None,
+                None,
+                a,
+                now.unwrap_or(DateTime::<Utc>::MAX_UTC),
+            )
+            .refs;
         for r in refs {
             match r.kind.as_str() {
                 KIND_ENTITY => push_unique(&mut entities, r.resolved.clone()),

@@ -22,6 +22,12 @@ pub const KIND_LOCATION: &str = "location";
 pub const KIND_EVENT: &str = "event";
 pub const KIND_TIME: &str = "time";
 
+/// Resolutions with the token spans of their mentions (so extractors can skip them).
+pub(crate) struct Resolved {
+    pub refs: Vec<Reference>,
+    pub spans: Vec<(usize, usize)>,
+}
+
 /// Stateless: the state lives in the caller's [`ReferenceState`], one per conversation.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Resolver;
@@ -72,6 +78,7 @@ impl Resolver {
     ) -> Vec<Reference> {
         let toks = tokenize(text);
         self.resolve_tokens(&toks, text, field, speaker, other_speaker, state, anchor)
+            .refs
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -84,22 +91,24 @@ impl Resolver {
         other_speaker: Option<&str>,
         state: &ReferenceState,
         anchor: DateTime<Utc>,
-    ) -> Vec<Reference> {
+    ) -> Resolved {
         let mut out: Vec<Reference> = Vec::new();
+        let mut spans: Vec<(usize, usize)> = Vec::new();
         if state.entities.is_empty()
             && state.locations.is_empty()
             && state.times.is_empty()
             && state.events.is_empty()
         {
-            return out;
+            return Resolved { refs: out, spans };
         }
         let is_speaker = |e: &str| {
             speaker.is_some_and(|s| eq_ci(s, e)) || other_speaker.is_some_and(|s| eq_ci(s, e))
         };
         // Entities this text is about (named or pronoun-resolved), most recent last.
         let mut mentioned: Vec<String> = Vec::new();
-        // An unknown capitalised name earlier in the text: a following pronoun probably means it.
-        let mut local_name = false;
+        // The latest capitalised name so far: a following pronoun probably means it. `Some(None)`
+        // is a name the state does not know, which blocks resolution rather than guess.
+        let mut last_name: Option<Option<String>> = None;
         let anchor_day = anchor.date_naive();
         let mut i = 0;
         while i < toks.len() {
@@ -115,20 +124,27 @@ impl Resolver {
                 }) {
                     if !is_speaker(e) {
                         mentioned.push(e.clone());
+                        last_name = Some(Some(e.clone()));
                     }
                 } else if !t.sent_start && !crate::lexicon::is_calendar_word(base) && !t.all_caps()
                 {
-                    local_name = true;
+                    last_name = Some(None);
                 }
             }
             let lower = t.lower.as_str();
             let personal = PERSONAL.contains(&base);
             if personal || PLURAL.contains(&base) {
-                if !local_name {
-                    if let Some(e) = pick_entity(state, speaker, other_speaker, personal) {
-                        mentioned.push(e.clone());
-                        push_ref(&mut out, t.surface, KIND_ENTITY, e.clone(), field);
+                let target = match &last_name {
+                    Some(Some(named)) if can_be_pronoun(state, named, speaker, personal) => {
+                        Some(named.clone())
                     }
+                    Some(None) => None,
+                    _ => pick_entity(state, speaker, other_speaker, personal).cloned(),
+                };
+                if let Some(e) = target {
+                    mentioned.push(e.clone());
+                    spans.push((i, i));
+                    push_ref(&mut out, t.surface, KIND_ENTITY, e, field);
                 }
                 i += 1;
                 continue;
@@ -180,6 +196,7 @@ impl Resolver {
             if let Some((end, past)) = time_span {
                 if let Some(tr) = pick_time(state, &mentioned, past.then_some(anchor_day)) {
                     let mention = text.get(t.start..toks[end].end).unwrap_or(t.surface);
+                    spans.push((i, end));
                     push_ref(&mut out, mention, KIND_TIME, tr.key(), field);
                 }
                 i = end + 1;
@@ -193,6 +210,7 @@ impl Resolver {
             if let Some(end) = place_span {
                 if let Some(loc) = pick_location(state, &mentioned) {
                     let mention = text.get(t.start..toks[end].end).unwrap_or(t.surface);
+                    spans.push((i, end));
                     push_ref(&mut out, mention, KIND_LOCATION, loc.clone(), field);
                 }
                 i = end + 1;
@@ -203,6 +221,7 @@ impl Resolver {
             {
                 if let Some(ev) = state.events.first() {
                     let mention = text.get(t.start..toks[i + 1].end).unwrap_or(t.surface);
+                    spans.push((i, i + 1));
                     push_ref(&mut out, mention, KIND_EVENT, ev.clone(), field);
                 }
                 i += 2;
@@ -210,7 +229,7 @@ impl Resolver {
             }
             i += 1;
         }
-        out
+        Resolved { refs: out, spans }
     }
 
     /// Pushes this turn's items onto the stacks, binds entities to the turn's location, event
@@ -302,11 +321,7 @@ fn pick_entity<'s>(
     other: Option<&str>,
     personal: bool,
 ) -> Option<&'s String> {
-    let ok = |e: &String| {
-        !speaker.is_some_and(|s| eq_ci(s, e))
-            && !state.locations.iter().any(|l| eq_ci(l, e))
-            && (!personal || !is_acronym(e))
-    };
+    let ok = |e: &String| can_be_pronoun(state, e, speaker, personal);
     let is_other = |e: &String| other.is_some_and(|o| eq_ci(o, e));
     state
         .entities
@@ -319,6 +334,12 @@ fn pick_entity<'s>(
                 None
             }
         })
+}
+
+fn can_be_pronoun(state: &ReferenceState, e: &str, speaker: Option<&str>, personal: bool) -> bool {
+    !speaker.is_some_and(|s| eq_ci(s, e))
+        && !state.locations.iter().any(|l| eq_ci(l, e))
+        && (!personal || !is_acronym(e))
 }
 
 /// Live bindings of the entities this text mentions, most recently mentioned first.
@@ -598,6 +619,9 @@ mod tests {
                 ("her".into(), "entity".into(), "Anna".into()),
             ]
         );
+        // A known name earlier in the text takes the pronoun.
+        let r = resolve("Did Melanie say she liked it?", "Caroline", "Jon", &st);
+        assert_eq!(r, vec![("she".into(), "entity".into(), "Melanie".into())]);
         // A fresh name in the same text takes the pronoun instead.
         assert!(resolve("I met Jon, he is nice", "Caroline", "Melanie", &st).is_empty());
         // Without third parties, "she" may mean the other speaker, never the speaker.

@@ -99,9 +99,14 @@ impl RuleExtractor {
         for m in &matches {
             in_time[m.first..=m.last].iter_mut().for_each(|x| *x = true);
         }
-        let refs = self
+        let resolved = self
             .resolver
             .resolve_tokens(&toks, text, field, speaker, other, st, anchor);
+        // Anaphors ("back then", "there") are not content: keep them out of keywords.
+        let mut in_ref = vec![false; n];
+        for &(a, b) in &resolved.spans {
+            in_ref[a..=b.min(n - 1)].iter_mut().for_each(|x| *x = true);
+        }
 
         let known = |w: &str| {
             speaker.is_some_and(|s| eq_ci(s, w))
@@ -242,7 +247,7 @@ impl RuleExtractor {
         let mut prev: Option<(String, &str)> = None;
         for i in 0..n {
             let t = &toks[i];
-            if !t.is_word() || in_time[i] || !is_content(t.base()) {
+            if !t.is_word() || in_time[i] || in_ref[i] || !is_content(t.base()) {
                 prev = None;
                 continue;
             }
@@ -260,7 +265,7 @@ impl RuleExtractor {
         }
 
         // References: their targets join this turn's entities, places and times.
-        for r in refs {
+        for r in resolved.refs {
             match r.kind.as_str() {
                 KIND_ENTITY => acc.entity(&r.resolved),
                 KIND_LOCATION => acc.location(r.resolved.to_lowercase()),

@@ -799,7 +799,13 @@ impl<'a> Scanner<'_, 'a> {
         if self.is(k, "of") {
             k += 1;
         }
-        let mo = self.month(k, true)?;
+        let Some(mo) = self.month(k, true) else {
+            // "on the 3rd": a day of the anchor's month or a neighbouring one.
+            if k == j + 1 && self.is(i, "the") && self.prev_word(i) == Some("on") {
+                return self.nth_nearby(i, j, d);
+            }
+            return None;
+        };
         let mut last = k;
         let mut year = None;
         let yi = if self.punct(k + 1, ",") { k + 2 } else { k + 1 };
@@ -812,6 +818,23 @@ impl<'a> Scanner<'_, 'a> {
             None => self.day_year_for(mo, d, i, last)?,
         };
         Some(tm(i, last, (date, date), Gran::Day, year.is_some()))
+    }
+
+    /// Day `d` of the previous, current or next month: the latest one not after the anchor,
+    /// or the first one not before it in future context.
+    fn nth_nearby(&self, first: usize, last: usize, d: u32) -> Option<TimeMatch> {
+        let a = self.a;
+        let cands: Vec<NaiveDate> = [-1i64, 0, 1]
+            .iter()
+            .filter_map(|&off| shift_months(a.with_day(1)?, off))
+            .filter_map(|m| m.with_day(d))
+            .collect();
+        let date = if self.future_context(first, last) {
+            cands.into_iter().find(|c| *c >= a)?
+        } else {
+            cands.into_iter().rev().find(|c| *c <= a)?
+        };
+        Some(tm(first, last, (date, date), Gran::Day, false))
     }
 
     /// May 8[th][,] [2023]; "May the 8th".
@@ -1273,6 +1296,10 @@ mod tests {
         assert_eq!(day("May 8th, 2023"), d(2023, 5, 8));
         assert_eq!(day("the 8th of May"), d(2023, 5, 8));
         assert_eq!(day("on 2 December"), d(2022, 12, 2));
+        assert_eq!(day("We met on the 3rd."), d(2023, 5, 3));
+        assert_eq!(day("We met on the 30th."), d(2023, 4, 30));
+        assert_eq!(day("The party will be on the 20th!"), d(2023, 5, 20));
+        assert_eq!(one("We met on the 3rd.").text, "the 3rd");
         assert_eq!(day("2022-11-03"), d(2022, 11, 3));
         assert_eq!(day("at 2023-05-08T13:56:00Z"), d(2023, 5, 8));
         assert_eq!(day("12/25/2021"), d(2021, 12, 25));
