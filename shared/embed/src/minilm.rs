@@ -193,9 +193,10 @@ impl MiniLmEmbedder {
         let ids = Tensor::from_vec(ids, (b, len), &self.device)?;
         let token_types = Tensor::zeros((b, len), DType::U32, &self.device)?;
         let mask = Tensor::from_vec(mask, (b, len), &self.device)?;
-        let hidden = self.model.forward(&ids, &token_types, Some(&mask))?; // (b, len, dim)
-                                                                           // Mean pooling over real tokens; the division by the count is dropped because the L2
-                                                                           // normalisation that follows cancels it.
+        // (b, len, dim)
+        let hidden = self.model.forward(&ids, &token_types, Some(&mask))?;
+        // Mean pooling over real tokens; the division by the count is dropped because the L2
+        // normalisation that follows cancels it.
         let summed = if seqs.iter().all(|s| s.len() == len) {
             hidden.sum(1)?
         } else {

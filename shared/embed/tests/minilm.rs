@@ -255,6 +255,9 @@ fn cpu_seconds() -> Option<f64> {
 #[ignore]
 fn bench_throughput() {
     let Some(m) = model() else { return };
+    let t = Instant::now();
+    MiniLmEmbedder::load(&model_dir()).unwrap();
+    eprintln!("load: {:.0} ms", t.elapsed().as_secs_f64() * 1e3);
     let texts = sample_texts(256);
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let tokens: usize = refs.iter().map(|t| m.token_ids(t).unwrap().len()).sum();
