@@ -4,7 +4,7 @@
 use recollect_tests::{model_available, model_env, Server};
 use serde_json::{json, Value};
 
-fn env_refs(v: &[(&'static str, String)]) -> Vec<(&'static str, &str)> {
+fn env_refs<'a>(v: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
     v.iter().map(|(k, s)| (*k, s.as_str())).collect()
 }
 

@@ -1,6 +1,7 @@
 //! `recollect`: the all-in-one embedded binary (every worker in one process) and its tools.
 
 mod app;
+mod bench;
 mod cli;
 mod eval;
 mod server;
@@ -41,6 +42,8 @@ enum Command {
     Recall(cli::RecallArgs),
     /// Erase a conversation from every store.
     Delete(cli::DeleteArgs),
+    /// Synthetic load: ingest turns end to end, then time recall.
+    Bench(bench::BenchArgs),
     /// Retrieval evaluation.
     Eval {
         #[command(subcommand)]
@@ -72,6 +75,7 @@ fn main() -> anyhow::Result<()> {
             Command::Recall(a) => cli::recall(settings, a).await,
             Command::Delete(a) => cli::delete(settings, a).await,
             Command::Eval { which } => eval::run(settings, which).await,
+            Command::Bench(a) => bench::run(settings, a).await,
         }
     })
 }

@@ -22,6 +22,15 @@ pub struct RecallConfig {
     pub lexical_weight: f32,
     /// Weight of the adjacent turn's score carried to a turn (conversation context).
     pub neighbour_weight: f32,
+    /// Bonus for a turn that carries a time expression when the question asks "when", or whose
+    /// times fall in the question's time hint.
+    pub time_weight: f32,
+    /// Pseudo-relevance feedback: weight of the mean vector of the first pass's top turns added
+    /// to the query vector for a second dense pass (0 = off).
+    pub prf_weight: f32,
+    pub prf_depth: usize,
+    /// BM25 over the analysed query terms (question scaffolding removed) instead of all terms.
+    pub lexical_from_analysis: bool,
 }
 
 impl Default for RecallConfig {
@@ -38,6 +47,10 @@ impl Default for RecallConfig {
             retrieve_depth: 100,
             lexical_weight: 0.5,
             neighbour_weight: 0.0,
+            time_weight: 0.0,
+            prf_weight: 0.0,
+            prf_depth: 3,
+            lexical_from_analysis: false,
         }
     }
 }

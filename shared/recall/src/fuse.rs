@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use recollect_extract::{QueryAnalysis, QueryType};
+use recollect_extract::{QueryAnalysis, QueryType, Want};
 use recollect_model::{MemoryId, RecalledMemory, ScoreParts, TenantId};
 
 use crate::softtfidf;
@@ -50,6 +50,7 @@ pub async fn score(
     struct Row {
         idx: usize,
         cos: f32,
+        time: f32,
         s_kw: f32,
         s_frag: f32,
         in_b: bool,
@@ -70,11 +71,27 @@ pub async fn score(
             }
             _ => 0.0,
         };
+        // Time evidence: the question asks "when" and the turn says when; or the turn's times
+        // fall inside the question's time hint.
+        let says_when = !rec.extraction.times.is_empty();
+        let in_hint = qa.time_hint.as_ref().is_some_and(|h| {
+            rec.extraction
+                .times
+                .iter()
+                .any(|t| t.start <= h.end && t.end >= h.start)
+                || (h.start..=h.end).contains(&rec.turn.timestamp.date_naive())
+        });
+        let time = if (qa.wants == Some(Want::Time) && says_when) || in_hint {
+            1.0
+        } else {
+            0.0
+        };
         let keys = rec.extraction.keywords.iter().map(|k| &k.key);
         let s_kw = softtfidf::score(&b.neighbours, keys, &b.idf);
         rows.push(Row {
             idx,
             cos,
+            time,
             s_kw,
             s_frag: c.turn_score.get(&id).copied().unwrap_or(0.0),
             in_b: b.result.contains(&id),
@@ -89,52 +106,91 @@ pub async fn score(
         QueryType::Reasoning => cfg.reasoning_weights,
     };
 
-    let mut scored: Vec<(f32, usize, ScoreParts, Vec<String>)> = rows
-        .iter()
-        .map(|row| {
-            let id = records[row.idx].turn.memory_id;
-            let kw = row.s_kw / kw_norm;
-            let frag = row.s_frag / frag_norm;
-            let w = (w_base + 0.15 * row.s_kw).min(w_cap);
-            let keymem = if ablation.scoring {
-                row.cos
-            } else {
+    let score_all = |rows: &[Row]| -> Vec<(f32, usize, ScoreParts, Vec<String>)> {
+        rows.iter()
+            .map(|row| {
+                let id = records[row.idx].turn.memory_id;
+                let kw = row.s_kw / kw_norm;
+                let frag = row.s_frag / frag_norm;
+                let w = (w_base + 0.15 * row.s_kw).min(w_cap);
+                let keymem = if ablation.scoring {
+                    row.cos
+                } else {
+                    match (row.in_b, row.in_c) {
+                        (true, true) => (1.0 - w) * row.cos + w * (0.7 * kw + 0.3 * frag),
+                        (false, true) => (1.0 - w) * row.cos + w * (0.5 * kw + 0.5 * frag),
+                        _ => (1.0 - w) * row.cos + w * kw,
+                    }
+                };
+                let lex = if lex_max > 0.0 {
+                    lexical.get(&id).copied().unwrap_or(0.0) / lex_max
+                } else {
+                    0.0
+                };
+                let fused = keymem + cfg.lexical_weight * lex + cfg.time_weight * row.time;
+                let mut sources = Vec::new();
                 match (row.in_b, row.in_c) {
-                    (true, true) => (1.0 - w) * row.cos + w * (0.7 * kw + 0.3 * frag),
-                    (false, true) => (1.0 - w) * row.cos + w * (0.5 * kw + 0.5 * frag),
-                    _ => (1.0 - w) * row.cos + w * kw,
+                    (true, true) => sources.push("BC".to_string()),
+                    (true, false) => sources.push("B".to_string()),
+                    (false, true) => sources.push("C".to_string()),
+                    _ => {}
                 }
-            };
-            let lex = if lex_max > 0.0 {
-                lexical.get(&id).copied().unwrap_or(0.0) / lex_max
-            } else {
-                0.0
-            };
-            let fused = keymem + cfg.lexical_weight * lex;
-            let mut sources = Vec::new();
-            match (row.in_b, row.in_c) {
-                (true, true) => sources.push("BC".to_string()),
-                (true, false) => sources.push("B".to_string()),
-                (false, true) => sources.push("C".to_string()),
-                _ => {}
+                if lexical.contains_key(&id) {
+                    sources.push("lexical".to_string());
+                }
+                if dense.contains_key(&id) {
+                    sources.push("dense".to_string());
+                }
+                let parts = ScoreParts {
+                    dense: row.cos,
+                    lexical: lex,
+                    keyword: kw,
+                    fragment: frag,
+                    time: row.time,
+                    fused,
+                };
+                (fused, row.idx, parts, sources)
+            })
+            .collect()
+    };
+    let mut scored = score_all(&rows);
+
+    // Pseudo-relevance feedback: pull the query towards the first pass's best turns, re-score.
+    if cfg.prf_weight > 0.0 && !ablation.dense {
+        let mut order: Vec<&(f32, usize, ScoreParts, Vec<String>)> = scored.iter().collect();
+        order.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let mut centroid = vec![0f32; qv.query.len()];
+        let mut n = 0f32;
+        for (_, i, _, _) in order.iter().take(cfg.prf_depth) {
+            if let Some(f) = vectors.get(&records[*i].turn.memory_id) {
+                for v in std::iter::once(&f.user).chain(f.assistant.as_ref()) {
+                    centroid.iter_mut().zip(v).for_each(|(c, x)| *c += x);
+                    n += 1.0;
+                }
             }
-            if lexical.contains_key(&id) {
-                sources.push("lexical".to_string());
+        }
+        if n > 0.0 {
+            let mut q: Vec<f32> = qv
+                .query
+                .iter()
+                .zip(&centroid)
+                .map(|(a, c)| a + cfg.prf_weight * c / n)
+                .collect();
+            let norm = q.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-9);
+            q.iter_mut().for_each(|x| *x /= norm);
+            for row in rows.iter_mut() {
+                if let Some(f) = vectors.get(&records[row.idx].turn.memory_id) {
+                    let u = dot(&q, &f.user);
+                    row.cos = match (f.assistant.as_ref().map(|a| dot(&q, a)), ablation.fields) {
+                        (Some(a), false) => u.max(a),
+                        (Some(a), true) => (u + a) / 2.0,
+                        (None, _) => u,
+                    };
+                }
             }
-            if dense.contains_key(&id) {
-                sources.push("dense".to_string());
-            }
-            let parts = ScoreParts {
-                dense: row.cos,
-                lexical: lex,
-                keyword: kw,
-                fragment: frag,
-                time: 0.0,
-                fused,
-            };
-            (fused, row.idx, parts, sources)
-        })
-        .collect();
+            scored = score_all(&rows);
+        }
+    }
 
     // Neighbouring rounds carry part of each other's score: answers often span adjacent turns.
     if cfg.neighbour_weight > 0.0 {

@@ -196,9 +196,24 @@ impl Recall {
         tenant: &TenantId,
         scope: &Scope,
         query: &str,
+        qa: &QueryAnalysis,
         limit: usize,
     ) -> Result<HashMap<MemoryId, f32>, RecallError> {
-        let q = lexical_query(query);
+        let q = if self.config.lexical_from_analysis && !qa.lexical_terms.is_empty() {
+            let mut ids: Vec<u32> = qa
+                .lexical_terms
+                .iter()
+                .map(|t| recollect_extract::text::term_id(t))
+                .collect();
+            ids.sort_unstable();
+            ids.dedup();
+            SparseVector {
+                values: vec![1.0; ids.len()],
+                indices: ids,
+            }
+        } else {
+            lexical_query(query)
+        };
         Ok(self
             .vectors
             .search(tenant, scope, &VectorQuery::Lexical(q), limit)
@@ -295,7 +310,7 @@ impl Recall {
                 if ablation.lexical {
                     Ok(HashMap::new())
                 } else {
-                    self.lexical(tenant, &scope, &req.query, depth).await
+                    self.lexical(tenant, &scope, &req.query, &qa, depth).await
                 }
             },
         );

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::NaiveDate;
 use futures::future::try_join_all;
-use recollect_extract::{QueryAnalysis, TimeHintKind};
+use recollect_extract::QueryAnalysis;
 use recollect_model::{MemoryId, TenantId};
 use recollect_store::{NodeKind, Scope};
 
@@ -135,11 +135,9 @@ pub async fn run(
             let names: Vec<String> = vocab
                 .into_iter()
                 .filter(|k| {
-                    parse_time_key(k).is_some_and(|(s, e)| match h.kind {
-                        TimeHintKind::Before => s < h.start,
-                        TimeHintKind::After => e > h.end,
-                        TimeHintKind::Exact | TimeHintKind::Range => s <= h.end && e >= h.start,
-                    })
+                    // Hints are closed ranges (open sides at the calendar's ends): overlap covers
+                    // before, after, exact and range alike.
+                    parse_time_key(k).is_some_and(|(s, e)| s <= h.end && e >= h.start)
                 })
                 .collect();
             linked(r, tenant, scope, NodeKind::TimePoint, &names).await
