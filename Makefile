@@ -3,12 +3,13 @@
 
 SHELL := /bin/bash
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/recollect/target
-BIN := $(CARGO_TARGET_DIR)/release/recollect
+BIN := $(CARGO_TARGET_DIR)/debug/recollect
 LOCOMO ?= ../shared/data/locomo-dev.json
-# One profile for run, test, eval and bench, so a cold machine compiles the dependencies once.
-CARGO_FLAGS := --release --locked
+# One profile (dev: our crates at opt-level 1, dependencies at 3; see Cargo.toml) for run, test,
+# eval and bench, so a cold machine compiles the dependencies once. `--release` is for images.
+CARGO_FLAGS := --locked
 
-.PHONY: setup build run test lint fmt eval eval-ablations bench clean-data
+.PHONY: setup build run test lint fmt eval eval-ablations bench
 
 setup:
 	@bash scripts/setup.sh
@@ -36,3 +37,8 @@ eval: build
 eval-ablations: build
 	@if [ -f "$(LOCOMO)" ]; then $(BIN) eval locomo --data $(LOCOMO) --ablate all; \
 	else echo "skipping eval: $(LOCOMO) not found"; fi
+
+# Synthetic load: ingest end to end, then recall latency. BENCH_TURNS=100000 for the larger run.
+BENCH_TURNS ?= 10000
+bench: build
+	$(BIN) bench --turns $(BENCH_TURNS) --conversations $$(( $(BENCH_TURNS) / 100 )) --queries 1000

@@ -49,8 +49,11 @@ impl GraphWriterStage {
                 memory_id: e.turn.memory_id,
                 tenant: e.turn.tenant.clone(),
                 conversation_id: e.turn.conversation_id.clone(),
+                turn_id: e.turn.turn_id.clone(),
                 position: e.turn.position,
                 timestamp: e.turn.timestamp,
+                user_speaker: e.turn.user_speaker.clone(),
+                assistant_speaker: e.turn.assistant_speaker.clone(),
                 user: e.embeddings.user.clone(),
                 assistant: (!e.embeddings.assistant.is_empty())
                     .then(|| e.embeddings.assistant.clone()),

@@ -29,6 +29,9 @@ pub struct RecallConfig {
     /// to the query vector for a second dense pass (0 = off).
     pub prf_weight: f32,
     pub prf_depth: usize,
+    /// Diversity: at most this many memories from one conversation-day before the rest of the
+    /// ranking (0 = off). Questions about several events need more than one day's turns.
+    pub day_cap: usize,
     /// BM25 over the analysed query terms (question scaffolding removed) instead of all terms.
     pub lexical_from_analysis: bool,
 }
@@ -51,6 +54,7 @@ impl Default for RecallConfig {
             prf_weight: 0.0,
             prf_depth: 3,
             lexical_from_analysis: false,
+            day_cap: 0,
         }
     }
 }

@@ -221,6 +221,22 @@ pub async fn score(
         b.0.total_cmp(&a.0)
             .then_with(|| records[a.1].turn.position.cmp(&records[b.1].turn.position))
     });
+    if cfg.day_cap > 0 {
+        let mut per_day: HashMap<(&str, chrono::NaiveDate), usize> = HashMap::new();
+        let (mut head, mut tail) = (Vec::with_capacity(scored.len()), Vec::new());
+        for item in scored {
+            let t = &records[item.1].turn;
+            let n = per_day.entry((t.conversation_id.as_str(), t.timestamp.date_naive())).or_default();
+            *n += 1;
+            if *n <= cfg.day_cap {
+                head.push(item);
+            } else {
+                tail.push(item);
+            }
+        }
+        head.extend(tail);
+        scored = head;
+    }
     scored.truncate(k);
     Ok(scored
         .into_iter()

@@ -21,8 +21,11 @@ pub struct TurnPoint {
     pub memory_id: MemoryId,
     pub tenant: TenantId,
     pub conversation_id: String,
+    pub turn_id: String,
     pub position: u64,
     pub timestamp: DateTime<Utc>,
+    pub user_speaker: Option<String>,
+    pub assistant_speaker: Option<String>,
     pub user: Vec<f32>,
     /// None when the turn has no assistant text.
     pub assistant: Option<Vec<f32>>,

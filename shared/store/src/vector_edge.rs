@@ -199,8 +199,11 @@ impl VectorIndex for EdgeVectorIndex {
             let payload = serde_json::json!({
                 "tenant": p.tenant.as_str(),
                 "conversation": p.conversation_id,
+                "turn_id": p.turn_id,
                 "position": p.position,
                 "timestamp": p.timestamp.to_rfc3339(),
+                "user_speaker": p.user_speaker,
+                "assistant_speaker": p.assistant_speaker,
             });
             structs.push(
                 PointStruct::new(point_id(p.memory_id), Vectors::new_named(named), payload).into(),
