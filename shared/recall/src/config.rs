@@ -29,6 +29,10 @@ pub struct RecallConfig {
     /// to the query vector for a second dense pass (0 = off).
     pub prf_weight: f32,
     pub prf_depth: usize,
+    /// Weight of keyword-neighbour terms added to the BM25 query (times their cosine; 0 = off).
+    pub lexical_expansion: f32,
+    /// Discount on a field said by someone other than the person the question names.
+    pub speaker_penalty: f32,
     /// Diversity: at most this many memories from one conversation-day before the rest of the
     /// ranking (0 = off). Questions about several events need more than one day's turns.
     pub day_cap: usize,
@@ -55,6 +59,8 @@ impl Default for RecallConfig {
             prf_depth: 3,
             lexical_from_analysis: false,
             day_cap: 0,
+            speaker_penalty: 0.0,
+            lexical_expansion: 0.0,
         }
     }
 }

@@ -13,6 +13,39 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
+/// Field max-sim (never a mixture, unless ablated): the best of the user and assistant cosines.
+/// When the question names a speaker of the turn, fields said by others are discounted.
+fn field_cos(
+    q: &[f32],
+    f: &recollect_store::vector::FieldVectors,
+    t: &recollect_model::Turn,
+    asked: &[String],
+    speaker_penalty: f32,
+    mixture: bool,
+) -> f32 {
+    let by_asked = |s: &Option<String>| {
+        s.as_ref()
+            .is_some_and(|s| asked.contains(&s.to_lowercase()))
+    };
+    let (u_asked, a_asked) = (by_asked(&t.user_speaker), by_asked(&t.assistant_speaker));
+    let weight = |mine: bool| {
+        if (u_asked || a_asked) && !mine {
+            1.0 - speaker_penalty
+        } else {
+            1.0
+        }
+    };
+    let u = dot(q, &f.user) * weight(u_asked);
+    match (
+        f.assistant.as_ref().map(|a| dot(q, a) * weight(a_asked)),
+        mixture,
+    ) {
+        (Some(a), false) => u.max(a),
+        (Some(a), true) => (u + a) / 2.0,
+        (None, _) => u,
+    }
+}
+
 /// `s̃ = s / max(max_s, 1)`: query-local normalisation with a floor of 1.
 fn normaliser(values: impl Iterator<Item = f32>) -> f32 {
     values.fold(1.0f32, f32::max)
@@ -56,19 +89,20 @@ pub async fn score(
         in_b: bool,
         in_c: bool,
     }
+    // People the question asks about: their own words weigh more than what others said to them.
+    let asked: Vec<String> = qa.entities.iter().map(|e| e.to_lowercase()).collect();
     let mut rows: Vec<Row> = Vec::with_capacity(records.len());
     for (idx, rec) in records.iter().enumerate() {
         let id = rec.turn.memory_id;
         let cos = match vectors.get(&id) {
-            Some(f) if !ablation.dense => {
-                let u = dot(&qv.query, &f.user);
-                let a = f.assistant.as_ref().map(|a| dot(&qv.query, a));
-                match (a, ablation.fields) {
-                    (Some(a), false) => u.max(a),
-                    (Some(a), true) => (u + a) / 2.0,
-                    (None, _) => u,
-                }
-            }
+            Some(f) if !ablation.dense => field_cos(
+                &qv.query,
+                f,
+                &rec.turn,
+                &asked,
+                cfg.speaker_penalty,
+                ablation.fields,
+            ),
             _ => 0.0,
         };
         // Time evidence: the question asks "when" and the turn says when; or the turn's times
@@ -179,13 +213,9 @@ pub async fn score(
             let norm = q.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-9);
             q.iter_mut().for_each(|x| *x /= norm);
             for row in rows.iter_mut() {
-                if let Some(f) = vectors.get(&records[row.idx].turn.memory_id) {
-                    let u = dot(&q, &f.user);
-                    row.cos = match (f.assistant.as_ref().map(|a| dot(&q, a)), ablation.fields) {
-                        (Some(a), false) => u.max(a),
-                        (Some(a), true) => (u + a) / 2.0,
-                        (None, _) => u,
-                    };
+                let t = &records[row.idx].turn;
+                if let Some(f) = vectors.get(&t.memory_id) {
+                    row.cos = field_cos(&q, f, t, &asked, cfg.speaker_penalty, ablation.fields);
                 }
             }
             scored = score_all(&rows);
@@ -226,7 +256,9 @@ pub async fn score(
         let (mut head, mut tail) = (Vec::with_capacity(scored.len()), Vec::new());
         for item in scored {
             let t = &records[item.1].turn;
-            let n = per_day.entry((t.conversation_id.as_str(), t.timestamp.date_naive())).or_default();
+            let n = per_day
+                .entry((t.conversation_id.as_str(), t.timestamp.date_naive()))
+                .or_default();
             *n += 1;
             if *n <= cfg.day_cap {
                 head.push(item);

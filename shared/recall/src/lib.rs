@@ -86,6 +86,29 @@ pub fn lexical_query(query: &str) -> SparseVector {
     }
 }
 
+/// Adds Path B's single-word keyword neighbours to a BM25 query, weighted by their cosine.
+fn expand(mut q: SparseVector, b: &PathB, weight: f32) -> SparseVector {
+    let mut extra: HashMap<u32, f32> = HashMap::new();
+    for n in &b.neighbours {
+        for (name, sim) in n {
+            if name.contains(' ') {
+                continue;
+            }
+            let id = recollect_extract::text::term_id(name);
+            if q.indices.contains(&id) {
+                continue;
+            }
+            let w = extra.entry(id).or_insert(0.0);
+            *w = w.max(weight * sim);
+        }
+    }
+    for (id, w) in extra {
+        q.indices.push(id);
+        q.values.push(w);
+    }
+    q
+}
+
 pub struct Recall {
     graph: Arc<dyn Graph>,
     vectors: Arc<dyn VectorIndex>,
@@ -197,6 +220,7 @@ impl Recall {
         scope: &Scope,
         query: &str,
         qa: &QueryAnalysis,
+        b: &PathB,
         limit: usize,
     ) -> Result<HashMap<MemoryId, f32>, RecallError> {
         let q = if self.config.lexical_from_analysis && !qa.lexical_terms.is_empty() {
@@ -213,6 +237,11 @@ impl Recall {
             }
         } else {
             lexical_query(query)
+        };
+        let q = if self.config.lexical_expansion > 0.0 {
+            expand(q, b, self.config.lexical_expansion)
+        } else {
+            q
         };
         Ok(self
             .vectors
@@ -297,7 +326,7 @@ impl Recall {
         // Phase 2: Path B beside the dense and lexical retrievers, then Path C from B's lookups.
         let cfg = &self.config;
         let depth = cfg.retrieve_depth.max(k);
-        let (b, dense, lexical) = tokio::join!(
+        let (b, dense) = tokio::join!(
             path_b::run(self, tenant, &scope, &qa, &qv, ablation),
             async {
                 if ablation.dense {
@@ -306,16 +335,15 @@ impl Recall {
                     self.dense(tenant, &scope, &qv.query, depth).await
                 }
             },
-            async {
-                if ablation.lexical {
-                    Ok(HashMap::new())
-                } else {
-                    self.lexical(tenant, &scope, &req.query, &qa, depth).await
-                }
-            },
         );
-        let b = b?;
-        let (dense, lexical) = (dense?, lexical?);
+        let (b, dense) = (b?, dense?);
+        // BM25 after Path B, so the query can be widened with its keyword neighbours.
+        let lexical = if ablation.lexical {
+            HashMap::new()
+        } else {
+            self.lexical(tenant, &scope, &req.query, &qa, &b, depth)
+                .await?
+        };
         let c = if ablation.path_c {
             PathC::default()
         } else {

@@ -215,8 +215,8 @@ pub async fn graph_contract(g: Arc<dyn Graph>) {
         keywords: vec!["dog".into(), "park".into()],
         created_at: Utc::now(),
     };
-    g.write_fragments(&[f.clone()]).await.unwrap();
-    g.write_fragments(&[f.clone()]).await.unwrap();
+    g.write_fragments(std::slice::from_ref(&f)).await.unwrap();
+    g.write_fragments(std::slice::from_ref(&f)).await.unwrap();
     let recs = g.turns(&a, &[turns[0].0.memory_id]).await.unwrap();
     assert_eq!(recs[0].fragments, vec!["frag-1".to_string()]);
     assert_eq!(g.fragments(&a, &["frag-1".into()]).await.unwrap(), vec![f]);
@@ -327,7 +327,7 @@ pub async fn vector_contract(v: Arc<dyn VectorIndex>, dim: usize) {
         user_speaker: Some("Zoë".into()),
         assistant_speaker: None,
         user: vector(dim, i),
-        assistant: (i % 3 != 0).then(|| vector(dim, i + 1000)),
+        assistant: (!i.is_multiple_of(3)).then(|| vector(dim, i + 1000)),
         lexical: SparseVector {
             indices: vec![i as u32, 99_999],
             values: vec![1.0, 0.5],
