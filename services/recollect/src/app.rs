@@ -248,6 +248,18 @@ impl App {
         Ok(app)
     }
 
+    /// Waits until every stored turn is enriched (bulk loads: no request-sized timeout).
+    pub async fn wait_enriched(&self) -> anyhow::Result<()> {
+        loop {
+            let raw = self.raw.clone();
+            let pending = tokio::task::spawn_blocking(move || raw.pending_count()).await??;
+            if pending == 0 {
+                return Ok(());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+
     /// Stops the workers after they finish the batch in hand.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);

@@ -260,8 +260,7 @@ pub async fn run(mut settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
             }
         }
         let accepted = started.elapsed().as_secs_f64();
-        app.gateway
-            .wait_stored(&ids)
+        app.wait_enriched()
             .await
             .context("waiting for enrichment")?;
         let secs = started.elapsed().as_secs_f64();
@@ -272,6 +271,7 @@ pub async fn run(mut settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
             ids.len() as f64 / secs
         );
     } else {
+        app.wait_enriched().await?;
         println!("ingest: reusing {existing} turns in {}", dir.display());
     }
 

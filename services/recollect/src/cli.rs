@@ -142,7 +142,7 @@ pub async fn ingest(settings: Settings, a: IngestArgs) -> anyhow::Result<()> {
                 bar.inc(n);
             }
             bar.set_message("enriching");
-            app.gateway.wait_stored(&ids).await?;
+            app.wait_enriched().await?;
             app.shutdown().await;
         }
     }

@@ -365,7 +365,7 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
             });
         }
     }
-    app.gateway.wait_stored(&ids).await?;
+    app.wait_enriched().await?;
     let ingest_secs = started.elapsed().as_secs_f64();
     if ingested > 0 {
         println!(
