@@ -55,17 +55,6 @@ pub fn lexical_document_vector(turn: &Turn) -> SparseVector {
     }
 }
 
-/// Query side of BM25: each distinct query term once.
-pub fn lexical_query_vector(query: &str) -> SparseVector {
-    let mut ids: Vec<u32> = lexical_terms(query).iter().map(|t| term_id(t)).collect();
-    ids.sort_unstable();
-    ids.dedup();
-    SparseVector {
-        values: vec![1.0; ids.len()],
-        indices: ids,
-    }
-}
-
 pub struct EmbedderStage {
     embedder: Arc<dyn Embedder>,
     /// Keyword texts → vectors: each distinct keyword is embedded once.

@@ -74,7 +74,11 @@ pub struct RecallResponse {
 
 /// BM25 query weights: each distinct query term once (IDF is applied by the index).
 pub fn lexical_query(query: &str) -> SparseVector {
-    let mut ids: Vec<u32> = recollect_extract::text::lexical_terms(query)
+    lexical_query_terms(&recollect_extract::text::lexical_terms(query))
+}
+
+fn lexical_query_terms(terms: &[String]) -> SparseVector {
+    let mut ids: Vec<u32> = terms
         .iter()
         .map(|t| recollect_extract::text::term_id(t))
         .collect();
@@ -224,17 +228,7 @@ impl Recall {
         limit: usize,
     ) -> Result<HashMap<MemoryId, f32>, RecallError> {
         let q = if self.config.lexical_from_analysis && !qa.lexical_terms.is_empty() {
-            let mut ids: Vec<u32> = qa
-                .lexical_terms
-                .iter()
-                .map(|t| recollect_extract::text::term_id(t))
-                .collect();
-            ids.sort_unstable();
-            ids.dedup();
-            SparseVector {
-                values: vec![1.0; ids.len()],
-                indices: ids,
-            }
+            lexical_query_terms(&qa.lexical_terms)
         } else {
             lexical_query(query)
         };
