@@ -138,7 +138,9 @@ impl Stage for GraphWriterStage {
                 .flatten()
                 .map(|e| e.body.turn.memory_id)
                 .collect();
-            h.stored(&ids);
+            // The hook writes (and fsyncs) the raw store: keep it off the async workers.
+            let h = h.clone();
+            let _ = tokio::task::spawn_blocking(move || h.stored(&ids)).await;
         }
         decoded
             .into_iter()

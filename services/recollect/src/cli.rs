@@ -123,11 +123,9 @@ pub async fn ingest(settings: Settings, a: IngestArgs) -> anyhow::Result<()> {
         None => {
             let app = App::open(settings).await?;
             let tenant = TenantId::default_tenant();
-            let mut ids = Vec::new();
             for (conv, turns) in batches {
                 let n = turns.len() as u64;
-                let r = app
-                    .gateway
+                app.gateway
                     .store(
                         &tenant,
                         &conv,
@@ -138,7 +136,6 @@ pub async fn ingest(settings: Settings, a: IngestArgs) -> anyhow::Result<()> {
                         "cli",
                     )
                     .await?;
-                ids.extend(r.memory_ids);
                 bar.inc(n);
             }
             bar.set_message("enriching");

@@ -311,7 +311,6 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
         .into_iter()
         .collect();
     let started = Instant::now();
-    let mut ids = Vec::new();
     let mut ingested = 0usize;
     for s in samples {
         let sample = s["sample_id"]
@@ -332,8 +331,7 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
             ingested += rounds.len();
             for chunk in rounds.chunks(200) {
                 let turns = chunk.iter().map(|r| r.input.clone()).collect();
-                let resp = app
-                    .gateway
+                app.gateway
                     .store(
                         &tenant,
                         &sample,
@@ -344,7 +342,6 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
                         "eval",
                     )
                     .await?;
-                ids.extend(resp.memory_ids);
             }
         }
         for (qi, qa) in s["qa"].as_array().into_iter().flatten().enumerate() {
