@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use recollect_bus::{run_stage, Bus, InProcessBus, Stage};
-use recollect_config::{EmbedderKind, ExtractorKind, GraphKind, Settings, VectorKind};
+use recollect_config::{EmbedderKind, ExtractorKind, Settings};
 use recollect_consolidator::ConsolidatorStage;
 use recollect_embed::{default_model_dir, CachedEmbedder, Embedder, HashEmbedder, MiniLmEmbedder};
 use recollect_embedder::EmbedderStage;
@@ -16,7 +16,7 @@ use recollect_gateway::{Eraser, Gateway, Limits};
 use recollect_graph_writer::{GraphWriterStage, StoreHooks};
 use recollect_model::{topics, MemoryId, RecollectError, TenantId, Turn};
 use recollect_recall::{Recall, RecallConfig};
-use recollect_store::{EdgeVectorIndex, EmbeddedGraph, Graph, RawStore, VectorIndex};
+use recollect_store::{open_graph, open_vectors, Graph, RawStore, VectorIndex};
 use recollect_telemetry as metrics;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
@@ -133,14 +133,6 @@ impl App {
     ) -> anyhow::Result<Self> {
         metrics::register_all();
         anyhow::ensure!(
-            settings.graph.kind == GraphKind::Embedded,
-            "graph.kind = neo4j is not available in this build yet"
-        );
-        anyhow::ensure!(
-            settings.vectors.kind == VectorKind::Embedded,
-            "vectors.kind = qdrant is not available in this build yet"
-        );
-        anyhow::ensure!(
             settings.extractor.kind == ExtractorKind::Rules,
             "extractor.kind = llm is not available in this build yet"
         );
@@ -148,12 +140,10 @@ impl App {
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("creating data dir {}", dir.display()))?;
         let raw = RawStore::open(&dir.join("raw.redb")).map_err(locked(&dir))?;
-        let graph: Arc<dyn Graph> =
-            Arc::new(EmbeddedGraph::open(&dir.join("graph.redb")).map_err(locked(&dir))?);
-        let vectors: Arc<dyn VectorIndex> = Arc::new(
-            EdgeVectorIndex::open(&dir.join("vectors"), embedder.dim())
-                .context("opening the vector index")?,
-        );
+        let graph = open_graph(&settings, &dir).await.map_err(locked(&dir))?;
+        let vectors = open_vectors(&settings, &dir, embedder.dim())
+            .await
+            .context("opening the vector index")?;
         for (seam, kind) in [
             ("graph", graph.kind()),
             ("vectors", vectors.kind()),

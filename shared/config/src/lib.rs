@@ -26,6 +26,7 @@ pub struct Settings {
     pub graph: GraphSettings,
     pub vectors: VectorSettings,
     pub bus: BusSettings,
+    pub remote: RemoteSettings,
     pub consolidation: ConsolidationSettings,
     pub telemetry: TelemetrySettings,
 }
@@ -80,6 +81,8 @@ pub struct ExtractorSettings {
 pub enum GraphKind {
     Embedded,
     Neo4j,
+    /// The embedded graph hosted by a `recollect-store` service (see `[remote]`).
+    Remote,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -96,6 +99,8 @@ pub struct GraphSettings {
 pub enum VectorKind {
     Embedded,
     Qdrant,
+    /// The embedded vector engine hosted by a `recollect-store` service (see `[remote]`).
+    Remote,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -116,6 +121,16 @@ pub struct BusSettings {
     pub kind: BusKind,
     pub brokers: String,
     pub group_prefix: String,
+    /// Partitions per topic when the admin step creates them.
+    pub partitions: i32,
+    pub replication: i32,
+}
+
+/// A `recollect-store` service: the embedded graph and vector engine behind HTTP, for
+/// distributed deployments without Neo4j/Qdrant.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RemoteSettings {
+    pub url: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -205,6 +220,20 @@ impl Settings {
         }
         if self.embedder.batch_size == 0 || self.embedder.batch_size > 4096 {
             return invalid("embedder.batch_size", "must be in 1..=4096".into());
+        }
+        if !(1..=1024).contains(&self.bus.partitions) {
+            return invalid("bus.partitions", "must be in 1..=1024".into());
+        }
+        if self.bus.replication < 1 {
+            return invalid("bus.replication", "must be at least 1".into());
+        }
+        let remote =
+            self.graph.kind == GraphKind::Remote || self.vectors.kind == VectorKind::Remote;
+        if remote && !self.remote.url.starts_with("http") {
+            return invalid(
+                "remote.url",
+                "must be an http(s) URL of a recollect-store service".into(),
+            );
         }
         if self.consolidation.window < 2 {
             return invalid("consolidation.window", "must be at least 2".into());
