@@ -9,7 +9,7 @@ LOCOMO ?= ../shared/data/locomo-dev.json
 # eval and bench, so a cold machine compiles the dependencies once. `--release` is for images.
 CARGO_FLAGS := --locked
 
-.PHONY: setup build run test lint fmt eval eval-ablations bench
+.PHONY: setup build run test lint fmt eval eval-ablations bench e2e-kafka
 
 setup:
 	@bash scripts/setup.sh
@@ -22,6 +22,15 @@ run: build
 
 test: setup
 	bash scripts/test.sh
+
+# The distributed pipeline alone: tansu + every service as a process (tests/tests/kafka_e2e.rs).
+# E2E_EMBEDDER=minilm measures with the local model instead of the hash embedder.
+E2E_EMBEDDER ?= hash
+e2e-kafka: setup
+	cargo build $(CARGO_FLAGS) --workspace --all-targets
+	PATH="$$HOME/.cargo/bin:$$PATH" REQUIRE_KAFKA=1 RECOLLECT_E2E_EMBEDDER=$(E2E_EMBEDDER) \
+	RECOLLECT_MODEL_DIR=$${RECOLLECT_MODEL_DIR:-$(CURDIR)/models/all-MiniLM-L6-v2} \
+	cargo test $(CARGO_FLAGS) --workspace --test kafka_e2e -- --nocapture
 
 lint:
 	cargo fmt --all -- --check

@@ -8,4 +8,7 @@ export RECOLLECT_MODEL_DIR="${RECOLLECT_MODEL_DIR:-$PWD/models/all-MiniLM-L6-v2}
 # The dev profile compiles dependencies with opt-level 3 (Cargo.toml), so model inference and
 # vector search run at full speed while our own crates stay quick to rebuild.
 cargo build --locked --workspace --all-targets
+# The Kafka end-to-end test must run here, not skip (scripts/setup-kafka.sh installed tansu).
+export PATH="$HOME/.cargo/bin:$PATH"
+export REQUIRE_KAFKA=1
 cargo test --locked --workspace --no-fail-fast

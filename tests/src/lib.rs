@@ -195,3 +195,109 @@ pub fn model_env() -> Vec<(&'static str, String)> {
     });
     vec![("RECOLLECT_MODEL_DIR", dir)]
 }
+
+/// A binary built beside this test binary (target/<profile>/NAME).
+pub fn binary_named(name: &str) -> PathBuf {
+    binary().with_file_name(name)
+}
+
+impl Server {
+    /// Starts one of the service binaries (`recollect-extractor`, …) listening on `port`, with
+    /// its configuration in `env`; waits for /readyz when `wait` is set.
+    pub fn service(name: &str, port: u16, env: &[(String, String)], wait: bool) -> Server {
+        let mut cmd = Command::new(binary_named(name));
+        cmd.env("RECOLLECT__SERVER__LISTEN", format!("127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {name}: {e} (build with `cargo build --workspace`)"));
+        let s = Server {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            data_dir: PathBuf::new(),
+            client: Client::builder()
+                .timeout(Duration::from_secs(180))
+                .build()
+                .unwrap(),
+        };
+        if wait {
+            s.wait_ready(Duration::from_secs(120));
+        }
+        s
+    }
+
+    /// The value of every sample of a metric family in this process's /metrics, summed.
+    pub fn metric_sum(&self, family: &str, label_filter: &str) -> f64 {
+        let (_, body) = self.get("/metrics", None);
+        let text = body.as_str().unwrap_or_default().to_string();
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| l.split(['{', ' ']).next() == Some(family) && l.contains(label_filter))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+/// A Kafka-protocol broker (tansu, sqlite storage) on a free loopback port; killed on drop.
+pub struct Broker {
+    pub child: Child,
+    pub addr: String,
+    _dir: tempfile::TempDir,
+}
+
+/// tansu on PATH or in ~/.cargo/bin; None when not installed.
+pub fn tansu() -> Option<PathBuf> {
+    let candidates = std::env::var_os("PATH")
+        .map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("tansu"))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    let home = std::env::var("HOME").map(|h| PathBuf::from(h).join(".cargo/bin/tansu"));
+    candidates.into_iter().chain(home).find(|p| p.exists())
+}
+
+impl Broker {
+    pub fn start(tansu: &Path) -> Broker {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let child = Command::new(tansu)
+            .arg("broker")
+            .arg("--listener-url")
+            .arg(format!("tcp://{addr}"))
+            .arg("--advertised-listener-url")
+            .arg(format!("tcp://{addr}"))
+            .arg("--storage-engine")
+            .arg(format!(
+                "sqlite://{}",
+                dir.path().join("tansu.db").display()
+            ))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start tansu");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(Instant::now() < deadline, "tansu did not listen on {addr}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Broker {
+            child,
+            addr,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

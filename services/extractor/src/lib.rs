@@ -8,7 +8,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use recollect_bus::{Delivery, Message, Stage, StageError};
 use recollect_extract::Extractor;
-use recollect_model::{bus_key, topics, Envelope, ExtractedTurn, RawMessage};
+use recollect_model::{bus_key, topics, Envelope, ExtractedTurn, MemoryId, RawMessage, Turn};
 use recollect_store::graph::ConversationState;
 use recollect_store::Graph;
 
@@ -21,6 +21,29 @@ impl ExtractorStage {
     pub fn new(extractor: Arc<dyn Extractor>, graph: Arc<dyn Graph>) -> Self {
         Self { extractor, graph }
     }
+}
+
+/// Raw turns may come from any producer on the topic: the same rules as the gateway's.
+fn check_direct(t: &Turn) -> Result<(), StageError> {
+    let bad = |m: &str| Err(StageError::Permanent(format!("invalid raw turn: {m}")));
+    if t.tenant.as_str().is_empty() || t.tenant.as_str().len() > 64 {
+        return bad("tenant must be 1 to 64 characters");
+    }
+    if t.conversation_id.is_empty() || t.conversation_id.len() > 128 {
+        return bad("conversation_id must be 1 to 128 characters");
+    }
+    if t.turn_id.is_empty() || t.turn_id.len() > 128 {
+        return bad("turn_id must be 1 to 128 characters");
+    }
+    if t.user.trim().is_empty() {
+        return bad("user text is empty");
+    }
+    if t.user.len() > recollect_model::MAX_TEXT_BYTES
+        || t.assistant.len() > recollect_model::MAX_TEXT_BYTES
+    {
+        return bad("text over the size limit");
+    }
+    Ok(())
 }
 
 fn transient(e: impl std::fmt::Display) -> StageError {
@@ -50,7 +73,12 @@ impl Stage for ExtractorStage {
             let r: Result<Vec<Message>, StageError> = async {
                 let env: RawMessage = serde_json::from_slice(&d.message.payload)
                     .map_err(|e| StageError::Permanent(format!("undecodable raw turn: {e}")))?;
-                let turn = env.body;
+                let mut turn = env.body;
+                check_direct(&turn)?;
+                if turn.memory_id.is_nil() {
+                    turn.memory_id =
+                        MemoryId::derive(&turn.tenant, &turn.conversation_id, &turn.turn_id);
+                }
                 let key = (turn.tenant.0.clone(), turn.conversation_id.clone());
                 if !states.contains_key(&key) {
                     let s = self
@@ -61,6 +89,28 @@ impl Stage for ExtractorStage {
                     states.insert(key.clone(), s);
                 }
                 let state = states.get_mut(&key).expect("loaded above");
+                if !turn.is_sequenced() {
+                    // Straight from Kafka: positions follow partition order. A redelivered or
+                    // resent turn keeps the position it was given.
+                    turn.position = match state.known_position(&turn.turn_id) {
+                        Some(p) => p,
+                        None => match self
+                            .graph
+                            .turns(&turn.tenant, &[turn.memory_id])
+                            .await
+                            .map_err(transient)?
+                            .first()
+                        {
+                            Some(r) => r.turn.position,
+                            None => {
+                                if !dirty.contains(&key) {
+                                    dirty.push(key.clone());
+                                }
+                                state.assign_position(&turn.turn_id)
+                            }
+                        },
+                    };
+                }
                 // A redelivered turn must not advance the state twice: extract on a copy.
                 let replay = state.reference_position.is_some_and(|p| turn.position <= p);
                 let extraction = if replay {

@@ -1,6 +1,11 @@
-//! The gateway: the front door of the store path. It validates turns, writes them durably to the
-//! raw-turn store (the source of truth) and hands them to the pipeline on `recollect.turns.raw`.
-//! A 202 means the turn is on disk; with `wait` it also means the turn is recallable.
+//! The gateway: the front door of the store path. It validates turns and hands them to the
+//! pipeline on `recollect.turns.raw`.
+//! - Embedded: turns are first written durably to the raw-turn store (the source of truth,
+//!   which also numbers them); a 202 means the turn is on disk.
+//! - Distributed: Kafka is the log; a 202 means every broker replica acknowledged the turn
+//!   (idempotent producer, acks=all). The extractor numbers turns in partition order.
+//!
+//! With `wait`, a 202 also means the turns are recallable.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +15,7 @@ use recollect_model::{
     bus_key, topics, Envelope, MemoryId, RecollectError, TenantId, Turn, TurnInput, MAX_TEXT_BYTES,
 };
 use recollect_store::raw::Appended;
-use recollect_store::RawStore;
+use recollect_store::{Graph, RawStore};
 use recollect_telemetry as metrics;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
@@ -47,7 +52,10 @@ impl Default for Limits {
 }
 
 pub struct Gateway {
-    raw: RawStore,
+    /// Embedded mode's durable log; None when Kafka is the log.
+    raw: Option<RawStore>,
+    /// Distributed mode: where `wait` looks for stored turns.
+    graph: Option<Arc<dyn Graph>>,
     bus: Arc<dyn Bus>,
     limits: Limits,
     /// Woken by the graph-writer whenever turns become recallable.
@@ -119,15 +127,23 @@ fn check_label(field: &str, i: usize, v: &Option<String>) -> Result<(), Recollec
 impl Gateway {
     pub fn new(raw: RawStore, bus: Arc<dyn Bus>, limits: Limits, stored: Arc<Notify>) -> Self {
         Self {
-            raw,
+            raw: Some(raw),
+            graph: None,
             bus,
             limits,
             stored,
         }
     }
 
-    pub fn raw(&self) -> &RawStore {
-        &self.raw
+    /// A gateway in front of Kafka: no local state, any number of replicas.
+    pub fn distributed(bus: Arc<dyn Bus>, graph: Arc<dyn Graph>, limits: Limits) -> Self {
+        Self {
+            raw: None,
+            graph: Some(graph),
+            bus,
+            limits,
+            stored: Arc::new(Notify::new()),
+        }
     }
 
     /// Checks a request; nothing is stored unless every turn passes.
@@ -202,7 +218,9 @@ impl Gateway {
         trace_id: &str,
     ) -> Result<StoreResponse, RecollectError> {
         self.validate(conversation, &req.turns)?;
-        let raw = self.raw.clone();
+        let Some(raw) = self.raw.clone() else {
+            return self.store_on_bus(tenant, conversation, req, trace_id).await;
+        };
         let (t, c) = (tenant.clone(), conversation.to_string());
         let turns = req.turns;
         let appended: Vec<Appended> =
@@ -221,7 +239,49 @@ impl Gateway {
         self.publish(&new, trace_id).await?;
         let ids: Vec<MemoryId> = appended.iter().map(|a| a.turn.memory_id).collect();
         if req.wait.unwrap_or(false) {
-            self.wait_stored(&ids).await?;
+            self.wait_stored(tenant, &ids).await?;
+        }
+        Ok(StoreResponse { memory_ids: ids })
+    }
+
+    /// Distributed store: the turns go to Kafka unnumbered; a turn without an id gets one from
+    /// its content, so a client retry lands on the same memory.
+    async fn store_on_bus(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        req: StoreRequest,
+        trace_id: &str,
+    ) -> Result<StoreResponse, RecollectError> {
+        let now = chrono::Utc::now();
+        let turns: Vec<Turn> = req
+            .turns
+            .into_iter()
+            .map(|input| {
+                let turn_id = input.turn_id.clone().unwrap_or_else(|| content_id(&input));
+                Turn {
+                    memory_id: MemoryId::derive(tenant, conversation, &turn_id),
+                    tenant: tenant.clone(),
+                    conversation_id: conversation.to_string(),
+                    turn_id,
+                    position: Turn::UNSEQUENCED,
+                    user: input.user,
+                    assistant: input.assistant.unwrap_or_default(),
+                    user_speaker: input.user_speaker,
+                    assistant_speaker: input.assistant_speaker,
+                    timestamp: input.timestamp,
+                    recorded_at: now,
+                    metadata: input.metadata,
+                }
+            })
+            .collect();
+        self.publish(&turns, trace_id).await?;
+        metrics::TURNS_ACCEPTED
+            .with_label_values(&[] as &[&str])
+            .inc_by(turns.len() as u64);
+        let ids: Vec<MemoryId> = turns.iter().map(|t| t.memory_id).collect();
+        if req.wait.unwrap_or(false) {
+            self.wait_stored(tenant, &ids).await?;
         }
         Ok(StoreResponse { memory_ids: ids })
     }
@@ -249,11 +309,18 @@ impl Gateway {
 
     /// Blocks until none of `ids` is pending, or the wait timeout passes (then 503: the turns are
     /// stored and will become recallable; the client need not resend).
-    pub async fn wait_stored(&self, ids: &[MemoryId]) -> Result<(), RecollectError> {
+    pub async fn wait_stored(
+        &self,
+        tenant: &TenantId,
+        ids: &[MemoryId],
+    ) -> Result<(), RecollectError> {
         let deadline = tokio::time::Instant::now() + self.limits.wait_timeout;
+        let Some(raw) = self.raw.clone() else {
+            return self.wait_in_graph(tenant, ids, deadline).await;
+        };
         loop {
             let notified = self.stored.notified();
-            let raw = self.raw.clone();
+            let raw = raw.clone();
             let ids2 = ids.to_vec();
             let pending = tokio::task::spawn_blocking(
                 move || -> Result<bool, recollect_store::StoreError> {
@@ -279,9 +346,39 @@ impl Gateway {
         }
     }
 
+    /// Distributed `wait`: polls the graph until every turn is there (the graph-writer stored it).
+    async fn wait_in_graph(
+        &self,
+        tenant: &TenantId,
+        ids: &[MemoryId],
+        deadline: tokio::time::Instant,
+    ) -> Result<(), RecollectError> {
+        let graph = self
+            .graph
+            .as_ref()
+            .expect("distributed gateway has a graph");
+        loop {
+            let found = graph
+                .turns(tenant, ids)
+                .await
+                .map_err(RecollectError::from_classified)?;
+            if found.len() >= ids.len() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(RecollectError::Unavailable(
+                    "turns are stored but enrichment did not finish within the wait timeout".into(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Re-publishes every turn whose enrichment had not finished (after a crash or restart).
     pub async fn replay_pending(&self) -> Result<usize, RecollectError> {
-        let raw = self.raw.clone();
+        let Some(raw) = self.raw.clone() else {
+            return Ok(0);
+        };
         let pending = tokio::task::spawn_blocking(move || raw.pending())
             .await
             .map_err(RecollectError::internal)?
@@ -293,6 +390,58 @@ impl Gateway {
             tracing::info!(turns = pending.len(), "replayed unfinished turns");
         }
         Ok(pending.len())
+    }
+}
+
+/// A turn id from the turn's content, for clients that send none to a distributed gateway.
+fn content_id(t: &TurnInput) -> String {
+    let mut h = blake3::Hasher::new();
+    for part in [
+        t.timestamp.to_rfc3339().as_str(),
+        t.user.as_str(),
+        t.assistant.as_deref().unwrap_or(""),
+        t.user_speaker.as_deref().unwrap_or(""),
+        t.assistant_speaker.as_deref().unwrap_or(""),
+    ] {
+        h.update(&(part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    format!("c-{}", &h.finalize().to_hex()[..24])
+}
+
+/// Erasure in a distributed deployment: vectors, then the graph (which holds the raw turns).
+pub struct StoreEraser {
+    pub graph: Arc<dyn Graph>,
+    pub vectors: Arc<dyn recollect_store::VectorIndex>,
+}
+
+#[async_trait::async_trait]
+impl Eraser for StoreEraser {
+    async fn erase_conversation(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<Option<u64>, RecollectError> {
+        let known = self
+            .graph
+            .conversations(tenant)
+            .await
+            .map_err(RecollectError::from_classified)?
+            .iter()
+            .any(|c| c == conversation);
+        if !known {
+            return Ok(None);
+        }
+        self.vectors
+            .delete_conversation(tenant, conversation)
+            .await
+            .map_err(RecollectError::from_classified)?;
+        let n = self
+            .graph
+            .delete_conversation(tenant, conversation)
+            .await
+            .map_err(RecollectError::from_classified)?;
+        Ok(Some(n))
     }
 }
 

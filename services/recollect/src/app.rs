@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use recollect_bus::{run_stage, Bus, InProcessBus, Stage};
-use recollect_config::{EmbedderKind, ExtractorKind, Settings};
+use recollect_config::{ExtractorKind, Settings};
 use recollect_consolidator::ConsolidatorStage;
-use recollect_embed::{default_model_dir, CachedEmbedder, Embedder, HashEmbedder, MiniLmEmbedder};
+use recollect_embed::{CachedEmbedder, Embedder};
 use recollect_embedder::EmbedderStage;
 use recollect_extract::RuleExtractor;
 use recollect_extractor::ExtractorStage;
@@ -102,23 +102,7 @@ impl Eraser for EmbeddedEraser {
 }
 
 pub fn load_embedder(settings: &Settings) -> anyhow::Result<Arc<dyn Embedder>> {
-    Ok(match settings.embedder.kind {
-        EmbedderKind::Minilm => {
-            let dir = if settings.embedder.model_dir.is_empty() {
-                default_model_dir()
-            } else {
-                settings.embedder.model_dir.clone().into()
-            };
-            let m = MiniLmEmbedder::load(&dir).with_context(|| {
-                format!(
-                    "loading the MiniLM model from {} (run `make setup` or scripts/setup-model.sh)",
-                    dir.display()
-                )
-            })?;
-            Arc::new(m)
-        }
-        EmbedderKind::Hash => Arc::new(HashEmbedder::new(recollect_embed::HASH_DIM)),
-    })
+    Ok(recollect_runtime::load_embedder(settings)?)
 }
 
 impl App {

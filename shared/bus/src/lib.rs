@@ -14,6 +14,9 @@ use recollect_telemetry as metrics;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch, Mutex};
 
+pub mod kafka;
+pub use kafka::{KafkaBus, KafkaSettings};
+
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
     #[error("bus unavailable: {0}")]
@@ -83,6 +86,8 @@ pub trait Subscription: Send {
     async fn poll(&mut self, max: usize, wait: Duration) -> Result<Vec<Delivery>, BusError>;
     /// The downstream effects of `done` are durable: their offsets may be committed.
     async fn commit(&mut self, done: &[Delivery]) -> Result<(), BusError>;
+    /// Leaves the group after making committed work durable (shutdown).
+    async fn close(&mut self) {}
 }
 
 /// In-process topics: bounded queues (backpressure instead of unbounded memory), one consumer
@@ -351,6 +356,7 @@ pub async fn run_stage(
             .with_label_values(&[name])
             .observe(started.elapsed().as_secs_f64());
     }
+    sub.close().await;
     tracing::info!(stage = name, "stage stopped");
     Ok(())
 }

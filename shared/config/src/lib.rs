@@ -131,6 +131,10 @@ pub struct BusSettings {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RemoteSettings {
     pub url: String,
+    /// Shared secret between the store service and its clients (RECOLLECT__REMOTE__TOKEN).
+    /// Required when the store service listens beyond loopback.
+    #[serde(default)]
+    pub token: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -255,6 +259,12 @@ impl Settings {
             .filter_map(|k| k.split_once(':'))
             .map(|(k, t)| (k.to_string(), t.to_string()))
             .collect()
+    }
+
+    /// Dimension of the dense vectors: both embedders (MiniLM-L6, hash) give 384. Services that
+    /// only store vectors (graph-writer, consolidator) open their index with it.
+    pub fn embedder_dim(&self) -> usize {
+        384
     }
 
     pub fn listen_addr(&self) -> SocketAddr {

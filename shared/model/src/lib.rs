@@ -11,7 +11,9 @@ pub mod error;
 pub use error::{Classify, ErrorKind, RecollectError};
 
 /// Version of every message put on the bus; readers accept this and all older versions.
-pub const SCHEMA_VERSION: u16 = 1;
+/// Version 2: raw turns may leave out `memory_id`, `position` and `recorded_at` (producers that
+/// write to `recollect.turns.raw` directly); version 1 messages, with every field, still read.
+pub const SCHEMA_VERSION: u16 = 2;
 
 /// Limits that apply to a stored turn, whatever the entry point.
 pub const MAX_TEXT_BYTES: usize = 64 * 1024;
@@ -43,6 +45,15 @@ impl std::fmt::Display for TenantId {
 pub struct MemoryId(pub [u8; 16]);
 
 impl MemoryId {
+    /// "Not derived yet" (a producer left the id out).
+    pub fn nil() -> Self {
+        Self([0; 16])
+    }
+
+    pub fn is_nil(&self) -> bool {
+        self.0 == [0; 16]
+    }
+
     pub fn derive(tenant: &TenantId, conversation: &str, turn_id: &str) -> Self {
         let mut h = blake3::Hasher::new();
         // Length prefixes keep ("a","bc") and ("ab","c") apart.
@@ -126,23 +137,41 @@ pub struct TurnInput {
 /// from which every derived store can be rebuilt.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Turn {
+    /// Derived from tenant, conversation and turn id; a producer may leave it out (nil).
+    #[serde(default = "MemoryId::nil")]
     pub memory_id: MemoryId,
     pub tenant: TenantId,
     pub conversation_id: String,
     pub turn_id: String,
     /// Order of arrival within the conversation; the state machine and consolidation follow it.
+    /// [`Turn::UNSEQUENCED`] until assigned (by the raw store, or by the extractor in partition
+    /// order when turns arrive straight from Kafka).
+    #[serde(default = "unsequenced")]
     pub position: u64,
     pub user: String,
+    #[serde(default)]
     pub assistant: String,
+    #[serde(default)]
     pub user_speaker: Option<String>,
+    #[serde(default)]
     pub assistant_speaker: Option<String>,
     pub timestamp: DateTime<Utc>,
+    #[serde(default = "Utc::now")]
     pub recorded_at: DateTime<Utc>,
     #[serde(default)]
     pub metadata: serde_json::Map<String, serde_json::Value>,
 }
 
+fn unsequenced() -> u64 {
+    Turn::UNSEQUENCED
+}
+
 impl Turn {
+    pub const UNSEQUENCED: u64 = u64::MAX;
+
+    pub fn is_sequenced(&self) -> bool {
+        self.position != Self::UNSEQUENCED
+    }
     /// The fields that carry text, in the order they were said.
     pub fn fields(&self) -> [(Field, &str); 2] {
         [

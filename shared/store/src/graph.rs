@@ -127,7 +127,7 @@ pub struct TurnRecord {
 }
 
 /// A turn reached from a structural node.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LinkedTurn {
     pub name: String,
     pub memory_id: MemoryId,
@@ -135,7 +135,7 @@ pub struct LinkedTurn {
 }
 
 /// Which conversations of a tenant a query may see (None: all of them).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Scope {
     pub conversations: Option<Vec<String>>,
 }
@@ -161,6 +161,37 @@ pub struct ConversationState {
     pub reference_position: Option<u64>,
     /// Turns before this position have been consolidated into fragments.
     pub consolidated_until: u64,
+    /// Next position to assign to a turn that arrives unsequenced (straight from Kafka).
+    #[serde(default)]
+    pub next_position: u64,
+    /// The latest assignments (turn id, position), so a redelivered turn gets its position back
+    /// even before the graph-writer has stored it.
+    #[serde(default)]
+    pub recent_positions: Vec<(String, u64)>,
+}
+
+impl ConversationState {
+    /// Bound on `recent_positions`: far above what an uncommitted batch can redeliver.
+    pub const RECENT_POSITIONS: usize = 1024;
+
+    pub fn known_position(&self, turn_id: &str) -> Option<u64> {
+        self.recent_positions
+            .iter()
+            .rev()
+            .find(|(t, _)| t == turn_id)
+            .map(|(_, p)| *p)
+    }
+
+    pub fn assign_position(&mut self, turn_id: &str) -> u64 {
+        let p = self.next_position;
+        self.next_position += 1;
+        self.recent_positions.push((turn_id.to_string(), p));
+        if self.recent_positions.len() > Self::RECENT_POSITIONS {
+            let excess = self.recent_positions.len() - Self::RECENT_POSITIONS;
+            self.recent_positions.drain(..excess);
+        }
+        p
+    }
 }
 
 #[async_trait]

@@ -15,6 +15,7 @@ pub mod graph_embedded;
 mod keys;
 pub mod open;
 pub mod raw;
+pub mod remote;
 pub mod vector;
 pub mod vector_edge;
 
@@ -23,5 +24,6 @@ pub use graph::{EdgeTimes, Graph, LinkedTurn, NodeKind, Scope, TurnRecord};
 pub use graph_embedded::EmbeddedGraph;
 pub use open::{open_graph, open_vectors};
 pub use raw::RawStore;
+pub use remote::{RemoteGraph, RemoteVectorIndex};
 pub use vector::{TurnPoint, VectorField, VectorIndex, VectorQuery};
 pub use vector_edge::EdgeVectorIndex;

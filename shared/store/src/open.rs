@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use recollect_config::{GraphKind, Settings, VectorKind};
 
-use crate::{EdgeVectorIndex, EmbeddedGraph, Graph, StoreError, VectorIndex};
+use crate::{
+    EdgeVectorIndex, EmbeddedGraph, Graph, RemoteGraph, RemoteVectorIndex, StoreError, VectorIndex,
+};
 
 /// The graph named by `graph.kind`. Embedded stores live under `data_dir`.
 pub async fn open_graph(
@@ -18,9 +20,10 @@ pub async fn open_graph(
         GraphKind::Neo4j => Err(StoreError::Invalid(
             "graph.kind = neo4j is not available in this build yet".into(),
         )),
-        GraphKind::Remote => Err(StoreError::Invalid(
-            "graph.kind = remote is not available in this build yet".into(),
-        )),
+        GraphKind::Remote => Ok(Arc::new(RemoteGraph::new(
+            &settings.remote.url,
+            &settings.remote.token,
+        )?)),
     }
 }
 
@@ -38,8 +41,9 @@ pub async fn open_vectors(
         VectorKind::Qdrant => Err(StoreError::Invalid(
             "vectors.kind = qdrant is not available in this build yet".into(),
         )),
-        VectorKind::Remote => Err(StoreError::Invalid(
-            "vectors.kind = remote is not available in this build yet".into(),
-        )),
+        VectorKind::Remote => Ok(Arc::new(RemoteVectorIndex::new(
+            &settings.remote.url,
+            &settings.remote.token,
+        )?)),
     }
 }

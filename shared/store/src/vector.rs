@@ -16,7 +16,7 @@ pub const LEXICAL_VECTOR: &str = "lexical";
 pub const KEYWORD_VECTOR: &str = "keyword";
 
 /// A turn's point.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TurnPoint {
     pub memory_id: MemoryId,
     pub tenant: TenantId,
@@ -32,7 +32,7 @@ pub struct TurnPoint {
     pub lexical: SparseVector,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum VectorField {
     User,
     Assistant,
@@ -47,7 +47,7 @@ impl VectorField {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum VectorQuery {
     Dense {
         field: VectorField,
@@ -57,7 +57,7 @@ pub enum VectorQuery {
 }
 
 /// Dense vectors of a stored turn.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct FieldVectors {
     pub user: Vec<f32>,
     pub assistant: Option<Vec<f32>>,

@@ -1,0 +1,24 @@
+//! `recollect-graph-writer`: `recollect.turns.embedded` → graph + vector index (idempotent
+//! upserts) → `recollect.turns.stored`.
+
+use std::sync::Arc;
+
+use recollect_graph_writer::GraphWriterStage;
+use recollect_runtime::{bus_check, graph_check, open_bus, run_workers, start, vectors_check};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let settings = start("graph-writer")?;
+    let dir = settings.storage.data_dir.clone();
+    let graph = recollect_store::open_graph(&settings, &dir).await?;
+    let vectors = recollect_store::open_vectors(&settings, &dir, settings.embedder_dim()).await?;
+    let bus = open_bus(&settings, "graph-writer").await?;
+    let checks = vec![
+        bus_check(bus.clone()),
+        graph_check(graph.clone()),
+        vectors_check(vectors.clone()),
+    ];
+    let stage = Arc::new(GraphWriterStage::new(graph, vectors, None));
+    run_workers(&settings, bus, vec![stage], checks).await?;
+    Ok(())
+}

@@ -1,0 +1,42 @@
+//! `recollect-query`: the stateless recall service (`POST /v1/recall`, `GET /v1/memories/{id}`).
+//! Any number of replicas behind a load balancer.
+
+use std::sync::Arc;
+
+use recollect_api::Auth;
+use recollect_embed::CachedEmbedder;
+use recollect_query::{router, QueryState};
+use recollect_recall::{Recall, RecallConfig};
+use recollect_runtime::{
+    graph_check, load_embedder, ops_router, serve_http, shutdown_signal, start, vectors_check,
+};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let settings = start("query")?;
+    let dir = settings.storage.data_dir.clone();
+    let embedder = load_embedder(&settings)?;
+    let graph = recollect_store::open_graph(&settings, &dir).await?;
+    let vectors = recollect_store::open_vectors(&settings, &dir, embedder.dim()).await?;
+    let checks = vec![graph_check(graph.clone()), vectors_check(vectors.clone())];
+    let cfg = RecallConfig {
+        default_k: settings.server.default_k,
+        max_k: settings.server.max_k,
+        max_query_bytes: settings.server.max_query_bytes,
+        ..RecallConfig::default()
+    };
+    let recall = Arc::new(Recall::new(
+        graph,
+        vectors,
+        Arc::new(CachedEmbedder::new(embedder)),
+        cfg,
+    ));
+    let state = QueryState {
+        recall,
+        auth: Auth::new(settings.api_keys()),
+        raw: None,
+    };
+    let app = router(state).merge(ops_router(checks));
+    serve_http(&settings, app, true, shutdown_signal()).await?;
+    Ok(())
+}

@@ -1,0 +1,285 @@
+//! What every separately deployed service shares: settings from `--config`/env, the Kafka bus,
+//! the stores, `/healthz` `/readyz` `/metrics`, and a shutdown that drains work in hand.
+//! Service mains are a few lines on top of this; the embedded binary wires the same pieces
+//! in one process.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use clap::Parser;
+use recollect_bus::{run_stage, Bus, BusError, KafkaBus, KafkaSettings, Stage};
+use recollect_config::{BusKind, ConfigError, EmbedderKind, Settings};
+use recollect_embed::{default_model_dir, Embedder, HashEmbedder, MiniLmEmbedder};
+use recollect_model::{topics, TenantId};
+use recollect_store::{Graph, Scope, StoreError, VectorIndex};
+use recollect_telemetry as metrics;
+use tokio::sync::watch;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Setup(String),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Command line of every service: the config file, nothing else (env does the rest).
+#[derive(Parser, Debug)]
+pub struct ServiceArgs {
+    /// Configuration file (TOML); RECOLLECT__SECTION__KEY variables override it.
+    #[arg(long, env = "RECOLLECT_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+/// Loads and validates settings, starts logging and registers metrics for `service`.
+pub fn start(service: &'static str) -> Result<Settings, RuntimeError> {
+    let args = ServiceArgs::parse();
+    let settings = Settings::load(args.config.as_deref())?;
+    settings.validate()?;
+    metrics::init_tracing(
+        &settings.telemetry.log_format,
+        &settings.telemetry.log_level,
+    );
+    metrics::register_all();
+    metrics::COMPONENT_INFO
+        .with_label_values(&["service", service])
+        .set(1);
+    tracing::info!(service, version = env!("CARGO_PKG_VERSION"), "starting");
+    Ok(settings)
+}
+
+/// The Kafka bus, with the topics created (brokers here have no auto-creation).
+pub async fn open_bus(settings: &Settings, service: &str) -> Result<Arc<KafkaBus>, RuntimeError> {
+    if settings.bus.kind != BusKind::Kafka {
+        return Err(RuntimeError::Setup(
+            "bus.kind = in_process only works inside `recollect serve`; set RECOLLECT__BUS__KIND=kafka and bus.brokers"
+                .into(),
+        ));
+    }
+    let bus = KafkaBus::connect(KafkaSettings {
+        brokers: settings.bus.brokers.clone(),
+        client_id: format!("recollect-{service}"),
+        partitions: settings.bus.partitions,
+        replication: settings.bus.replication,
+    })?;
+    // The broker may still be starting (compose, Kubernetes): wait for it rather than crash-loop.
+    let mut waited = 0;
+    loop {
+        match bus.ensure_topics(&topics::ALL).await {
+            Ok(()) => break,
+            Err(e) if waited < 60 => {
+                tracing::warn!(error = %e, "brokers not ready, retrying");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                waited += 1;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    metrics::COMPONENT_INFO
+        .with_label_values(&["bus", "kafka"])
+        .set(1);
+    Ok(bus)
+}
+
+/// The embedder the config names (the model is loaded once per process).
+pub fn load_embedder(settings: &Settings) -> Result<Arc<dyn Embedder>, RuntimeError> {
+    let e: Arc<dyn Embedder> = match settings.embedder.kind {
+        EmbedderKind::Minilm => {
+            let dir = if settings.embedder.model_dir.is_empty() {
+                default_model_dir()
+            } else {
+                settings.embedder.model_dir.clone().into()
+            };
+            Arc::new(MiniLmEmbedder::load(&dir).map_err(|e| {
+                RuntimeError::Setup(format!(
+                    "loading the MiniLM model from {}: {e} (run `make setup` or scripts/setup-model.sh)",
+                    dir.display()
+                ))
+            })?)
+        }
+        EmbedderKind::Hash => Arc::new(HashEmbedder::new(recollect_embed::HASH_DIM)),
+    };
+    metrics::COMPONENT_INFO
+        .with_label_values(&["embedder", e.model_name()])
+        .set(1);
+    Ok(e)
+}
+
+/// A readiness probe: named checks, each true when its dependency answers.
+pub type Check = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
+
+pub fn bus_check(bus: Arc<KafkaBus>) -> (&'static str, Check) {
+    (
+        "bus",
+        Arc::new(move || {
+            let b = bus.clone();
+            Box::pin(async move { b.ping().await })
+        }),
+    )
+}
+
+/// The graph answers a read (any tenant will do).
+pub fn graph_check(graph: Arc<dyn Graph>) -> (&'static str, Check) {
+    (
+        "graph",
+        Arc::new(move || {
+            let g = graph.clone();
+            Box::pin(async move { g.conversations(&TenantId::default_tenant()).await.is_ok() })
+        }),
+    )
+}
+
+pub fn vectors_check(vectors: Arc<dyn VectorIndex>) -> (&'static str, Check) {
+    (
+        "vectors",
+        Arc::new(move || {
+            let v = vectors.clone();
+            Box::pin(async move {
+                v.count(&TenantId::default_tenant(), &Scope::all())
+                    .await
+                    .is_ok()
+            })
+        }),
+    )
+}
+
+#[derive(Clone)]
+struct Probes(Arc<Vec<(&'static str, Check)>>);
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// Ready only when every dependency answers; the body says which does not.
+async fn readyz(State(p): State<Probes>) -> Response {
+    let mut failing = Vec::new();
+    for (name, check) in p.0.iter() {
+        if !check().await {
+            failing.push(*name);
+        }
+    }
+    if failing.is_empty() {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {} not answering", failing.join(", ")),
+        )
+            .into_response()
+    }
+}
+
+async fn metrics_text() -> impl IntoResponse {
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        metrics::render(),
+    )
+}
+
+/// `/healthz`, `/readyz` (the given checks) and `/metrics`.
+pub fn ops_router(checks: Vec<(&'static str, Check)>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz).with_state(Probes(Arc::new(checks))))
+        .route("/metrics", get(metrics_text))
+}
+
+/// Flips to true on SIGTERM or Ctrl-C.
+pub fn shutdown_signal() -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => futures::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let term = futures::future::pending::<()>();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term => {}
+        }
+        tracing::info!("shutting down: finishing work in hand");
+        let _ = tx.send(true);
+    });
+    rx
+}
+
+/// Serves `router` on `server.listen` until shutdown. Services without API keys stay on
+/// loopback unless they serve no API (`api = false`: workers expose only ops endpoints).
+pub async fn serve_http(
+    settings: &Settings,
+    router: Router,
+    api: bool,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), RuntimeError> {
+    let addr: SocketAddr = settings.listen_addr();
+    if api && settings.api_keys().is_empty() && !addr.ip().is_loopback() {
+        return Err(RuntimeError::Setup(format!(
+            "no API keys are configured, so the API would be open to anyone: it only listens on loopback in that mode. \
+             Set RECOLLECT_API_KEYS=\"key:tenant\" to listen on {addr}"
+        )));
+    }
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "listening");
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
+            let _ = shutdown.wait_for(|s| *s).await;
+        })
+        .await?;
+    Ok(())
+}
+
+/// Runs pipeline stages on the bus with the ops endpoints beside them, until shutdown; each
+/// stage finishes (publishes and commits) the batch in hand before returning.
+pub async fn run_workers(
+    settings: &Settings,
+    bus: Arc<dyn Bus>,
+    stages: Vec<Arc<dyn Stage>>,
+    checks: Vec<(&'static str, Check)>,
+) -> Result<(), RuntimeError> {
+    let shutdown = shutdown_signal();
+    let mut handles = Vec::new();
+    for s in stages {
+        let group = format!("{}-{}", settings.bus.group_prefix, s.name());
+        handles.push(tokio::spawn(run_stage(
+            bus.clone(),
+            s,
+            group,
+            shutdown.clone(),
+        )));
+    }
+    let http = tokio::spawn({
+        let settings = settings.clone();
+        let shutdown = shutdown.clone();
+        async move { serve_http(&settings, ops_router(checks), false, shutdown).await }
+    });
+    for h in handles {
+        match h.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e.into()),
+            Err(e) => return Err(RuntimeError::Setup(format!("stage task failed: {e}"))),
+        }
+    }
+    http.abort();
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,628 @@
+//! The embedded stores served over HTTP by a `recollect-store` service, and the clients that
+//! implement [`Graph`] and [`VectorIndex`] against it. For distributed deployments that do not
+//! run Neo4j and Qdrant: every worker and query replica shares one store service.
+//!
+//! One request type per seam (`GraphCall`, `VectorCall`), one endpoint each, JSON bodies; the
+//! server dispatches to the embedded implementation, so behaviour is the embedded one exactly.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use backon::{ExponentialBuilder, Retryable};
+use chrono::{DateTime, Utc};
+use recollect_model::{Extraction, Fragment, KeywordVector, MemoryId, TenantId, Turn};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::graph::ConversationState;
+use crate::vector::FieldVectors;
+use crate::{
+    Graph, LinkedTurn, NodeKind, Scope, StoreError, TurnPoint, TurnRecord, VectorIndex, VectorQuery,
+};
+
+pub const GRAPH_PATH: &str = "/v1/store/graph";
+pub const VECTORS_PATH: &str = "/v1/store/vectors";
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum GraphCall {
+    WriteTurns {
+        turns: Vec<(Turn, Extraction)>,
+    },
+    WriteFragments {
+        fragments: Vec<Fragment>,
+    },
+    Turns {
+        tenant: TenantId,
+        ids: Vec<MemoryId>,
+    },
+    ConversationTurns {
+        tenant: TenantId,
+        conversation: String,
+        from: u64,
+        to: u64,
+    },
+    Conversations {
+        tenant: TenantId,
+    },
+    Vocabulary {
+        tenant: TenantId,
+        scope: Scope,
+        kind: NodeKind,
+    },
+    LinkedTurns {
+        tenant: TenantId,
+        scope: Scope,
+        kind: NodeKind,
+        names: Vec<String>,
+        recorded_by: Option<DateTime<Utc>>,
+        valid_at: Option<DateTime<Utc>>,
+    },
+    DocumentFrequencies {
+        tenant: TenantId,
+        scope: Scope,
+        kind: NodeKind,
+        names: Vec<String>,
+    },
+    Fragments {
+        tenant: TenantId,
+        ids: Vec<String>,
+    },
+    ConversationState {
+        tenant: TenantId,
+        conversation: String,
+    },
+    SaveConversationState {
+        tenant: TenantId,
+        conversation: String,
+        state: ConversationState,
+    },
+    DeleteConversation {
+        tenant: TenantId,
+        conversation: String,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum VectorCall {
+    UpsertTurns {
+        points: Vec<TurnPoint>,
+    },
+    Search {
+        tenant: TenantId,
+        scope: Scope,
+        query: VectorQuery,
+        limit: usize,
+    },
+    FieldVectors {
+        tenant: TenantId,
+        ids: Vec<MemoryId>,
+    },
+    UpsertKeywords {
+        tenant: TenantId,
+        conversation: String,
+        keywords: Vec<KeywordVector>,
+    },
+    SearchKeywords {
+        tenant: TenantId,
+        scope: Scope,
+        vector: Vec<f32>,
+        limit: usize,
+        min_score: f32,
+    },
+    DeleteConversation {
+        tenant: TenantId,
+        conversation: String,
+    },
+    Count {
+        tenant: TenantId,
+        scope: Scope,
+    },
+    Optimize,
+}
+
+/// An error as it crosses the wire: its class survives, so a client retries only what is
+/// transient and reports bad input as bad input.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct WireError {
+    pub class: String,
+    pub message: String,
+}
+
+impl From<&StoreError> for WireError {
+    fn from(e: &StoreError) -> Self {
+        let (class, message) = match e {
+            StoreError::Backend(m) => ("backend", m),
+            StoreError::Corrupt(m) => ("corrupt", m),
+            StoreError::Invalid(m) => ("invalid", m),
+        };
+        Self {
+            class: class.into(),
+            message: message.clone(),
+        }
+    }
+}
+
+impl From<WireError> for StoreError {
+    fn from(w: WireError) -> Self {
+        match w.class.as_str() {
+            "corrupt" => StoreError::Corrupt(w.message),
+            "invalid" => StoreError::Invalid(w.message),
+            _ => StoreError::Backend(w.message),
+        }
+    }
+}
+
+fn json<T: Serialize>(v: T) -> Result<serde_json::Value, StoreError> {
+    serde_json::to_value(v).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+/// Server side: runs one call on the hosted graph.
+pub async fn dispatch_graph(
+    g: &dyn Graph,
+    call: GraphCall,
+) -> Result<serde_json::Value, StoreError> {
+    match call {
+        GraphCall::WriteTurns { turns } => json(g.write_turns(&turns).await?),
+        GraphCall::WriteFragments { fragments } => json(g.write_fragments(&fragments).await?),
+        GraphCall::Turns { tenant, ids } => json(g.turns(&tenant, &ids).await?),
+        GraphCall::ConversationTurns {
+            tenant,
+            conversation,
+            from,
+            to,
+        } => json(
+            g.conversation_turns(&tenant, &conversation, from, to)
+                .await?,
+        ),
+        GraphCall::Conversations { tenant } => json(g.conversations(&tenant).await?),
+        GraphCall::Vocabulary {
+            tenant,
+            scope,
+            kind,
+        } => json(g.vocabulary(&tenant, &scope, kind).await?),
+        GraphCall::LinkedTurns {
+            tenant,
+            scope,
+            kind,
+            names,
+            recorded_by,
+            valid_at,
+        } => json(
+            g.linked_turns(&tenant, &scope, kind, &names, recorded_by, valid_at)
+                .await?,
+        ),
+        GraphCall::DocumentFrequencies {
+            tenant,
+            scope,
+            kind,
+            names,
+        } => json(
+            g.document_frequencies(&tenant, &scope, kind, &names)
+                .await?,
+        ),
+        GraphCall::Fragments { tenant, ids } => json(g.fragments(&tenant, &ids).await?),
+        GraphCall::ConversationState {
+            tenant,
+            conversation,
+        } => json(g.conversation_state(&tenant, &conversation).await?),
+        GraphCall::SaveConversationState {
+            tenant,
+            conversation,
+            state,
+        } => json(
+            g.save_conversation_state(&tenant, &conversation, &state)
+                .await?,
+        ),
+        GraphCall::DeleteConversation {
+            tenant,
+            conversation,
+        } => json(g.delete_conversation(&tenant, &conversation).await?),
+    }
+}
+
+/// Server side: runs one call on the hosted vector index.
+pub async fn dispatch_vectors(
+    v: &dyn VectorIndex,
+    call: VectorCall,
+) -> Result<serde_json::Value, StoreError> {
+    match call {
+        VectorCall::UpsertTurns { points } => json(v.upsert_turns(points).await?),
+        VectorCall::Search {
+            tenant,
+            scope,
+            query,
+            limit,
+        } => json(v.search(&tenant, &scope, &query, limit).await?),
+        VectorCall::FieldVectors { tenant, ids } => {
+            // JSON maps need string keys: ship pairs.
+            let m = v.field_vectors(&tenant, &ids).await?;
+            json(m.into_iter().collect::<Vec<_>>())
+        }
+        VectorCall::UpsertKeywords {
+            tenant,
+            conversation,
+            keywords,
+        } => json(v.upsert_keywords(&tenant, &conversation, keywords).await?),
+        VectorCall::SearchKeywords {
+            tenant,
+            scope,
+            vector,
+            limit,
+            min_score,
+        } => json(
+            v.search_keywords(&tenant, &scope, &vector, limit, min_score)
+                .await?,
+        ),
+        VectorCall::DeleteConversation {
+            tenant,
+            conversation,
+        } => json(v.delete_conversation(&tenant, &conversation).await?),
+        VectorCall::Count { tenant, scope } => json(v.count(&tenant, &scope).await?),
+        VectorCall::Optimize => json(v.optimize().await?),
+    }
+}
+
+/// HTTP client shared by both seams.
+#[derive(Clone)]
+struct Client {
+    http: reqwest::Client,
+    base: Arc<str>,
+    token: Arc<str>,
+}
+
+impl Client {
+    fn new(base: &str, token: &str) -> Result<Self, StoreError> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(32)
+            .build()
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        Ok(Self {
+            http,
+            base: base.trim_end_matches('/').into(),
+            token: token.into(),
+        })
+    }
+
+    async fn once<C: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        call: &C,
+    ) -> Result<T, StoreError> {
+        let resp = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(&*self.token)
+            .json(call)
+            .send()
+            .await
+            .map_err(|e| StoreError::Backend(format!("store service unreachable: {e}")))?;
+        let status = resp.status();
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| StoreError::Backend(format!("store service: {e}")))?;
+        if status.is_success() {
+            serde_json::from_slice(&body)
+                .map_err(|e| StoreError::Corrupt(format!("store service reply: {e}")))
+        } else {
+            // A refusal (bad token, bad request) is not worth retrying; anything else may pass.
+            let class = if status.is_client_error() {
+                "invalid"
+            } else {
+                "backend"
+            };
+            let w: WireError = serde_json::from_slice(&body).unwrap_or(WireError {
+                class: class.into(),
+                message: format!(
+                    "store service answered {status}: {}",
+                    String::from_utf8_lossy(&body)
+                ),
+            });
+            Err(w.into())
+        }
+    }
+
+    /// Every call is idempotent, so transient failures (connection, backend) are retried.
+    async fn call<C: Serialize + Sync, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        call: &C,
+    ) -> Result<T, StoreError> {
+        (|| self.once(path, call))
+            .retry(
+                ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_millis(50))
+                    .with_max_delay(Duration::from_secs(2))
+                    .with_max_times(5),
+            )
+            .when(|e| matches!(e, StoreError::Backend(_)))
+            .notify(|e, d| tracing::warn!(error = %e, retry_in = ?d, "store service call failed, retrying"))
+            .await
+    }
+
+    async fn ping(&self) -> bool {
+        self.http
+            .get(format!("{}/readyz", self.base))
+            .timeout(Duration::from_secs(3))
+            .send()
+            .await
+            .map(|r| r.status().is_success())
+            .unwrap_or(false)
+    }
+}
+
+/// [`Graph`] on a `recollect-store` service.
+pub struct RemoteGraph {
+    client: Client,
+}
+
+impl RemoteGraph {
+    pub fn new(url: &str, token: &str) -> Result<Self, StoreError> {
+        Ok(Self {
+            client: Client::new(url, token)?,
+        })
+    }
+    pub async fn ping(&self) -> bool {
+        self.client.ping().await
+    }
+    async fn call<T: DeserializeOwned>(&self, c: GraphCall) -> Result<T, StoreError> {
+        self.client.call(GRAPH_PATH, &c).await
+    }
+}
+
+#[async_trait]
+impl Graph for RemoteGraph {
+    fn kind(&self) -> &'static str {
+        "remote"
+    }
+    async fn write_turns(&self, turns: &[(Turn, Extraction)]) -> Result<(), StoreError> {
+        self.call(GraphCall::WriteTurns {
+            turns: turns.to_vec(),
+        })
+        .await
+    }
+    async fn write_fragments(&self, fragments: &[Fragment]) -> Result<(), StoreError> {
+        self.call(GraphCall::WriteFragments {
+            fragments: fragments.to_vec(),
+        })
+        .await
+    }
+    async fn turns(
+        &self,
+        tenant: &TenantId,
+        ids: &[MemoryId],
+    ) -> Result<Vec<TurnRecord>, StoreError> {
+        self.call(GraphCall::Turns {
+            tenant: tenant.clone(),
+            ids: ids.to_vec(),
+        })
+        .await
+    }
+    async fn conversation_turns(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<TurnRecord>, StoreError> {
+        self.call(GraphCall::ConversationTurns {
+            tenant: tenant.clone(),
+            conversation: conversation.into(),
+            from,
+            to,
+        })
+        .await
+    }
+    async fn conversations(&self, tenant: &TenantId) -> Result<Vec<String>, StoreError> {
+        self.call(GraphCall::Conversations {
+            tenant: tenant.clone(),
+        })
+        .await
+    }
+    async fn vocabulary(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        kind: NodeKind,
+    ) -> Result<Vec<String>, StoreError> {
+        self.call(GraphCall::Vocabulary {
+            tenant: tenant.clone(),
+            scope: scope.clone(),
+            kind,
+        })
+        .await
+    }
+    async fn linked_turns(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        kind: NodeKind,
+        names: &[String],
+        recorded_by: Option<DateTime<Utc>>,
+        valid_at: Option<DateTime<Utc>>,
+    ) -> Result<Vec<LinkedTurn>, StoreError> {
+        self.call(GraphCall::LinkedTurns {
+            tenant: tenant.clone(),
+            scope: scope.clone(),
+            kind,
+            names: names.to_vec(),
+            recorded_by,
+            valid_at,
+        })
+        .await
+    }
+    async fn document_frequencies(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        kind: NodeKind,
+        names: &[String],
+    ) -> Result<(u64, Vec<u64>), StoreError> {
+        self.call(GraphCall::DocumentFrequencies {
+            tenant: tenant.clone(),
+            scope: scope.clone(),
+            kind,
+            names: names.to_vec(),
+        })
+        .await
+    }
+    async fn fragments(
+        &self,
+        tenant: &TenantId,
+        ids: &[String],
+    ) -> Result<Vec<Fragment>, StoreError> {
+        self.call(GraphCall::Fragments {
+            tenant: tenant.clone(),
+            ids: ids.to_vec(),
+        })
+        .await
+    }
+    async fn conversation_state(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<ConversationState, StoreError> {
+        self.call(GraphCall::ConversationState {
+            tenant: tenant.clone(),
+            conversation: conversation.into(),
+        })
+        .await
+    }
+    async fn save_conversation_state(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        state: &ConversationState,
+    ) -> Result<(), StoreError> {
+        self.call(GraphCall::SaveConversationState {
+            tenant: tenant.clone(),
+            conversation: conversation.into(),
+            state: state.clone(),
+        })
+        .await
+    }
+    async fn delete_conversation(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<u64, StoreError> {
+        self.call(GraphCall::DeleteConversation {
+            tenant: tenant.clone(),
+            conversation: conversation.into(),
+        })
+        .await
+    }
+}
+
+/// [`VectorIndex`] on a `recollect-store` service.
+pub struct RemoteVectorIndex {
+    client: Client,
+}
+
+impl RemoteVectorIndex {
+    pub fn new(url: &str, token: &str) -> Result<Self, StoreError> {
+        Ok(Self {
+            client: Client::new(url, token)?,
+        })
+    }
+    pub async fn ping(&self) -> bool {
+        self.client.ping().await
+    }
+    async fn call<T: DeserializeOwned>(&self, c: VectorCall) -> Result<T, StoreError> {
+        self.client.call(VECTORS_PATH, &c).await
+    }
+}
+
+#[async_trait]
+impl VectorIndex for RemoteVectorIndex {
+    fn kind(&self) -> &'static str {
+        "remote"
+    }
+    async fn upsert_turns(&self, points: Vec<TurnPoint>) -> Result<(), StoreError> {
+        self.call(VectorCall::UpsertTurns { points }).await
+    }
+    async fn search(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        query: &VectorQuery,
+        limit: usize,
+    ) -> Result<Vec<(MemoryId, f32)>, StoreError> {
+        self.call(VectorCall::Search {
+            tenant: tenant.clone(),
+            scope: scope.clone(),
+            query: query.clone(),
+            limit,
+        })
+        .await
+    }
+    async fn field_vectors(
+        &self,
+        tenant: &TenantId,
+        ids: &[MemoryId],
+    ) -> Result<HashMap<MemoryId, FieldVectors>, StoreError> {
+        let pairs: Vec<(MemoryId, FieldVectors)> = self
+            .call(VectorCall::FieldVectors {
+                tenant: tenant.clone(),
+                ids: ids.to_vec(),
+            })
+            .await?;
+        Ok(pairs.into_iter().collect())
+    }
+    async fn upsert_keywords(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        keywords: Vec<KeywordVector>,
+    ) -> Result<(), StoreError> {
+        self.call(VectorCall::UpsertKeywords {
+            tenant: tenant.clone(),
+            conversation: conversation.into(),
+            keywords,
+        })
+        .await
+    }
+    async fn search_keywords(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        vector: &[f32],
+        limit: usize,
+        min_score: f32,
+    ) -> Result<Vec<(String, f32)>, StoreError> {
+        self.call(VectorCall::SearchKeywords {
+            tenant: tenant.clone(),
+            scope: scope.clone(),
+            vector: vector.to_vec(),
+            limit,
+            min_score,
+        })
+        .await
+    }
+    async fn delete_conversation(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<u64, StoreError> {
+        self.call(VectorCall::DeleteConversation {
+            tenant: tenant.clone(),
+            conversation: conversation.into(),
+        })
+        .await
+    }
+    async fn count(&self, tenant: &TenantId, scope: &Scope) -> Result<u64, StoreError> {
+        self.call(VectorCall::Count {
+            tenant: tenant.clone(),
+            scope: scope.clone(),
+        })
+        .await
+    }
+    async fn optimize(&self) -> Result<(), StoreError> {
+        self.call(VectorCall::Optimize).await
+    }
+}
