@@ -156,3 +156,63 @@ impl Stage for ExtractorStage {
         results
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use recollect_extract::RuleExtractor;
+    use recollect_model::TenantId;
+    use recollect_store::EmbeddedGraph;
+
+    fn raw(turn_id: &str, text: &str) -> Delivery {
+        let body = format!(
+            r#"{{"schema_version":2,"trace_id":"tr","body":{{"tenant":"acme","conversation_id":"c",
+            "turn_id":"{turn_id}","user":"{text}","timestamp":"2024-05-01T10:00:00Z"}}}}"#
+        );
+        Delivery {
+            message: Message {
+                topic: topics::RAW.into(),
+                key: "acme/c".into(),
+                payload: body.into_bytes(),
+                headers: vec![],
+            },
+            partition: 0,
+            offset: 0,
+        }
+    }
+
+    fn positions(out: &[Result<Vec<Message>, StageError>]) -> Vec<u64> {
+        out.iter()
+            .map(|r| {
+                let m = &r.as_ref().unwrap()[0];
+                let e: Envelope<ExtractedTurn> = serde_json::from_slice(&m.payload).unwrap();
+                assert!(!e.body.turn.memory_id.is_nil());
+                e.body.turn.position
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn unsequenced_turns_are_numbered_in_order_and_keep_their_number_on_redelivery() {
+        let dir = tempfile::tempdir().unwrap();
+        let graph = Arc::new(EmbeddedGraph::open(&dir.path().join("g.redb")).unwrap());
+        let stage = ExtractorStage::new(Arc::new(RuleExtractor::new()), graph.clone());
+        let first = stage
+            .handle(&[raw("a", "I met Anna in Paris"), raw("b", "She loves jazz")])
+            .await;
+        assert_eq!(positions(&first), vec![0, 1]);
+        // A redelivery of "b" (crash before commit) and a new turn "c".
+        let again = stage
+            .handle(&[raw("b", "She loves jazz"), raw("c", "We went to a concert")])
+            .await;
+        assert_eq!(positions(&again), vec![1, 2]);
+        let state = graph
+            .conversation_state(&TenantId("acme".into()), "c")
+            .await
+            .unwrap();
+        assert_eq!(state.next_position, 3);
+        // A producer's bad turn is dead-letter material, not a retry.
+        let bad = stage.handle(&[raw("", "no id")]).await;
+        assert!(matches!(bad[0], Err(StageError::Permanent(_))));
+    }
+}

@@ -320,13 +320,21 @@ pub async fn run_stage(
                     metrics::STAGE_MESSAGES
                         .with_label_values(&[name, "ok"])
                         .inc();
+                    // The request's trace id, from the gateway through every topic's headers.
+                    tracing::debug!(
+                        stage = name,
+                        trace_id = d.message.header("trace_id").unwrap_or(""),
+                        partition = d.partition,
+                        offset = d.offset,
+                        "processed"
+                    );
                     outputs.append(&mut out);
                 }
                 Err(e) => {
                     metrics::STAGE_MESSAGES
                         .with_label_values(&[name, "dlq"])
                         .inc();
-                    tracing::error!(stage = name, offset = d.offset, partition = d.partition, error = %e, "message dead-lettered");
+                    tracing::error!(stage = name, trace_id = d.message.header("trace_id").unwrap_or(""), offset = d.offset, partition = d.partition, error = %e, "message dead-lettered");
                     let dl = DeadLetter {
                         stage: name.to_string(),
                         error: e.to_string(),

@@ -450,4 +450,25 @@ mod tests {
         assert_eq!(MemoryId::parse(&s), Some(a));
         assert_eq!(MemoryId::parse("not-an-id"), None);
     }
+
+    #[test]
+    fn raw_messages_of_both_schema_versions_read() {
+        // Version 1: the gateway filled every field.
+        let v1 = r#"{"schema_version":1,"trace_id":"t","body":{"memory_id":"6f1c0f4e-7d41-4a4a-9a0e-0d0c7d1b2a33",
+            "tenant":"acme","conversation_id":"c","turn_id":"3","position":3,"user":"hi","assistant":"hello",
+            "user_speaker":null,"assistant_speaker":null,"timestamp":"2024-05-01T10:00:00Z",
+            "recorded_at":"2024-05-01T10:00:01Z"}}"#;
+        let m: RawMessage = serde_json::from_str(v1).unwrap();
+        assert_eq!(m.schema_version, 1);
+        assert_eq!(m.body.position, 3);
+        assert!(m.body.is_sequenced() && !m.body.memory_id.is_nil());
+        // Version 2: a platform producing straight to Kafka sends only what it knows.
+        let v2 = r#"{"schema_version":2,"body":{"tenant":"acme","conversation_id":"c","turn_id":"t-9",
+            "user":"hi","timestamp":"2024-05-01T10:00:00Z"}}"#;
+        let m: RawMessage = serde_json::from_str(v2).unwrap();
+        assert!(!m.body.is_sequenced());
+        assert!(m.body.memory_id.is_nil());
+        assert_eq!(m.body.assistant, "");
+        assert_eq!(m.trace_id, "");
+    }
 }
