@@ -83,7 +83,7 @@ impl GraphWriterStage {
                 .map_err(t)?;
         }
         metrics::STORE_WRITE_LATENCY
-            .with_label_values(&[self.vectors.kind()])
+            .with_label_values(&[&format!("vectors_{}", self.vectors.kind())])
             .observe(started.elapsed().as_secs_f64());
         let started = Instant::now();
         let nodes: Vec<_> = turns
@@ -92,7 +92,7 @@ impl GraphWriterStage {
             .collect();
         self.graph.write_turns(&nodes).await.map_err(t)?;
         metrics::STORE_WRITE_LATENCY
-            .with_label_values(&[self.graph.kind()])
+            .with_label_values(&[&format!("graph_{}", self.graph.kind())])
             .observe(started.elapsed().as_secs_f64());
         Ok(())
     }
@@ -127,8 +127,13 @@ impl Stage for GraphWriterStage {
             .map(|e| e.body.clone())
             .collect();
         if let Err(e) = self.write(&live).await {
+            // Adapter pair of this writer, e.g. graph_embedded+vectors_embedded.
             metrics::STORE_ERRORS
-                .with_label_values(&[self.graph.kind()])
+                .with_label_values(&[&format!(
+                    "graph_{}+vectors_{}",
+                    self.graph.kind(),
+                    self.vectors.kind()
+                )])
                 .inc();
             return batch.iter().map(|_| Err(e.clone())).collect();
         }

@@ -320,6 +320,7 @@ impl Recall {
         // Phase 2: Path B beside the dense and lexical retrievers, then Path C from B's lookups.
         let cfg = &self.config;
         let depth = cfg.retrieve_depth.max(k);
+        let phase = Instant::now();
         let (b, dense) = tokio::join!(
             path_b::run(self, tenant, &scope, &qa, &qv, ablation),
             async {
@@ -331,6 +332,10 @@ impl Recall {
             },
         );
         let (b, dense) = (b?, dense?);
+        metrics::RECALL_LATENCY
+            .with_label_values(&["path_b_and_dense"])
+            .observe(phase.elapsed().as_secs_f64());
+        let phase = Instant::now();
         // BM25 after Path B, so the query can be widened with its keyword neighbours.
         let lexical = if ablation.lexical {
             HashMap::new()
@@ -338,11 +343,18 @@ impl Recall {
             self.lexical(tenant, &scope, &req.query, &qa, &b, depth)
                 .await?
         };
+        metrics::RECALL_LATENCY
+            .with_label_values(&["lexical"])
+            .observe(phase.elapsed().as_secs_f64());
+        let phase = Instant::now();
         let c = if ablation.path_c {
             PathC::default()
         } else {
             path_c::run(self, tenant, &scope, &b).await?
         };
+        metrics::RECALL_LATENCY
+            .with_label_values(&["path_c"])
+            .observe(phase.elapsed().as_secs_f64());
         metrics::RECALL_CANDIDATES
             .with_label_values(&["path_b"])
             .observe(b.result.len() as f64);
