@@ -9,7 +9,7 @@ LOCOMO ?= ../shared/data/locomo-dev.json
 # eval and bench, so a cold machine compiles the dependencies once. `--release` is for images.
 CARGO_FLAGS := --locked
 
-.PHONY: setup build run test lint fmt eval eval-ablations bench
+.PHONY: setup build run test lint fmt eval eval-ablations bench check-deploy
 
 setup:
 	@bash scripts/setup.sh
@@ -22,6 +22,10 @@ run: build
 
 test: setup
 	bash scripts/test.sh
+
+# Only the deploy artefacts (also part of `make test`): no Rust build.
+check-deploy: setup
+	$${RECOLLECT_VENV:-$$HOME/.cache/recollect/venv}/bin/python scripts/check-deploy.py --self-test
 
 lint:
 	cargo fmt --all -- --check

@@ -17,3 +17,4 @@ if ! command -v python3 >/dev/null 2>&1; then
   exit 1
 fi
 bash scripts/setup-model.sh
+bash scripts/setup-deploy-tools.sh
