@@ -13,7 +13,7 @@ sources, so the checks follow the code. Exit status 1 on any problem, with one l
 from __future__ import annotations
 
 import argparse
-import copy
+import functools
 import json
 import re
 import shutil
@@ -22,10 +22,19 @@ import tempfile
 import tomllib
 from pathlib import Path
 
+import dockerfile
+import jsonschema
+import kubernetes_validate
 import yaml
 from helm_python import chart as helm_chart
 
 REPO = Path(__file__).resolve().parent.parent
+# Rendered objects are validated against the Kubernetes API schemas of the oldest version the
+# chart supports (Chart.yaml kubeVersion) and the newest the schema package knows.
+KUBE_VERSIONS = ["1.25.0", kubernetes_validate.latest_version()]
+# The package re-reads its (large) schema files on every call; they never change within a run.
+kubernetes_validate.utils.schema_contents = functools.lru_cache(maxsize=None)(
+    kubernetes_validate.utils.schema_contents)
 COMPONENTS = ["gateway", "extractor", "embedder", "graph-writer", "consolidator", "query"]
 # Stages that scale on their own: the issue asks for an HPA on the workers and query.
 AUTOSCALED = ["extractor", "embedder", "graph-writer", "consolidator", "query"]
@@ -59,6 +68,10 @@ PROMQL_KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on
                    "group_left", "group_right", "inf", "nan"}
 # Grafana template functions that hold a PromQL query inside, e.g. label_values(metric, job).
 GRAFANA_FUNCTIONS = {"label_values", "query_result", "metrics", "label_names"}
+
+
+def show(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
 class Problems:
@@ -194,7 +207,7 @@ def check_promql(expr: str, where: str, series: dict[str, str], families: dict[s
 
 
 def check_alerts(path: Path, series, families, p: Problems, used: set[str]) -> dict | None:
-    where = str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+    where = show(path)
     try:
         doc = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
@@ -227,7 +240,7 @@ def check_alerts(path: Path, series, families, p: Problems, used: set[str]) -> d
 
 
 def check_prometheus_config(path: Path, p: Problems) -> None:
-    where = str(path.relative_to(REPO))
+    where = show(path)
     doc = yaml.safe_load(path.read_text())
     jobs = {j["job_name"] for j in doc.get("scrape_configs", [])}
     p.check(set(COMPONENTS) <= jobs, where, f"scrape jobs {sorted(jobs)} miss some of {COMPONENTS}")
@@ -236,7 +249,7 @@ def check_prometheus_config(path: Path, p: Problems) -> None:
 
 
 def check_dashboard(path: Path, series, families, p: Problems) -> dict | None:
-    where = str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+    where = show(path)
     try:
         dash = json.loads(path.read_text())
     except json.JSONDecodeError as e:
@@ -281,9 +294,21 @@ def check_dashboard(path: Path, series, families, p: Problems) -> dict | None:
 # Compose and Dockerfile
 
 
+def compose_schema() -> dict:
+    """The Compose Specification's JSON schema, as vendored by check-jsonschema."""
+    from importlib.resources import files
+    ref = files("check_jsonschema.builtin_schemas.vendor").joinpath("compose-spec.json")
+    return json.loads(ref.read_text())
+
+
 def check_compose(path: Path, topics: list[str], p: Problems) -> None:
-    where = str(path.relative_to(REPO))
+    where = show(path)
     doc = yaml.safe_load(path.read_text())
+    schema = compose_schema()
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for err in sorted(validator.iter_errors(doc), key=str)[:10]:
+        p.check(False, where, f"compose schema: {'/'.join(map(str, err.absolute_path))}: {err.message}")
+    p.check(True, where, "compose schema")
     services = doc.get("services", {})
     for needed in ["kafka", "kafka-topics", "neo4j", "qdrant", "prometheus", "grafana", *COMPONENTS]:
         p.check(needed in services, where, f"no service {needed}")
@@ -302,8 +327,26 @@ def check_compose(path: Path, topics: list[str], p: Problems) -> None:
 
 
 def check_dockerfile(path: Path, binaries: set[str], p: Problems) -> None:
-    where = str(path.relative_to(REPO))
+    where = show(path)
     text = path.read_text()
+    # BuildKit's own parser: syntax, stages, and that every COPY --from names an earlier stage.
+    try:
+        instructions = dockerfile.parse_file(str(path))
+    except dockerfile.GoParseError as e:
+        p.check(False, where, f"does not parse: {e}")
+        return
+    stages: list[str] = []
+    for ins in instructions:
+        if ins.cmd == "FROM":
+            parts = [v.lower() for v in ins.value]
+            stages.append(parts[2] if len(parts) == 3 and parts[1] == "as" else "")
+        if ins.cmd == "COPY":
+            for flag in ins.flags:
+                if flag.startswith("--from="):
+                    p.check(flag[7:] in stages[:-1], where, f"COPY {flag} names no earlier stage")
+    p.check(stages[-1:] == ["runtime"], where, f"the last stage should be runtime, stages {stages}")
+    last_user = [ins.value[0] for ins in instructions if ins.cmd == "USER"][-1:]
+    p.check(last_user and last_user[0].split(":")[0] not in ("0", "root"), where, "runs as root")
     for needle, why in [
         ("FROM rust:1.95-bookworm AS build", "builder stage"),
         ("cargo build --release --locked --bins", "release build of every binary"),
@@ -398,6 +441,18 @@ def check_manifests(name: str, rendered: dict[str, str], values: dict, defaults:
                        and d.get("metadata", {}).get("name"), tw, "object without apiVersion/kind/name"):
                 p.check(len(d["metadata"]["name"]) <= 63, tw, f"name too long: {d['metadata']['name']}")
                 docs.append((template, d))
+    for template, d in docs:
+        for version in KUBE_VERSIONS:
+            try:
+                kubernetes_validate.validate(d, version, strict=True)
+                p.check(True, where, "schema")
+            except kubernetes_validate.SchemaNotFoundError:
+                # CRDs (ServiceMonitor, PrometheusRule) have no schema in the package.
+                p.check(d["apiVersion"].startswith("monitoring.coreos.com/"), f"{where} {template}",
+                        f"no Kubernetes {version} schema for {d['apiVersion']} {d['kind']}")
+            except kubernetes_validate.ValidationError as e:
+                p.check(False, f"{where} {template} {d['kind']} {d['metadata']['name']}",
+                        f"Kubernetes {version} schema: {e.message}")
     keys = [(d["kind"], d["metadata"]["name"]) for _, d in docs]
     kinds: dict[str, int] = {}
     for kind, _ in keys:
@@ -560,7 +615,8 @@ def check_manifests(name: str, rendered: dict[str, str], values: dict, defaults:
     return non_empty
 
 
-def check_chart(chart_dir: Path, defaults: dict, alerts, dashboard, p: Problems) -> None:
+def check_chart(chart_dir: Path, deploy_dir: Path, defaults: dict, alerts, dashboard,
+                p: Problems) -> None:
     scenarios = {"default": None, "production": load_values(chart_dir / "values-production.yaml")}
     for extra in sorted((chart_dir / "ci").glob("*.yaml")):
         scenarios[f"ci/{extra.name}"] = load_values(extra)
@@ -574,15 +630,17 @@ def check_chart(chart_dir: Path, defaults: dict, alerts, dashboard, p: Problems)
     never = sorted(templates - rendered_somewhere)
     p.check(not never, "helm", f"templates that render empty with every value set: {never}")
     for f in ("files/alerts.yml", "files/recollect-dashboard.json"):
-        src = REPO / ("deploy/prometheus/alerts.yml" if f.endswith(".yml") else "deploy/grafana/recollect-dashboard.json")
+        src = deploy_dir / ("prometheus/alerts.yml" if f.endswith(".yml") else "grafana/recollect-dashboard.json")
         p.check((chart_dir / f).read_bytes() == src.read_bytes(), f"helm {f}",
-                f"differs from {src.relative_to(REPO)}: copy it over")
+                f"differs from {show(src)}: copy it over")
 
 
 # ---------------------------------------------------------------------------------------------
 
 
-def run_all(repo: Path, chart_dir: Path, alerts_path: Path, dashboard_path: Path) -> Problems:
+def run_all(repo: Path, chart_dir: Path, alerts_path: Path, dashboard_path: Path,
+            deploy_dir: Path | None = None) -> Problems:
+    deploy_dir = deploy_dir or repo / "deploy"
     p = Problems()
     families = metric_families(repo / "shared/telemetry/src/lib.rs")
     p.check(len(families) >= 10, "shared/telemetry/src/lib.rs",
@@ -593,11 +651,11 @@ def run_all(repo: Path, chart_dir: Path, alerts_path: Path, dashboard_path: Path
     defaults = config_defaults(repo / "shared/config/config/default.toml")
     used: set[str] = set()
     alerts = check_alerts(alerts_path, series, families, p, used)
-    check_prometheus_config(repo / "deploy/prometheus/prometheus.yml", p)
+    check_prometheus_config(deploy_dir / "prometheus/prometheus.yml", p)
     dashboard = check_dashboard(dashboard_path, series, families, p)
-    check_compose(repo / "deploy/compose.yaml", topics, p)
-    check_dockerfile(repo / "deploy/Dockerfile", workspace_binaries(repo), p)
-    check_chart(chart_dir, defaults, alerts, dashboard, p)
+    check_compose(deploy_dir / "compose.yaml", topics, p)
+    check_dockerfile(deploy_dir / "Dockerfile", workspace_binaries(repo), p)
+    check_chart(chart_dir, deploy_dir, defaults, alerts, dashboard, p)
     return p
 
 
@@ -633,6 +691,15 @@ def self_test() -> int:
          lambda s: s.replace("name: {{ include \"recollect.fullname\" $root }}-{{ $component }}\n  minReplicas",
                              "name: {{ include \"recollect.fullname\" $root }}-{{ $component }}-x\n  minReplicas"),
          "which is not rendered"),
+        ("a field Kubernetes does not know", "helm/recollect/templates/deployment.yaml",
+         lambda s: s.replace("              protocol: TCP", "              protocl: TCP", 1),
+         "Kubernetes 1.25.0 schema"),
+        ("a compose service with an unknown key", "deploy/compose.yaml",
+         lambda s: s.replace("  qdrant:\n    image:", "  qdrant:\n    imagee:", 1),
+         "compose schema"),
+        ("a COPY from a stage that does not exist", "deploy/Dockerfile",
+         lambda s: s.replace("COPY --from=model", "COPY --from=modle", 1),
+         "names no earlier stage"),
     ]
     failures = 0
     for what, rel, mutate, expected in mutations:
@@ -654,7 +721,7 @@ def self_test() -> int:
                 if rel == src:
                     shutil.copy(root / src, root / dst)
             p = run_all(REPO, root / "helm/recollect", root / "deploy/prometheus/alerts.yml",
-                        root / "deploy/grafana/recollect-dashboard.json")
+                        root / "deploy/grafana/recollect-dashboard.json", deploy_dir=root / "deploy")
             hits = [item for item in p.items if expected in item]
             if hits:
                 print(f"  self-test: caught {what}: {hits[0]}")

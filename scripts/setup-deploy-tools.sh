@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
-# The Python tools that validate the deploy artefacts (scripts/check-deploy.py): Helm's own
-# engine as a library (helm-python-sdk embeds Helm v4; no helm binary is needed) and PyYAML, in
-# a venv under $HOME/.cache/recollect/venv. Idempotent: quick and silent when both are there.
+# The Python tools that validate the deploy artefacts (scripts/check-deploy.py), in a venv under
+# $HOME/.cache/recollect/venv. Idempotent: quick and silent when all are at their versions.
+#   helm-python-sdk      Helm v4's engine as a library: renders and lints the chart (no helm binary)
+#   kubernetes-validate  the Kubernetes API schemas: validates every rendered object
+#   check-jsonschema     vendors the Compose Specification schema (validates deploy/compose.yaml)
+#   dockerfile           BuildKit's Dockerfile parser (parses deploy/Dockerfile)
+#   PyYAML               reads the manifests, rules and compose file
 set -euo pipefail
 
 VENV="${RECOLLECT_VENV:-${HOME:-/tmp}/.cache/recollect/venv}"
-HELM_SDK_VERSION="0.2.2"
-PYYAML_VERSION="6.0.3"
+PINS=(
+    "helm-python-sdk==0.2.2"
+    "kubernetes-validate==1.37.0"
+    "check-jsonschema==0.39.0"
+    "dockerfile==3.4.0"
+    "PyYAML==6.0.3"
+)
 
 have_tools() {
-    "$VENV/bin/python" - "$HELM_SDK_VERSION" "$PYYAML_VERSION" 2>/dev/null <<'PY'
+    "$VENV/bin/python" - "${PINS[@]}" 2>/dev/null <<'PY'
 import sys
 from importlib.metadata import version
-sys.exit(0 if (version("helm-python-sdk"), version("PyYAML")) == (sys.argv[1], sys.argv[2]) else 1)
+sys.exit(0 if all(version(n) == v for n, v in (p.split("==") for p in sys.argv[1:])) else 1)
 PY
 }
 
@@ -34,7 +43,6 @@ if [[ ! -x "$VENV/bin/python" ]]; then
         fi
     fi
 fi
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-    "helm-python-sdk==${HELM_SDK_VERSION}" "PyYAML==${PYYAML_VERSION}"
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PINS[@]}"
 have_tools || { echo "setup-deploy-tools: install into $VENV did not take" >&2; exit 1; }
-echo "setup-deploy-tools: helm-python-sdk ${HELM_SDK_VERSION} and PyYAML ${PYYAML_VERSION} in $VENV"
+echo "setup-deploy-tools: ${PINS[*]} in $VENV"
