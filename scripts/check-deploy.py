@@ -83,7 +83,7 @@ class Problems:
     def check(self, ok: bool, where: str, message: str) -> bool:
         self.checks += 1
         if not ok:
-            self.items.append(f"{where}: {message}")
+            self.items.append(" ".join(f"{where}: {message}".split()))
         return ok
 
 
@@ -615,8 +615,35 @@ def check_manifests(name: str, rendered: dict[str, str], values: dict, defaults:
     return non_empty
 
 
+# Keys the chart sets itself (env) or takes from the Secret: values.schema.json refuses them.
+CHART_SET_KEYS = {("server", "listen"), ("server", "api_keys"), ("graph", "password"),
+                  ("storage", "data_dir"), ("embedder", "model_dir")}
+SCHEMA_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array"}
+
+
+def check_values_schema(chart_dir: Path, defaults: dict, p: Problems) -> None:
+    """The schema's `config` follows default.toml: every key, with its type, nothing else."""
+    where = show(chart_dir / "values.schema.json")
+    schema = json.loads((chart_dir / "values.schema.json").read_text())
+    sections = schema["properties"]["config"]["properties"]
+    for section, entries in defaults.items():
+        props = sections.get(section, {}).get("properties", {})
+        for key, value in entries.items():
+            if (section, key) in CHART_SET_KEYS:
+                p.check(key not in props, where, f"config.{section}.{key} is set by the chart; drop it")
+                continue
+            want = SCHEMA_TYPES[type(value)]
+            p.check(props.get(key, {}).get("type") == want, where,
+                    f"config.{section}.{key} should be in the schema with type {want}")
+        for key in props:
+            p.check(key in entries, where, f"config.{section}.{key} is not in default.toml")
+    for section in sections:
+        p.check(section in defaults, where, f"config.{section} is not a section of default.toml")
+
+
 def check_chart(chart_dir: Path, deploy_dir: Path, defaults: dict, alerts, dashboard,
                 p: Problems) -> None:
+    check_values_schema(chart_dir, defaults, p)
     scenarios = {"default": None, "production": load_values(chart_dir / "values-production.yaml")}
     for extra in sorted((chart_dir / "ci").glob("*.yaml")):
         scenarios[f"ci/{extra.name}"] = load_values(extra)
@@ -666,8 +693,9 @@ def self_test() -> int:
         ("a Deployment without a readiness probe", "helm/recollect/templates/deployment.yaml",
          lambda s: re.sub(r"          readinessProbe:\n.*?\n(.*?\n){1}", "", s, count=1, flags=re.S),
          "readinessProbe must GET /readyz"),
-        ("containers without resource limits", "helm/recollect/values.yaml",
-         lambda s: s.replace("    limits: {cpu: \"1\", memory: 512Mi}\n", "", 1),
+        ("containers without resource limits", "helm/recollect/templates/deployment.yaml",
+         lambda s: s.replace("{{- toYaml $c.resources | nindent 12 }}",
+                             "requests: {cpu: 100m, memory: 64Mi}", 1),
          "resources.limits.cpu missing"),
         ("a writable root filesystem", "helm/recollect/values.yaml",
          lambda s: s.replace("readOnlyRootFilesystem: true", "readOnlyRootFilesystem: false"),
@@ -683,7 +711,10 @@ def self_test() -> int:
          "has no label 'result'"),
         ("a config key the services do not know", "helm/recollect/values.yaml",
          lambda s: s.replace("    batch_size: 64\n", "    batch_size: 64\n    batch_sise: 64\n"),
-         "embedder.batch_sise is not a key"),
+         "batch_sise"),
+        ("values the schema refuses", "helm/recollect/values-production.yaml",
+         lambda s: s.replace("  replicas: 3\n", "  replicas: three\n", 1),
+         "got string, want integer"),
         ("a ServiceMonitor that selects nothing", "helm/recollect/templates/servicemonitor.yaml",
          lambda s: s.replace('recollect.io/metrics: "true"', 'recollect.io/scrape: "true"'),
          "selects Services of []"),
