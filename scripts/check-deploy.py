@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
+import subprocess
 import json
 import re
 import shutil
@@ -29,6 +31,7 @@ import yaml
 from helm_python import chart as helm_chart
 
 REPO = Path(__file__).resolve().parent.parent
+NODE_TOOLS = Path(os.environ.get("RECOLLECT_NODE_TOOLS", Path.home() / ".cache/recollect/node-tools"))
 # Rendered objects are validated against the Kubernetes API schemas of the oldest version the
 # chart supports (Chart.yaml kubeVersion) and the newest the schema package knows.
 KUBE_VERSIONS = ["1.25.0", kubernetes_validate.latest_version()]
@@ -153,8 +156,32 @@ def strip_promql(expr: str) -> str:
     return expr
 
 
+def grafana_to_promql(expr: str) -> str:
+    """A panel query with Grafana's variables replaced by values of the right shape."""
+    expr = re.sub(r"\$__rate_interval|\$__interval|\$\{__rate_interval\}", "5m", expr)
+    expr = re.sub(r"\$__range|\$\{__range\}", "1h", expr)
+    return re.sub(r"\$\{?\w+\}?", ".*", expr)
+
+
+def check_promql_syntax(exprs: list[tuple[str, str]], p: Problems) -> None:
+    """Parses (where, expr) pairs with Prometheus's own grammar (scripts/promql/check.cjs)."""
+    env = {**os.environ, "NODE_PATH": str(NODE_TOOLS / "node_modules")}
+    try:
+        out = subprocess.run(["node", str(REPO / "scripts/promql/check.cjs")], env=env,
+                             input=json.dumps([e for _, e in exprs]), capture_output=True,
+                             text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        p.check(False, "promql", f"the PromQL parser did not run (make setup installs it): "
+                                 f"{getattr(e, 'stderr', '') or e}")
+        return
+    for (where, expr), errors in zip(exprs, json.loads(out)):
+        p.check(not errors, where, f"PromQL syntax: {'; '.join(errors)} in {expr!r}")
+
+
 def check_promql(expr: str, where: str, series: dict[str, str], families: dict[str, dict],
-                 p: Problems, used: set[str]) -> None:
+                 p: Problems, used: set[str], syntax: list | None = None) -> None:
+    if syntax is not None:
+        syntax.append((where, grafana_to_promql(expr)))
     # Label matchers: each {...} belongs to the identifier just before it (if any).
     no_strings = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
     for m in re.finditer(r"([A-Za-z_:][A-Za-z0-9_:]*)?\s*\{([^}]*)\}", no_strings):
@@ -206,7 +233,8 @@ def check_promql(expr: str, where: str, series: dict[str, str], families: dict[s
 # Alerts, Prometheus config, dashboard
 
 
-def check_alerts(path: Path, series, families, p: Problems, used: set[str]) -> dict | None:
+def check_alerts(path: Path, series, families, p: Problems, used: set[str],
+                 syntax: list) -> dict | None:
     where = show(path)
     try:
         doc = yaml.safe_load(path.read_text())
@@ -232,7 +260,7 @@ def check_alerts(path: Path, series, families, p: Problems, used: set[str]) -> d
                         "severity label must be warning or critical")
                 p.check(bool(rule.get("annotations", {}).get("summary")), rw, "no summary")
             if isinstance(rule.get("expr"), str):
-                check_promql(rule["expr"], rw, series, families, p, used)
+                check_promql(rule["expr"], rw, series, families, p, used, syntax)
     p.check(len(names) == len(set(names)), where, "duplicate rule names")
     missing = ALERTS_REQUIRED - set(names)
     p.check(not missing, where, f"required alerts missing: {sorted(missing)}")
@@ -248,7 +276,7 @@ def check_prometheus_config(path: Path, p: Problems) -> None:
             "does not load alerts.yml")
 
 
-def check_dashboard(path: Path, series, families, p: Problems) -> dict | None:
+def check_dashboard(path: Path, series, families, p: Problems, syntax: list) -> dict | None:
     where = show(path)
     try:
         dash = json.loads(path.read_text())
@@ -277,7 +305,7 @@ def check_dashboard(path: Path, series, families, p: Problems) -> dict | None:
         for t in targets:
             expr = t.get("expr", "")
             if p.check(bool(expr.strip()), pw, f"target {t.get('refId')} has no expr"):
-                check_promql(expr, f"{pw} {t.get('refId')}", series, families, p, used)
+                check_promql(expr, f"{pw} {t.get('refId')}", series, families, p, used, syntax)
     for v in dash.get("templating", {}).get("list", []):
         q = v.get("query")
         q = q.get("query") if isinstance(q, dict) else q
@@ -677,9 +705,11 @@ def run_all(repo: Path, chart_dir: Path, alerts_path: Path, dashboard_path: Path
     p.check(len(topics) >= 5, "shared/model/src/lib.rs", f"found topics {topics}")
     defaults = config_defaults(repo / "shared/config/config/default.toml")
     used: set[str] = set()
-    alerts = check_alerts(alerts_path, series, families, p, used)
+    syntax: list[tuple[str, str]] = []
+    alerts = check_alerts(alerts_path, series, families, p, used, syntax)
     check_prometheus_config(deploy_dir / "prometheus/prometheus.yml", p)
-    dashboard = check_dashboard(dashboard_path, series, families, p)
+    dashboard = check_dashboard(dashboard_path, series, families, p, syntax)
+    check_promql_syntax(syntax, p)
     check_compose(deploy_dir / "compose.yaml", topics, p)
     check_dockerfile(deploy_dir / "Dockerfile", workspace_binaries(repo), p)
     check_chart(chart_dir, deploy_dir, defaults, alerts, dashboard, p)
@@ -706,6 +736,12 @@ def self_test() -> int:
         ("a dashboard query on a histogram without _bucket", "deploy/grafana/recollect-dashboard.json",
          lambda s: s.replace("rate(recollect_store_write_duration_seconds_bucket", "rate(recollect_store_write_duration_seconds", 1),
          "is a histogram: use"),
+        ("an alert that is not PromQL", "deploy/prometheus/alerts.yml",
+         lambda s: s.replace("[10m])) > 0\n", "[10m])) >> 0\n", 1),
+         "PromQL syntax"),
+        ("a dashboard query that is not PromQL", "deploy/grafana/recollect-dashboard.json",
+         lambda s: s.replace("sum by (reason) (rate(", "sum by (reason) (rates(", 1),
+         "PromQL syntax"),
         ("a label the metric does not carry", "deploy/prometheus/alerts.yml",
          lambda s: s.replace('{outcome="dlq"}', '{result="dlq"}'),
          "has no label 'result'"),
