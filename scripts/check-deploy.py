@@ -573,6 +573,21 @@ def check_manifests(name: str, rendered: dict[str, str], values: dict, defaults:
             p.check(spec.get("replicas") == 1 and spec.get("strategy", {}).get("type") == "Recreate",
                     dw, "the store must run one replica with the Recreate strategy")
 
+    # Remote stores: every service reaches the recollect-store Service the chart renders, and the
+    # store itself runs the embedded engines.
+    service_names = {d["metadata"]["name"] for d in of_kind("Service")}
+    for component, dep in deployments.items():
+        env = {e["name"]: e.get("value") for c in dep["spec"]["template"]["spec"]["containers"]
+               for e in c.get("env", [])}
+        dw = f"{where} Deployment {dep['metadata']['name']}"
+        if component == "store":
+            p.check(env.get("RECOLLECT__GRAPH__KIND") == "embedded"
+                    and env.get("RECOLLECT__VECTORS__KIND") == "embedded", dw,
+                    "the store must host the embedded graph and vectors")
+        elif "store" in deployments:
+            host = re.sub(r"^https?://([^:/]+).*$", r"\1", env.get("RECOLLECT__REMOTE__URL") or "")
+            p.check(host in service_names, dw, f"remote.url host {host!r} is not a rendered Service")
+
     pod_labels = {n: d["spec"]["template"]["metadata"]["labels"] for n, d in deployments.items()}
     container_ports = {n: {pt.get("name") for c in d["spec"]["template"]["spec"]["containers"]
                            for pt in c.get("ports", [])} for n, d in deployments.items()}
