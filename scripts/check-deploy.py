@@ -334,9 +334,9 @@ def check_compose(path: Path, topics: list[str], p: Problems) -> None:
     doc = yaml.safe_load(path.read_text())
     schema = compose_schema()
     validator = jsonschema.validators.validator_for(schema)(schema)
-    for err in sorted(validator.iter_errors(doc), key=str)[:10]:
-        p.check(False, where, f"compose schema: {'/'.join(map(str, err.absolute_path))}: {err.message}")
-    p.check(True, where, "compose schema")
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+              for e in sorted(validator.iter_errors(doc), key=str)]
+    p.check(not errors, where, f"compose schema: {'; '.join(errors[:10])}")
     services = doc.get("services", {})
     for needed in ["kafka", "kafka-topics", "neo4j", "qdrant", "prometheus", "grafana", *COMPONENTS]:
         p.check(needed in services, where, f"no service {needed}")
@@ -476,16 +476,18 @@ def check_manifests(name: str, rendered: dict[str, str], values: dict, defaults:
                 docs.append((template, d))
     for template, d in docs:
         for version in KUBE_VERSIONS:
+            problem = None
             try:
                 kubernetes_validate.validate(d, version, strict=True)
-                p.check(True, where, "schema")
             except kubernetes_validate.SchemaNotFoundError:
                 # CRDs (ServiceMonitor, PrometheusRule) have no schema in the package.
                 p.check(d["apiVersion"].startswith("monitoring.coreos.com/"), f"{where} {template}",
                         f"no Kubernetes {version} schema for {d['apiVersion']} {d['kind']}")
+                continue
             except kubernetes_validate.ValidationError as e:
-                p.check(False, f"{where} {template} {d['kind']} {d['metadata']['name']}",
-                        f"Kubernetes {version} schema: {e.message}")
+                problem = e.message
+            p.check(problem is None, f"{where} {template} {d['kind']} {d['metadata']['name']}",
+                    f"Kubernetes {version} schema: {problem}")
     keys = [(d["kind"], d["metadata"]["name"]) for _, d in docs]
     kinds: dict[str, int] = {}
     for kind, _ in keys:
@@ -700,7 +702,12 @@ def check_chart(chart_dir: Path, deploy_dir: Path, defaults: dict, alerts, dashb
         rendered, merged = render_scenario(chart_dir, name, values, p)
         if rendered is None:
             continue
-        rendered_somewhere |= check_manifests(name, rendered, merged, defaults, alerts, dashboard, p)
+        try:
+            rendered_somewhere |= check_manifests(name, rendered, merged, defaults, alerts,
+                                                  dashboard, p)
+        except (KeyError, TypeError, AttributeError, IndexError) as e:
+            # An object missing a field the checks rely on is a finding, not a crash.
+            p.check(False, f"helm[{name}]", f"a rendered object lacks an expected field: {e!r}")
     templates = {f"{chart_dir.name}/templates/{t.name}" for t in (chart_dir / "templates").glob("*.yaml")}
     never = sorted(templates - rendered_somewhere)
     p.check(not never, "helm", f"templates that render empty with every value set: {never}")
