@@ -8,6 +8,7 @@ sources, so the checks follow the code. Exit status 1 on any problem, with one l
 
     check-deploy.py              check the repository
     check-deploy.py --self-test  also check that deliberately broken copies are caught
+    check-deploy.py --sync-schema  first make values.schema.json's config follow default.toml
 """
 
 from __future__ import annotations
@@ -684,11 +685,34 @@ def check_values_schema(chart_dir: Path, defaults: dict, p: Problems) -> None:
                 continue
             want = SCHEMA_TYPES[type(value)]
             p.check(props.get(key, {}).get("type") == want, where,
-                    f"config.{section}.{key} should be in the schema with type {want}")
+                    f"config.{section}.{key} should be in the schema with type {want} "
+                    f"(scripts/check-deploy.py --sync-schema adds it)")
         for key in props:
             p.check(key in entries, where, f"config.{section}.{key} is not in default.toml")
     for section in sections:
         p.check(section in defaults, where, f"config.{section} is not a section of default.toml")
+
+
+def sync_values_schema(chart_dir: Path, defaults: dict) -> None:
+    """Rewrites the schema's `config` from default.toml, keeping enums and descriptions of
+    keys whose type did not change (run after adding or removing a config key)."""
+    path = chart_dir / "values.schema.json"
+    schema = json.loads(path.read_text())
+    old = schema["properties"]["config"]["properties"]
+    new = {}
+    for section, entries in defaults.items():
+        props = {}
+        for key, value in entries.items():
+            if (section, key) in CHART_SET_KEYS:
+                continue
+            want = SCHEMA_TYPES[type(value)]
+            kept = old.get(section, {}).get("properties", {}).get(key, {})
+            props[key] = kept if kept.get("type") == want else (
+                {"type": want, "items": {"type": "string"}} if want == "array" else {"type": want})
+        new[section] = {"type": "object", "additionalProperties": False, "properties": props}
+    schema["properties"]["config"]["properties"] = new
+    path.write_text(json.dumps(schema, indent=2) + "\n")
+    print(f"wrote {show(path)}: config follows shared/config/config/default.toml")
 
 
 def check_chart(chart_dir: Path, deploy_dir: Path, defaults: dict, alerts, dashboard,
@@ -829,7 +853,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--self-test", action="store_true",
                     help="also check that deliberately broken copies of the artefacts are caught")
+    ap.add_argument("--sync-schema", action="store_true",
+                    help="rewrite the config part of helm/recollect/values.schema.json from "
+                         "shared/config/config/default.toml, then check")
     args = ap.parse_args()
+    if args.sync_schema:
+        sync_values_schema(REPO / "helm/recollect",
+                           config_defaults(REPO / "shared/config/config/default.toml"))
     p = run_all(REPO, REPO / "helm/recollect", REPO / "deploy/prometheus/alerts.yml",
                 REPO / "deploy/grafana/recollect-dashboard.json")
     for note in p.notes:

@@ -17,4 +17,5 @@ if ! command -v python3 >/dev/null 2>&1; then
   exit 1
 fi
 bash scripts/setup-model.sh
+# Tools that validate the deploy artefacts in `make test` (Helm engine, schemas, PromQL grammar).
 bash scripts/setup-deploy-tools.sh
