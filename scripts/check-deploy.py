@@ -8,7 +8,7 @@ sources, so the checks follow the code. Exit status 1 on any problem, with one l
 
     check-deploy.py              check the repository
     check-deploy.py --self-test  also check that deliberately broken copies are caught
-    check-deploy.py --sync-schema  first make values.schema.json's config follow default.toml
+    check-deploy.py --sync       first update the chart's schema and copies from their sources
 """
 
 from __future__ import annotations
@@ -666,6 +666,11 @@ def check_manifests(name: str, rendered: dict[str, str], values: dict, defaults:
     return non_empty
 
 
+# Helm reads only files inside the chart, so it carries copies of these (source, copy).
+CHART_COPIES = [
+    ("deploy/prometheus/alerts.yml", "helm/recollect/files/alerts.yml"),
+    ("deploy/grafana/recollect-dashboard.json", "helm/recollect/files/recollect-dashboard.json"),
+]
 # Keys the chart sets itself (env) or takes from the Secret: values.schema.json refuses them.
 CHART_SET_KEYS = {("server", "listen"), ("server", "api_keys"), ("graph", "password"),
                   ("storage", "data_dir"), ("embedder", "model_dir")}
@@ -686,7 +691,7 @@ def check_values_schema(chart_dir: Path, defaults: dict, p: Problems) -> None:
             want = SCHEMA_TYPES[type(value)]
             p.check(props.get(key, {}).get("type") == want, where,
                     f"config.{section}.{key} should be in the schema with type {want} "
-                    f"(scripts/check-deploy.py --sync-schema adds it)")
+                    f"(scripts/check-deploy.py --sync adds it)")
         for key in props:
             p.check(key in entries, where, f"config.{section}.{key} is not in default.toml")
     for section in sections:
@@ -738,7 +743,7 @@ def check_chart(chart_dir: Path, deploy_dir: Path, defaults: dict, alerts, dashb
     for f in ("files/alerts.yml", "files/recollect-dashboard.json"):
         src = deploy_dir / ("prometheus/alerts.yml" if f.endswith(".yml") else "grafana/recollect-dashboard.json")
         p.check((chart_dir / f).read_bytes() == src.read_bytes(), f"helm {f}",
-                f"differs from {show(src)}: copy it over")
+                f"differs from {show(src)}: scripts/check-deploy.py --sync copies it")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -834,8 +839,7 @@ def self_test() -> int:
                 continue
             target.write_text(after)
             # A broken copy under deploy/ must also break the chart's copy of it.
-            for src, dst in (("deploy/prometheus/alerts.yml", "helm/recollect/files/alerts.yml"),
-                             ("deploy/grafana/recollect-dashboard.json", "helm/recollect/files/recollect-dashboard.json")):
+            for src, dst in CHART_COPIES:
                 if rel == src:
                     shutil.copy(root / src, root / dst)
             p = run_all(REPO, root / "helm/recollect", root / "deploy/prometheus/alerts.yml",
@@ -853,13 +857,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--self-test", action="store_true",
                     help="also check that deliberately broken copies of the artefacts are caught")
-    ap.add_argument("--sync-schema", action="store_true",
-                    help="rewrite the config part of helm/recollect/values.schema.json from "
-                         "shared/config/config/default.toml, then check")
+    ap.add_argument("--sync", action="store_true",
+                    help="first rewrite what follows other files: the config part of "
+                         "helm/recollect/values.schema.json (from default.toml) and the chart's "
+                         "copies of the alerts and the dashboard (from deploy/)")
     args = ap.parse_args()
-    if args.sync_schema:
+    if args.sync:
         sync_values_schema(REPO / "helm/recollect",
                            config_defaults(REPO / "shared/config/config/default.toml"))
+        for src, dst in CHART_COPIES:
+            shutil.copyfile(REPO / src, REPO / dst)
+            print(f"copied {src} to {dst}")
     p = run_all(REPO, REPO / "helm/recollect", REPO / "deploy/prometheus/alerts.yml",
                 REPO / "deploy/grafana/recollect-dashboard.json")
     for note in p.notes:
