@@ -9,7 +9,7 @@ LOCOMO ?= ../shared/data/locomo-dev.json
 # eval and bench, so a cold machine compiles the dependencies once. `--release` is for images.
 CARGO_FLAGS := --locked
 
-.PHONY: setup build run test lint fmt eval eval-ablations bench e2e-kafka
+.PHONY: setup build run test lint fmt eval eval-ablations bench e2e-kafka check-deploy
 
 setup:
 	@bash scripts/setup.sh
@@ -31,6 +31,10 @@ e2e-kafka: setup
 	PATH="$$HOME/.cargo/bin:$$PATH" REQUIRE_KAFKA=1 RECOLLECT_E2E_EMBEDDER=$(E2E_EMBEDDER) \
 	RECOLLECT_MODEL_DIR=$${RECOLLECT_MODEL_DIR:-$(CURDIR)/models/all-MiniLM-L6-v2} \
 	cargo test $(CARGO_FLAGS) --workspace --test kafka_e2e -- --nocapture
+
+# Only the deploy artefacts (also part of `make test`): no Rust build.
+check-deploy: setup
+	$${RECOLLECT_VENV:-$$HOME/.cache/recollect/venv}/bin/python scripts/check-deploy.py --self-test
 
 lint:
 	cargo fmt --all -- --check

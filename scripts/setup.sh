@@ -18,3 +18,5 @@ if ! command -v python3 >/dev/null 2>&1; then
 fi
 bash scripts/setup-model.sh
 bash scripts/setup-kafka.sh
+# Tools that validate the deploy artefacts in `make test` (Helm engine, schemas, PromQL grammar).
+bash scripts/setup-deploy-tools.sh
