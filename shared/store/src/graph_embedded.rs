@@ -505,6 +505,46 @@ impl Graph for EmbeddedGraph {
 }
 
 impl EmbeddedGraph {
+    /// Rows any table still holds of a tenant's conversation (erasure checks).
+    pub fn residue(&self, tenant: &TenantId, conversation: &str) -> Result<u64, StoreError> {
+        let r = self.db.begin_read()?;
+        let cp = keys::join(&[tenant.as_str(), conversation]);
+        let cend = keys::prefix_end(&cp);
+        let mut n = r
+            .open_table(CONV_TURNS)?
+            .range(cp.as_slice()..cend.as_slice())?
+            .count() as u64;
+        n += r
+            .open_table(CONV_FRAGMENTS)?
+            .range(cp.as_slice()..cend.as_slice())?
+            .count() as u64;
+        n += r.open_table(CONV_STATE)?.get(cp.as_slice())?.is_some() as u64;
+        n += r.open_table(CONV_COUNT)?.get(cp.as_slice())?.is_some() as u64;
+        let links = r.open_table(LINKS)?;
+        let vocab = r.open_table(VOCAB)?;
+        for kind in NodeKind::ALL {
+            let p = conv_prefix(kind, tenant.as_str(), conversation);
+            let end = keys::prefix_end(&p);
+            n += links.range(p.as_slice()..end.as_slice())?.count() as u64;
+            n += vocab.range(p.as_slice()..end.as_slice())?.count() as u64;
+        }
+        for e in r.open_table(TURNS)?.iter()? {
+            let (_, v) = e?;
+            let rec: TurnRecord = serde_json::from_slice(v.value())?;
+            if rec.turn.tenant == *tenant && rec.turn.conversation_id == conversation {
+                n += 1;
+            }
+        }
+        for e in r.open_table(FRAGMENTS)?.iter()? {
+            let (_, v) = e?;
+            let f: Fragment = serde_json::from_slice(v.value())?;
+            if f.tenant == *tenant && f.conversation_id == conversation {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// Rows in every table, for erasure checks and disk accounting.
     pub fn table_sizes(&self) -> Result<HashMap<&'static str, u64>, StoreError> {
         let r = self.db.begin_read()?;

@@ -2,9 +2,9 @@
 //!
 //! - [`raw::RawStore`]: the durable log of raw turns (the source of truth) and the set of turns
 //!   whose enrichment has not finished, replayed at start.
-//! - [`Graph`]: turns, structural nodes and bi-temporal edges (embedded: redb; production: Neo4j).
+//! - [`Graph`]: turns, structural nodes and bi-temporal edges (embedded: redb; production: Neo4j through [`Neo4jGraph`]).
 //! - [`VectorIndex`]: dense field vectors, sparse lexical vectors and keyword vectors
-//!   (embedded: Qdrant's edge engine; production: a Qdrant server).
+//!   (embedded: Qdrant's edge engine; production: a Qdrant server through [`QdrantVectorIndex`]).
 //!
 //! The recall pipeline is written against the traits only.
 
@@ -12,18 +12,26 @@ pub mod contract;
 pub mod error;
 pub mod graph;
 pub mod graph_embedded;
+#[cfg(feature = "production-stores")]
+pub mod graph_neo4j;
 mod keys;
 pub mod open;
 pub mod raw;
 pub mod remote;
 pub mod vector;
 pub mod vector_edge;
+#[cfg(feature = "production-stores")]
+pub mod vector_qdrant;
 
 pub use error::StoreError;
 pub use graph::{EdgeTimes, Graph, LinkedTurn, NodeKind, Scope, TurnRecord};
 pub use graph_embedded::EmbeddedGraph;
+#[cfg(feature = "production-stores")]
+pub use graph_neo4j::{Neo4jGraph, Neo4jSettings};
 pub use open::{open_graph, open_vectors};
 pub use raw::RawStore;
 pub use remote::{RemoteGraph, RemoteVectorIndex};
 pub use vector::{TurnPoint, VectorField, VectorIndex, VectorQuery};
 pub use vector_edge::EdgeVectorIndex;
+#[cfg(feature = "production-stores")]
+pub use vector_qdrant::QdrantVectorIndex;

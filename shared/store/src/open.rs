@@ -10,6 +10,9 @@ use crate::{
     EdgeVectorIndex, EmbeddedGraph, Graph, RemoteGraph, RemoteVectorIndex, StoreError, VectorIndex,
 };
 
+/// Qdrant collections are `recollect_turns` and `recollect_keywords`.
+pub const QDRANT_COLLECTION_PREFIX: &str = "recollect";
+
 /// The graph named by `graph.kind`. Embedded stores live under `data_dir`.
 pub async fn open_graph(
     settings: &Settings,
@@ -17,14 +20,32 @@ pub async fn open_graph(
 ) -> Result<Arc<dyn Graph>, StoreError> {
     match settings.graph.kind {
         GraphKind::Embedded => Ok(Arc::new(EmbeddedGraph::open(&data_dir.join("graph.redb"))?)),
-        GraphKind::Neo4j => Err(StoreError::Invalid(
-            "graph.kind = neo4j is not available in this build yet".into(),
-        )),
+        GraphKind::Neo4j => open_neo4j(settings).await,
         GraphKind::Remote => Ok(Arc::new(RemoteGraph::new(
             &settings.remote.url,
             &settings.remote.token,
         )?)),
     }
+}
+
+#[cfg(feature = "production-stores")]
+async fn open_neo4j(settings: &Settings) -> Result<Arc<dyn Graph>, StoreError> {
+    Ok(Arc::new(
+        crate::Neo4jGraph::connect(&crate::Neo4jSettings {
+            uri: settings.graph.uri.clone(),
+            user: settings.graph.user.clone(),
+            password: settings.graph.password.clone(),
+            database: settings.graph.database.clone(),
+        })
+        .await?,
+    ))
+}
+
+#[cfg(not(feature = "production-stores"))]
+async fn open_neo4j(_: &Settings) -> Result<Arc<dyn Graph>, StoreError> {
+    Err(StoreError::Invalid(
+        "graph.kind = neo4j needs a build with --features recollect-store/production-stores".into(),
+    ))
 }
 
 /// The vector index named by `vectors.kind`, with dense vectors of `dim` dimensions.
@@ -38,12 +59,26 @@ pub async fn open_vectors(
             &data_dir.join("vectors"),
             dim,
         )?)),
-        VectorKind::Qdrant => Err(StoreError::Invalid(
-            "vectors.kind = qdrant is not available in this build yet".into(),
-        )),
+        VectorKind::Qdrant => open_qdrant(settings, dim).await,
         VectorKind::Remote => Ok(Arc::new(RemoteVectorIndex::new(
             &settings.remote.url,
             &settings.remote.token,
         )?)),
     }
+}
+
+#[cfg(feature = "production-stores")]
+async fn open_qdrant(settings: &Settings, dim: usize) -> Result<Arc<dyn VectorIndex>, StoreError> {
+    Ok(Arc::new(
+        crate::QdrantVectorIndex::connect(&settings.vectors.url, QDRANT_COLLECTION_PREFIX, dim)
+            .await?,
+    ))
+}
+
+#[cfg(not(feature = "production-stores"))]
+async fn open_qdrant(_: &Settings, _: usize) -> Result<Arc<dyn VectorIndex>, StoreError> {
+    Err(StoreError::Invalid(
+        "vectors.kind = qdrant needs a build with --features recollect-store/production-stores"
+            .into(),
+    ))
 }

@@ -1,0 +1,860 @@
+//! `VectorIndex` on a Qdrant server through qdrant-client (gRPC), laid out as the embedded
+//! engine is: a turns collection (named dense `user`/`assistant`, sparse `lexical` with the IDF
+//! modifier; payload indexes on tenant as a tenant index, conversation, turn_id, position,
+//! timestamp) and a keywords collection, both created idempotently with the configured dimension.
+//!
+//! Every request is built by a plain function (unit-tested below without a server); the adapter
+//! only sends them. Field max-sim is done in our code from the two field queries, as with the
+//! embedded engine (the server's formula language has no max before 1.20).
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use qdrant_client::qdrant::r#match::MatchValue;
+use qdrant_client::qdrant::{
+    point_id::PointIdOptions, value::Kind, Condition, CountPointsBuilder, CreateCollection,
+    CreateCollectionBuilder, CreateFieldIndexCollection, CreateFieldIndexCollectionBuilder,
+    DatetimeIndexParamsBuilder, DeletePointsBuilder, Distance, FieldType, Filter, Fusion,
+    GetPointsBuilder, IntegerIndexParamsBuilder, KeywordIndexParamsBuilder, Modifier,
+    PayloadIncludeSelector, PointId, PointStruct, PrefetchQueryBuilder, Query,
+    QueryBatchPointsBuilder, QueryPoints, QueryPointsBuilder, ScoredPoint,
+    SparseVectorParamsBuilder, SparseVectorsConfigBuilder, Value as QValue, Vector, VectorInput,
+    VectorParamsBuilder, VectorsConfigBuilder, VectorsSelector,
+};
+use qdrant_client::{Payload, Qdrant};
+use recollect_model::{KeywordVector, MemoryId, SparseVector, TenantId};
+use recollect_telemetry as metrics;
+
+use crate::vector::{
+    FieldVectors, TurnPoint, VectorField, VectorIndex, VectorQuery, ASSISTANT_VECTOR,
+    KEYWORD_VECTOR, LEXICAL_VECTOR, USER_VECTOR,
+};
+use crate::{Scope, StoreError};
+
+const ADAPTER: &str = "qdrant";
+/// Points per upsert request (the server's default request limit is 32 MiB).
+const UPSERT_BATCH: usize = 512;
+
+pub struct QdrantVectorIndex {
+    client: Qdrant,
+    turns: String,
+    keywords: String,
+    dim: usize,
+}
+
+fn err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(format!("qdrant: {e}"))
+}
+
+fn point_id(id: MemoryId) -> PointId {
+    PointId::from(id.to_string())
+}
+
+fn memory_id(p: &Option<PointId>) -> Option<MemoryId> {
+    match p.as_ref()?.point_id_options.as_ref()? {
+        PointIdOptions::Uuid(u) => MemoryId::parse(u),
+        PointIdOptions::Num(_) => None,
+    }
+}
+
+fn keyword_point(tenant: &TenantId, conversation: &str, keyword: &str) -> PointId {
+    point_id(MemoryId::derive(
+        tenant,
+        conversation,
+        &format!("keyword:{keyword}"),
+    ))
+}
+
+fn text(payload: &HashMap<String, QValue>, key: &str) -> Option<String> {
+    match payload.get(key)?.kind.as_ref()? {
+        Kind::StringValue(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// Tenant always; conversations when the scope names them.
+pub fn scope_filter(tenant: &TenantId, scope: &Scope) -> Filter {
+    // An explicit keyword match: the client's From<String> turns text with spaces into a
+    // full-text match, which is not what an id needs.
+    let mut must = vec![Condition::matches(
+        "tenant",
+        MatchValue::Keyword(tenant.as_str().to_string()),
+    )];
+    if let Some(convs) = &scope.conversations {
+        must.push(Condition::matches("conversation", convs.clone()));
+    }
+    Filter::must(must)
+}
+
+fn sparse_pairs(v: &SparseVector) -> (Vec<u32>, Vec<f32>) {
+    let mut pairs: Vec<(u32, f32)> = v
+        .indices
+        .iter()
+        .copied()
+        .zip(v.values.iter().copied())
+        .collect();
+    pairs.sort_by_key(|p| p.0);
+    pairs.dedup_by_key(|p| p.0);
+    pairs.into_iter().unzip()
+}
+
+/// The turns collection: named dense `user` and `assistant`, sparse `lexical` scored with IDF.
+pub fn turns_collection(name: &str, dim: usize) -> CreateCollection {
+    let mut dense = VectorsConfigBuilder::default();
+    for field in [USER_VECTOR, ASSISTANT_VECTOR] {
+        dense.add_named_vector_params(
+            field,
+            VectorParamsBuilder::new(dim as u64, Distance::Cosine),
+        );
+    }
+    let mut sparse = SparseVectorsConfigBuilder::default();
+    sparse.add_named_vector_params(
+        LEXICAL_VECTOR,
+        SparseVectorParamsBuilder::default().modifier(Modifier::Idf as i32),
+    );
+    CreateCollectionBuilder::new(name)
+        .vectors_config(dense)
+        .sparse_vectors_config(sparse)
+        .build()
+}
+
+pub fn keywords_collection(name: &str, dim: usize) -> CreateCollection {
+    let mut dense = VectorsConfigBuilder::default();
+    dense.add_named_vector_params(
+        KEYWORD_VECTOR,
+        VectorParamsBuilder::new(dim as u64, Distance::Cosine),
+    );
+    CreateCollectionBuilder::new(name)
+        .vectors_config(dense)
+        .build()
+}
+
+/// Payload indexes: tenant as a tenant index (co-locates a tenant's points), the rest for
+/// filters and ordering.
+pub fn payload_indexes(collection: &str, turns: bool) -> Vec<CreateFieldIndexCollection> {
+    let mut out = vec![
+        CreateFieldIndexCollectionBuilder::new(collection, "tenant", FieldType::Keyword)
+            .field_index_params(KeywordIndexParamsBuilder::default().is_tenant(true))
+            .wait(true)
+            .build(),
+        CreateFieldIndexCollectionBuilder::new(collection, "conversation", FieldType::Keyword)
+            .wait(true)
+            .build(),
+    ];
+    if turns {
+        out.push(
+            CreateFieldIndexCollectionBuilder::new(collection, "turn_id", FieldType::Keyword)
+                .wait(true)
+                .build(),
+        );
+        out.push(
+            CreateFieldIndexCollectionBuilder::new(collection, "position", FieldType::Integer)
+                .field_index_params(IntegerIndexParamsBuilder::new(true, true))
+                .wait(true)
+                .build(),
+        );
+        out.push(
+            CreateFieldIndexCollectionBuilder::new(collection, "timestamp", FieldType::Datetime)
+                .field_index_params(DatetimeIndexParamsBuilder::default())
+                .wait(true)
+                .build(),
+        );
+    }
+    out
+}
+
+fn opt_text(v: &Option<String>) -> QValue {
+    match v {
+        Some(s) => QValue::from(s.as_str()),
+        None => QValue {
+            kind: Some(Kind::NullValue(0)),
+        },
+    }
+}
+
+/// A turn's point: its vectors by name and the payload filters and indexes use.
+pub fn turn_point(p: &TurnPoint) -> PointStruct {
+    let mut vectors: HashMap<String, Vector> = HashMap::new();
+    vectors.insert(USER_VECTOR.into(), Vector::new_dense(p.user.clone()));
+    if let Some(a) = &p.assistant {
+        vectors.insert(ASSISTANT_VECTOR.into(), Vector::new_dense(a.clone()));
+    }
+    if !p.lexical.indices.is_empty() {
+        let (i, v) = sparse_pairs(&p.lexical);
+        vectors.insert(LEXICAL_VECTOR.into(), Vector::new_sparse(i, v));
+    }
+    let mut payload = Payload::new();
+    payload.insert("tenant", p.tenant.as_str());
+    payload.insert("conversation", p.conversation_id.as_str());
+    payload.insert("turn_id", p.turn_id.as_str());
+    payload.insert("position", i64::try_from(p.position).unwrap_or(i64::MAX));
+    payload.insert("timestamp", p.timestamp.to_rfc3339());
+    payload.insert("user_speaker", opt_text(&p.user_speaker));
+    payload.insert("assistant_speaker", opt_text(&p.assistant_speaker));
+    PointStruct::new(point_id(p.memory_id), vectors, payload)
+}
+
+/// One retriever: nearest by a named dense field or by the lexical sparse vector, in scope.
+/// None when the query cannot match anything (an empty lexical vector).
+pub fn search_request(
+    collection: &str,
+    tenant: &TenantId,
+    scope: &Scope,
+    query: &VectorQuery,
+    limit: usize,
+) -> Option<QueryPoints> {
+    let (using, input) = match query {
+        VectorQuery::Dense { field, vector } => {
+            (field.name(), VectorInput::new_dense(vector.clone()))
+        }
+        VectorQuery::Lexical(v) => {
+            if v.indices.is_empty() {
+                return None;
+            }
+            let (i, vals) = sparse_pairs(v);
+            (LEXICAL_VECTOR, VectorInput::new_sparse(i, vals))
+        }
+    };
+    Some(
+        QueryPointsBuilder::new(collection)
+            .query(Query::new_nearest(input))
+            .using(using)
+            .filter(scope_filter(tenant, scope))
+            .limit(limit as u64)
+            .with_payload(false)
+            .build(),
+    )
+}
+
+/// Hybrid retrieval on the server: one prefetch per vector (user, assistant, lexical), each with
+/// the tenant/conversation filter, fused by reciprocal rank.
+pub fn hybrid_request(
+    collection: &str,
+    tenant: &TenantId,
+    scope: &Scope,
+    dense: &[f32],
+    lexical: &SparseVector,
+    limit: usize,
+) -> QueryPoints {
+    let filter = scope_filter(tenant, scope);
+    let mut prefetch = Vec::new();
+    for field in [USER_VECTOR, ASSISTANT_VECTOR] {
+        prefetch.push(
+            PrefetchQueryBuilder::default()
+                .query(Query::new_nearest(VectorInput::new_dense(dense.to_vec())))
+                .using(field)
+                .filter(filter.clone())
+                .limit(limit as u64)
+                .build(),
+        );
+    }
+    if !lexical.indices.is_empty() {
+        let (i, v) = sparse_pairs(lexical);
+        prefetch.push(
+            PrefetchQueryBuilder::default()
+                .query(Query::new_nearest(VectorInput::new_sparse(i, v)))
+                .using(LEXICAL_VECTOR)
+                .filter(filter.clone())
+                .limit(limit as u64)
+                .build(),
+        );
+    }
+    QueryPointsBuilder::new(collection)
+        .prefetch(prefetch)
+        .query(Query::new_fusion(Fusion::Rrf))
+        .filter(filter)
+        .limit(limit as u64)
+        .with_payload(false)
+        .build()
+}
+
+/// The best field score per turn (field max-sim), from the user and assistant answers.
+pub fn field_max(answers: &[Vec<ScoredPoint>]) -> HashMap<MemoryId, f32> {
+    let mut out: HashMap<MemoryId, f32> = HashMap::new();
+    for p in answers.iter().flatten() {
+        if let Some(id) = memory_id(&p.id) {
+            let e = out.entry(id).or_insert(f32::MIN);
+            *e = e.max(p.score);
+        }
+    }
+    out
+}
+
+impl QdrantVectorIndex {
+    /// Connects to `url` (gRPC, e.g. http://127.0.0.1:6334) and creates `{prefix}_turns` and
+    /// `{prefix}_keywords` if missing.
+    pub async fn connect(url: &str, prefix: &str, dim: usize) -> Result<Self, StoreError> {
+        let client = Qdrant::from_url(url).build().map_err(err)?;
+        let index = Self {
+            client,
+            turns: format!("{prefix}_turns"),
+            keywords: format!("{prefix}_keywords"),
+            dim,
+        };
+        index.ensure_collections().await?;
+        Ok(index)
+    }
+
+    async fn ensure_collections(&self) -> Result<(), StoreError> {
+        for (name, create, turns) in [
+            (&self.turns, turns_collection(&self.turns, self.dim), true),
+            (
+                &self.keywords,
+                keywords_collection(&self.keywords, self.dim),
+                false,
+            ),
+        ] {
+            if !self
+                .client
+                .collection_exists(name.as_str())
+                .await
+                .map_err(err)?
+            {
+                // Two starting services may race here: "already exists" is success.
+                if let Err(e) = self.client.create_collection(create).await {
+                    if !e.to_string().contains("already exists") {
+                        return Err(err(e));
+                    }
+                }
+            }
+            for idx in payload_indexes(name, turns) {
+                self.client.create_field_index(idx).await.map_err(err)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_dim(&self, v: &[f32]) -> Result<(), StoreError> {
+        if v.len() != self.dim {
+            return Err(StoreError::Invalid(format!(
+                "vector has {} dimensions, index has {}",
+                v.len(),
+                self.dim
+            )));
+        }
+        Ok(())
+    }
+
+    async fn observed<T>(
+        &self,
+        write: bool,
+        f: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let started = Instant::now();
+        let r = f.await;
+        match &r {
+            Ok(_) if write => metrics::STORE_WRITE_LATENCY
+                .with_label_values(&[ADAPTER])
+                .observe(started.elapsed().as_secs_f64()),
+            Ok(_) => {}
+            Err(StoreError::Invalid(_)) => {}
+            Err(_) => metrics::STORE_ERRORS.with_label_values(&[ADAPTER]).inc(),
+        }
+        r
+    }
+
+    /// Dense field max-sim: the user and assistant queries in one batch, the max per turn here.
+    pub async fn field_max_sim(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        vector: &[f32],
+        limit: usize,
+    ) -> Result<HashMap<MemoryId, f32>, StoreError> {
+        self.check_dim(vector)?;
+        let queries: Vec<QueryPoints> = [VectorField::User, VectorField::Assistant]
+            .into_iter()
+            .filter_map(|field| {
+                search_request(
+                    &self.turns,
+                    tenant,
+                    scope,
+                    &VectorQuery::Dense {
+                        field,
+                        vector: vector.to_vec(),
+                    },
+                    limit,
+                )
+            })
+            .collect();
+        let res = self
+            .client
+            .query_batch(QueryBatchPointsBuilder::new(&self.turns, queries))
+            .await
+            .map_err(err)?;
+        let answers: Vec<Vec<ScoredPoint>> = res.result.into_iter().map(|b| b.result).collect();
+        Ok(field_max(&answers))
+    }
+
+    /// Server-side hybrid retrieval (RRF over user, assistant and lexical prefetches).
+    pub async fn hybrid(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        dense: &[f32],
+        lexical: &SparseVector,
+        limit: usize,
+    ) -> Result<Vec<(MemoryId, f32)>, StoreError> {
+        self.check_dim(dense)?;
+        let res = self
+            .client
+            .query(hybrid_request(
+                &self.turns,
+                tenant,
+                scope,
+                dense,
+                lexical,
+                limit,
+            ))
+            .await
+            .map_err(err)?;
+        Ok(res
+            .result
+            .iter()
+            .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score)))
+            .collect())
+    }
+
+    /// Keyword points in scope (erasure checks).
+    pub async fn keyword_count(&self, tenant: &TenantId, scope: &Scope) -> Result<u64, StoreError> {
+        let r = self
+            .client
+            .count(
+                CountPointsBuilder::new(&self.keywords)
+                    .filter(scope_filter(tenant, scope))
+                    .exact(true),
+            )
+            .await
+            .map_err(err)?;
+        Ok(r.result.map(|c| c.count).unwrap_or(0))
+    }
+}
+
+#[async_trait]
+impl VectorIndex for QdrantVectorIndex {
+    fn kind(&self) -> &'static str {
+        ADAPTER
+    }
+
+    async fn upsert_turns(&self, points: Vec<TurnPoint>) -> Result<(), StoreError> {
+        self.observed(true, async {
+            for p in &points {
+                self.check_dim(&p.user)?;
+                if let Some(a) = &p.assistant {
+                    self.check_dim(a)?;
+                }
+            }
+            for chunk in points.chunks(UPSERT_BATCH) {
+                let structs: Vec<PointStruct> = chunk.iter().map(turn_point).collect();
+                // wait(true): the call returns once the points are applied and durable.
+                self.client
+                    .upsert_points(
+                        qdrant_client::qdrant::UpsertPointsBuilder::new(&self.turns, structs)
+                            .wait(true),
+                    )
+                    .await
+                    .map_err(err)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn search(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        query: &VectorQuery,
+        limit: usize,
+    ) -> Result<Vec<(MemoryId, f32)>, StoreError> {
+        self.observed(false, async {
+            if let VectorQuery::Dense { vector, .. } = query {
+                self.check_dim(vector)?;
+            }
+            let Some(req) = search_request(&self.turns, tenant, scope, query, limit) else {
+                return Ok(vec![]);
+            };
+            let res = self.client.query(req).await.map_err(err)?;
+            Ok(res
+                .result
+                .iter()
+                .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score)))
+                .collect())
+        })
+        .await
+    }
+
+    async fn field_vectors(
+        &self,
+        tenant: &TenantId,
+        ids: &[MemoryId],
+    ) -> Result<HashMap<MemoryId, FieldVectors>, StoreError> {
+        self.observed(false, async {
+            if ids.is_empty() {
+                return Ok(HashMap::new());
+            }
+            let pids: Vec<PointId> = ids.iter().map(|m| point_id(*m)).collect();
+            let res = self
+                .client
+                .get_points(
+                    GetPointsBuilder::new(&self.turns, pids)
+                        .with_payload(PayloadIncludeSelector::new(vec!["tenant".to_string()]))
+                        .with_vectors(VectorsSelector::new(vec![
+                            USER_VECTOR.to_string(),
+                            ASSISTANT_VECTOR.to_string(),
+                        ])),
+                )
+                .await
+                .map_err(err)?;
+            let mut out = HashMap::with_capacity(res.result.len());
+            for r in res.result {
+                if text(&r.payload, "tenant").as_deref() != Some(tenant.as_str()) {
+                    continue;
+                }
+                let (Some(id), Some(v)) = (memory_id(&r.id), r.vectors.as_ref()) else {
+                    continue;
+                };
+                let dense = |name: &str| match v.get_vector_by_name(name)? {
+                    qdrant_client::qdrant::vector_output::Vector::Dense(d) => Some(d.data),
+                    _ => None,
+                };
+                let Some(user) = dense(USER_VECTOR) else {
+                    continue;
+                };
+                out.insert(
+                    id,
+                    FieldVectors {
+                        user,
+                        assistant: dense(ASSISTANT_VECTOR),
+                    },
+                );
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn upsert_keywords(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        keywords: Vec<KeywordVector>,
+    ) -> Result<(), StoreError> {
+        self.observed(true, async {
+            for k in &keywords {
+                self.check_dim(&k.vector)?;
+            }
+            for chunk in keywords.chunks(UPSERT_BATCH) {
+                let structs: Vec<PointStruct> = chunk
+                    .iter()
+                    .map(|k| {
+                        let mut payload = Payload::new();
+                        payload.insert("tenant", tenant.as_str());
+                        payload.insert("conversation", conversation);
+                        payload.insert("keyword", k.keyword.as_str());
+                        let mut v: HashMap<String, Vector> = HashMap::new();
+                        v.insert(KEYWORD_VECTOR.into(), Vector::new_dense(k.vector.clone()));
+                        PointStruct::new(
+                            keyword_point(tenant, conversation, &k.keyword),
+                            v,
+                            payload,
+                        )
+                    })
+                    .collect();
+                self.client
+                    .upsert_points(
+                        qdrant_client::qdrant::UpsertPointsBuilder::new(&self.keywords, structs)
+                            .wait(true),
+                    )
+                    .await
+                    .map_err(err)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn search_keywords(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        vector: &[f32],
+        limit: usize,
+        min_score: f32,
+    ) -> Result<Vec<(String, f32)>, StoreError> {
+        self.observed(false, async {
+            self.check_dim(vector)?;
+            // Keywords are stored per conversation: ask for more, keep each name once.
+            let req = QueryPointsBuilder::new(&self.keywords)
+                .query(Query::new_nearest(VectorInput::new_dense(vector.to_vec())))
+                .using(KEYWORD_VECTOR)
+                .filter(scope_filter(tenant, scope))
+                .limit((limit * 4) as u64)
+                .score_threshold(min_score)
+                .with_payload(PayloadIncludeSelector::new(vec!["keyword".to_string()]));
+            let res = self.client.query(req).await.map_err(err)?;
+            let mut out: Vec<(String, f32)> = Vec::new();
+            for p in res.result {
+                let Some(k) = text(&p.payload, "keyword") else {
+                    continue;
+                };
+                if !out.iter().any(|(name, _)| *name == k) {
+                    out.push((k, p.score));
+                }
+                if out.len() == limit {
+                    break;
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn delete_conversation(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<u64, StoreError> {
+        self.observed(true, async {
+            let scope = Scope::of(&[conversation]);
+            let n = self.count(tenant, &scope).await?;
+            for coll in [&self.turns, &self.keywords] {
+                self.client
+                    .delete_points(
+                        DeletePointsBuilder::new(coll.as_str())
+                            .points(scope_filter(tenant, &scope))
+                            .wait(true),
+                    )
+                    .await
+                    .map_err(err)?;
+            }
+            Ok(n)
+        })
+        .await
+    }
+
+    async fn count(&self, tenant: &TenantId, scope: &Scope) -> Result<u64, StoreError> {
+        self.observed(false, async {
+            let r = self
+                .client
+                .count(
+                    CountPointsBuilder::new(&self.turns)
+                        .filter(scope_filter(tenant, scope))
+                        .exact(true),
+                )
+                .await
+                .map_err(err)?;
+            Ok(r.result.map(|c| c.count).unwrap_or(0))
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::Utc;
+    use qdrant_client::qdrant::{
+        condition::ConditionOneOf, query::Variant, vector_input, vectors_config, Fusion,
+    };
+
+    fn tenant() -> TenantId {
+        TenantId("t \"ü\"".into())
+    }
+
+    fn matches(f: &Filter) -> Vec<(String, MatchValue)> {
+        f.must
+            .iter()
+            .filter_map(|c| match c.condition_one_of.as_ref()? {
+                ConditionOneOf::Field(fc) => {
+                    Some((fc.key.clone(), fc.r#match.as_ref()?.match_value.clone()?))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn turns_collection_has_named_fields_and_idf_lexical() {
+        let c = turns_collection("rc_turns", 384);
+        assert_eq!(c.collection_name, "rc_turns");
+        let Some(vectors_config::Config::ParamsMap(m)) = c.vectors_config.and_then(|v| v.config)
+        else {
+            panic!("named vectors expected");
+        };
+        let mut names: Vec<_> = m.map.keys().cloned().collect();
+        names.sort();
+        assert_eq!(names, vec!["assistant", "user"]);
+        for p in m.map.values() {
+            assert_eq!(p.size, 384);
+            assert_eq!(p.distance, Distance::Cosine as i32);
+        }
+        let sparse = c.sparse_vectors_config.unwrap().map;
+        assert_eq!(sparse.len(), 1);
+        assert_eq!(sparse["lexical"].modifier, Some(Modifier::Idf as i32));
+        let k = keywords_collection("rc_kw", 8);
+        let Some(vectors_config::Config::ParamsMap(m)) = k.vectors_config.and_then(|v| v.config)
+        else {
+            panic!("named keyword vector expected");
+        };
+        assert_eq!(m.map["keyword"].size, 8);
+    }
+
+    #[test]
+    fn payload_indexes_make_tenant_a_tenant_index() {
+        let idx = payload_indexes("rc_turns", true);
+        let fields: Vec<_> = idx.iter().map(|i| i.field_name.as_str()).collect();
+        assert_eq!(
+            fields,
+            vec!["tenant", "conversation", "turn_id", "position", "timestamp"]
+        );
+        assert_eq!(idx[0].field_type, Some(FieldType::Keyword as i32));
+        let params = format!("{:?}", idx[0].field_index_params);
+        assert!(params.contains("is_tenant: Some(true)"), "{params}");
+        assert_eq!(idx[3].field_type, Some(FieldType::Integer as i32));
+        assert_eq!(idx[4].field_type, Some(FieldType::Datetime as i32));
+        assert!(idx.iter().all(|i| i.wait == Some(true)));
+        assert_eq!(payload_indexes("rc_kw", false).len(), 2);
+    }
+
+    #[test]
+    fn scope_filter_always_has_the_tenant() {
+        let all = matches(&scope_filter(&tenant(), &Scope::all()));
+        assert_eq!(
+            all,
+            vec![("tenant".into(), MatchValue::Keyword("t \"ü\"".into()))]
+        );
+        let two = matches(&scope_filter(&tenant(), &Scope::of(&["a", "b'c"])));
+        assert_eq!(two.len(), 2);
+        assert_eq!(two[1].0, "conversation");
+        let MatchValue::Keywords(k) = &two[1].1 else {
+            panic!("conversation is an any-of match: {:?}", two[1].1);
+        };
+        assert_eq!(k.strings, vec!["a".to_string(), "b'c".to_string()]);
+    }
+
+    #[test]
+    fn turn_point_maps_fields_vectors_and_payload() {
+        let t = tenant();
+        let p = TurnPoint {
+            memory_id: MemoryId::derive(&t, "c", "7"),
+            tenant: t.clone(),
+            conversation_id: "c \"x\"".into(),
+            turn_id: "7".into(),
+            position: 7,
+            timestamp: Utc::now(),
+            user_speaker: Some("Zoë".into()),
+            assistant_speaker: None,
+            user: vec![0.5; 4],
+            assistant: None,
+            lexical: SparseVector {
+                indices: vec![9, 3, 9],
+                values: vec![1.0, 2.0, 3.0],
+            },
+        };
+        let s = turn_point(&p);
+        assert_eq!(memory_id(&s.id), Some(p.memory_id));
+        assert_eq!(text(&s.payload, "tenant").as_deref(), Some("t \"ü\""));
+        assert_eq!(text(&s.payload, "conversation").as_deref(), Some("c \"x\""));
+        assert_eq!(text(&s.payload, "user_speaker").as_deref(), Some("Zoë"));
+        assert_eq!(s.payload["position"].kind, Some(Kind::IntegerValue(7)));
+        let v = format!("{:?}", s.vectors);
+        assert!(v.contains("\"user\""), "{v}");
+        assert!(
+            !v.contains("\"assistant\""),
+            "no assistant text, no assistant vector: {v}"
+        );
+        // Sparse indices sorted and deduplicated (first value kept), as the engine requires.
+        assert!(v.contains("indices: [3, 9]"), "{v}");
+        assert!(v.contains("values: [2.0, 1.0]"), "{v}");
+    }
+
+    #[test]
+    fn search_request_names_the_field_and_filters_the_scope() {
+        let q = VectorQuery::Dense {
+            field: VectorField::Assistant,
+            vector: vec![0.1, 0.2],
+        };
+        let r = search_request("rc_turns", &tenant(), &Scope::of(&["c1"]), &q, 5).unwrap();
+        assert_eq!(r.collection_name, "rc_turns");
+        assert_eq!(r.using.as_deref(), Some("assistant"));
+        assert_eq!(r.limit, Some(5));
+        assert_eq!(matches(r.filter.as_ref().unwrap()).len(), 2);
+        let Some(Variant::Nearest(n)) = r.query.and_then(|q| q.variant) else {
+            panic!("nearest query expected");
+        };
+        assert!(matches!(
+            n.variant,
+            Some(vector_input::Variant::Dense(ref d)) if d.data == vec![0.1, 0.2]
+        ));
+        let lex = VectorQuery::Lexical(SparseVector {
+            indices: vec![4],
+            values: vec![1.0],
+        });
+        let r = search_request("rc_turns", &tenant(), &Scope::all(), &lex, 3).unwrap();
+        assert_eq!(r.using.as_deref(), Some("lexical"));
+        assert!(search_request(
+            "rc_turns",
+            &tenant(),
+            &Scope::all(),
+            &VectorQuery::Lexical(SparseVector::default()),
+            3
+        )
+        .is_none());
+    }
+
+    #[test]
+    fn hybrid_request_prefetches_each_vector_and_fuses_by_rrf() {
+        let lexical = SparseVector {
+            indices: vec![1],
+            values: vec![1.0],
+        };
+        let r = hybrid_request(
+            "rc_turns",
+            &tenant(),
+            &Scope::of(&["c1"]),
+            &[0.3; 4],
+            &lexical,
+            20,
+        );
+        let using: Vec<_> = r
+            .prefetch
+            .iter()
+            .map(|p| p.using.clone().unwrap())
+            .collect();
+        assert_eq!(using, vec!["user", "assistant", "lexical"]);
+        for p in &r.prefetch {
+            assert_eq!(matches(p.filter.as_ref().unwrap()).len(), 2);
+            assert_eq!(p.limit, Some(20));
+        }
+        assert!(matches!(
+            r.query.and_then(|q| q.variant),
+            Some(Variant::Fusion(f)) if f == Fusion::Rrf as i32
+        ));
+        let no_lex = hybrid_request(
+            "rc_turns",
+            &tenant(),
+            &Scope::all(),
+            &[0.3; 4],
+            &SparseVector::default(),
+            20,
+        );
+        assert_eq!(no_lex.prefetch.len(), 2);
+    }
+
+    #[test]
+    fn field_max_keeps_the_best_field_per_turn() {
+        let t = tenant();
+        let a = MemoryId::derive(&t, "c", "a");
+        let b = MemoryId::derive(&t, "c", "b");
+        let sp = |id: MemoryId, score: f32| ScoredPoint {
+            id: Some(point_id(id)),
+            score,
+            ..Default::default()
+        };
+        let m = field_max(&[vec![sp(a, 0.4), sp(b, 0.9)], vec![sp(a, 0.7)]]);
+        assert_eq!(m[&a], 0.7);
+        assert_eq!(m[&b], 0.9);
+    }
+}
