@@ -21,11 +21,18 @@ fn server(dir: &std::path::Path) -> Server {
     )
 }
 
+/// Multi-threaded, so the blocking HTTP helper can run inside it through `block_in_place`.
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()
         .unwrap()
+}
+
+/// Runs a blocking HTTP call of the `Server` helper from async test code.
+fn http<R>(f: impl FnOnce() -> R) -> R {
+    tokio::task::block_in_place(f)
 }
 
 async fn client(s: &Server) -> MemoryClient<Channel> {
@@ -87,7 +94,7 @@ fn recall_req(query: &str, conversations: &[&str], k: i64) -> RecallRequest {
 }
 
 fn http_turns(s: &Server, conversation: &str, key: &str) -> (u16, u64) {
-    let (st, b) = s.get(&format!("/v1/conversations/{conversation}"), Some(key));
+    let (st, b) = http(|| s.get(&format!("/v1/conversations/{conversation}"), Some(key)));
     (st, b["turns"].as_u64().unwrap_or(0))
 }
 
@@ -131,11 +138,13 @@ fn store_recall_get_delete_round_trip_and_idempotent_retry() {
         assert!(!top.sources.is_empty(), "{top:?}");
         assert!(top.score_parts.as_ref().unwrap().fused > 0.0, "{top:?}");
         // The same question over HTTP ranks the same memories.
-        let (st, h) = s.post(
-            "/v1/recall",
-            Some("key-a"),
-            &serde_json::json!({"query": "What did Melanie paint?", "conversation_ids": ["chat-1"], "k": 5}),
-        );
+        let (st, h) = http(|| {
+            s.post(
+                "/v1/recall",
+                Some("key-a"),
+                &serde_json::json!({"query": "What did Melanie paint?", "conversation_ids": ["chat-1"], "k": 5}),
+            )
+        });
         assert_eq!(st, 200);
         let http_ids: Vec<&str> = h["memories"]
             .as_array()
@@ -236,7 +245,7 @@ fn streaming_store_of_hundreds_of_turns() {
         let unique: std::collections::HashSet<_> = ids.iter().collect();
         assert_eq!(unique.len(), ids.len());
 
-        let (st, info) = s.get("/v1/conversations/bulk", Some("key-a"));
+        let (st, info) = http(|| s.get("/v1/conversations/bulk", Some("key-a")));
         assert_eq!(st, 200);
         assert_eq!(info["turns"], 300, "{info}");
         assert_eq!(
@@ -366,7 +375,11 @@ fn invalid_input_is_invalid_argument_naming_the_field_and_stores_nothing() {
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument);
-        assert!(s.get("/readyz", None).0 == 200, "the server stays healthy");
+        assert_eq!(
+            http(|| s.get("/readyz", None)).0,
+            200,
+            "the server stays healthy"
+        );
     });
 }
 
