@@ -31,6 +31,8 @@ pub fn free_port() -> u16 {
 pub struct Server {
     pub child: Child,
     pub url: String,
+    /// The gRPC endpoint, e.g. http://127.0.0.1:PORT.
+    pub grpc_url: String,
     pub data_dir: PathBuf,
     pub client: Client,
 }
@@ -39,10 +41,13 @@ impl Server {
     /// Starts `recollect serve` on `data_dir` with extra environment, and waits for /readyz.
     pub fn start(data_dir: &Path, env: &[(&str, &str)]) -> Server {
         let port = free_port();
+        let grpc_port = free_port();
         let mut cmd = Command::new(binary());
         cmd.arg("serve")
             .arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
+            .arg("--grpc-listen")
+            .arg(format!("127.0.0.1:{grpc_port}"))
             .arg("--data-dir")
             .arg(data_dir)
             .stdout(Stdio::null())
@@ -54,6 +59,7 @@ impl Server {
         let s = Server {
             child,
             url: format!("http://127.0.0.1:{port}"),
+            grpc_url: format!("http://127.0.0.1:{grpc_port}"),
             data_dir: data_dir.to_path_buf(),
             client: Client::builder()
                 .timeout(Duration::from_secs(180))

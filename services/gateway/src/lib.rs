@@ -21,17 +21,46 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 /// `POST /v1/conversations/{id}/turns` body.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StoreRequest {
     pub turns: Vec<TurnInput>,
+    /// Answer only once the turns are recallable (default: once they are stored durably).
     #[serde(default)]
     pub wait: Option<bool>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StoreResponse {
+    /// One per turn, in request order.
+    #[schema(value_type = Vec<String>)]
     pub memory_ids: Vec<MemoryId>,
+}
+
+/// What erasing a conversation removed.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Erased {
+    pub conversation_id: String,
+    pub turns_erased: u64,
+}
+
+/// Erases a conversation of the caller's tenant from every store: what
+/// `DELETE /v1/conversations/{id}` and gRPC `Delete` do.
+pub async fn delete_conversation(
+    eraser: &dyn Eraser,
+    tenant: &TenantId,
+    conversation: &str,
+) -> Result<Erased, RecollectError> {
+    validate_conversation_id(conversation)?;
+    match eraser.erase_conversation(tenant, conversation).await? {
+        None => Err(RecollectError::NotFound(format!(
+            "conversation {conversation:?} not found"
+        ))),
+        Some(turns_erased) => Ok(Erased {
+            conversation_id: conversation.to_string(),
+            turns_erased,
+        }),
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -454,10 +483,8 @@ pub mod http {
     use axum::routing::{delete, post};
     use axum::Router;
     use recollect_api::{ApiError, Auth, HasAuth, Json, Tenant};
-    use recollect_model::RecollectError;
-    use serde::Serialize;
 
-    use super::{validate_conversation_id, Eraser, Gateway, StoreRequest, StoreResponse};
+    use super::{Erased, Eraser, Gateway, StoreRequest, StoreResponse};
 
     #[derive(Clone)]
     pub struct GatewayState {
@@ -472,6 +499,21 @@ pub mod http {
         }
     }
 
+    /// Store a batch of turns of one conversation.
+    #[utoipa::path(
+        post,
+        path = "/v1/conversations/{id}/turns",
+        tag = "store",
+        params(("id" = String, Path, description = "conversation id: 1 to 128 of letters, digits, _ - . : @")),
+        request_body = StoreRequest,
+        responses(
+            (status = 202, description = "stored durably (with wait: also recallable)", body = StoreResponse),
+            (status = 400, description = "bad input; names the field; nothing stored", body = recollect_api::ErrorBody),
+            (status = 401, description = "missing or unknown API key", body = recollect_api::ErrorBody),
+            (status = 503, description = "stored, but enrichment did not finish within the wait timeout", body = recollect_api::ErrorBody),
+        ),
+        security((), ("bearer" = []))
+    )]
     pub async fn store_turns(
         State(s): State<GatewayState>,
         Tenant(tenant): Tenant,
@@ -487,29 +529,28 @@ pub mod http {
         Ok((StatusCode::ACCEPTED, axum::Json(r)))
     }
 
-    #[derive(Serialize)]
-    pub struct Erased {
-        pub conversation_id: String,
-        pub turns_erased: u64,
-    }
-
+    /// Erase a conversation from the raw store, graph and vectors.
+    #[utoipa::path(
+        delete,
+        path = "/v1/conversations/{id}",
+        tag = "store",
+        params(("id" = String, Path, description = "conversation id")),
+        responses(
+            (status = 200, description = "erased", body = Erased),
+            (status = 400, description = "bad conversation id", body = recollect_api::ErrorBody),
+            (status = 401, description = "missing or unknown API key", body = recollect_api::ErrorBody),
+            (status = 404, description = "no such conversation for this tenant", body = recollect_api::ErrorBody),
+        ),
+        security((), ("bearer" = []))
+    )]
     pub async fn delete_conversation(
         State(s): State<GatewayState>,
         Tenant(tenant): Tenant,
         Path(conversation): Path<String>,
     ) -> Result<axum::Json<Erased>, ApiError> {
-        validate_conversation_id(&conversation)?;
-        let n = s.eraser.erase_conversation(&tenant, &conversation).await?;
-        match n {
-            None => Err(RecollectError::NotFound(format!(
-                "conversation {conversation:?} not found"
-            ))
-            .into()),
-            Some(turns_erased) => Ok(axum::Json(Erased {
-                conversation_id: conversation,
-                turns_erased,
-            })),
-        }
+        Ok(axum::Json(
+            super::delete_conversation(s.eraser.as_ref(), &tenant, &conversation).await?,
+        ))
     }
 
     pub fn router(state: GatewayState) -> Router {

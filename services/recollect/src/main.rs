@@ -4,6 +4,8 @@ mod app;
 mod bench;
 mod cli;
 mod eval;
+mod grpc;
+mod mcp;
 mod server;
 
 use std::path::PathBuf;
@@ -35,7 +37,12 @@ enum Command {
         /// Address to listen on (also RECOLLECT__SERVER__LISTEN).
         #[arg(long)]
         listen: Option<String>,
+        /// gRPC address, "" for none (also RECOLLECT__SERVER__GRPC_LISTEN; default 127.0.0.1:50051).
+        #[arg(long)]
+        grpc_listen: Option<String>,
     },
+    /// An MCP server on stdin/stdout (JSON-RPC 2.0, one message per line): memory as agent tools.
+    Mcp(mcp::McpArgs),
     /// Store turns from a JSONL file: one {"conversation_id", "user", "assistant"?, "timestamp", ...} per line.
     Ingest(cli::IngestArgs),
     /// Recall memories for a query.
@@ -57,8 +64,17 @@ fn main() -> anyhow::Result<()> {
     if let Some(d) = cli.data_dir {
         settings.storage.data_dir = d;
     }
-    if let Command::Serve { listen: Some(l) } = &cli.command {
-        settings.server.listen = l.clone();
+    if let Command::Serve {
+        listen,
+        grpc_listen,
+    } = &cli.command
+    {
+        if let Some(l) = listen {
+            settings.server.listen = l.clone();
+        }
+        if let Some(g) = grpc_listen {
+            settings.server.grpc_listen = g.clone();
+        }
     }
     settings.validate()?;
     recollect_telemetry::init_tracing(
@@ -71,6 +87,7 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(async move {
         match cli.command {
             Command::Serve { .. } => server::serve(app::App::open(settings).await?).await,
+            Command::Mcp(a) => mcp::run(settings, a).await,
             Command::Ingest(a) => cli::ingest(settings, a).await,
             Command::Recall(a) => cli::recall(settings, a).await,
             Command::Delete(a) => cli::delete(settings, a).await,

@@ -1,5 +1,6 @@
-//! HTTP plumbing shared by the services that speak HTTP: the one place errors become status
-//! codes, the tenant taken from the credential, and JSON bodies whose rejections say what is wrong.
+//! Plumbing shared by the services that speak HTTP and gRPC: the one place errors become HTTP
+//! status codes and gRPC statuses, the tenant taken from the credential, and JSON bodies whose
+//! rejections say what is wrong.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,8 +35,62 @@ pub fn status_for(kind: ErrorKind) -> StatusCode {
     }
 }
 
+/// The single mapping from error kind to gRPC status code (the gRPC twin of [`status_for`]).
+pub fn grpc_code_for(kind: ErrorKind) -> tonic::Code {
+    match kind {
+        ErrorKind::InvalidArgument => tonic::Code::InvalidArgument,
+        ErrorKind::Unauthenticated => tonic::Code::Unauthenticated,
+        ErrorKind::NotFound => tonic::Code::NotFound,
+        ErrorKind::ResourceExhausted => tonic::Code::ResourceExhausted,
+        ErrorKind::Unavailable => tonic::Code::Unavailable,
+        ErrorKind::Internal => tonic::Code::Internal,
+    }
+}
+
+impl From<ApiError> for tonic::Status {
+    fn from(e: ApiError) -> Self {
+        let kind = e.0.kind();
+        if kind == ErrorKind::Internal || kind == ErrorKind::Unavailable {
+            tracing::error!(error = %e.0, code = kind.code(), "grpc request failed");
+        }
+        let mut status = tonic::Status::new(grpc_code_for(kind), e.0.to_string());
+        if matches!(kind, ErrorKind::ResourceExhausted | ErrorKind::Unavailable) {
+            // The same hint as HTTP's Retry-After.
+            status.metadata_mut().insert(
+                "retry-after",
+                tonic::metadata::MetadataValue::from_static("1"),
+            );
+        }
+        status
+    }
+}
+
+/// A service-layer error as a gRPC status, through the one mapping.
+pub fn grpc_status(e: impl Into<RecollectError>) -> tonic::Status {
+    ApiError(e.into()).into()
+}
+
+/// Every HTTP error body: `{"error": {"code", "message"}}`.
+#[derive(Debug, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// invalid_argument, unauthenticated, not_found, too_large, resource_exhausted, unavailable, internal
+    pub code: String,
+    /// What is wrong, naming the field.
+    pub message: String,
+}
+
 pub fn error_response(status: StatusCode, code: &str, message: &str) -> Response {
-    let body = serde_json::json!({"error": {"code": code, "message": message}});
+    let body = ErrorBody {
+        error: ErrorDetail {
+            code: code.to_string(),
+            message: message.to_string(),
+        },
+    };
     let mut r = (status, axum::Json(body)).into_response();
     if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
         r.headers_mut()
@@ -86,6 +141,17 @@ impl Auth {
             .get(token)
             .cloned()
             .ok_or_else(|| RecollectError::Unauthenticated("unknown API key".into()))
+    }
+}
+
+impl Auth {
+    /// The tenant for a gRPC call, from its `authorization` metadata (same keys as HTTP).
+    pub fn tenant_for_grpc(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<TenantId, tonic::Status> {
+        let h = metadata.get("authorization").and_then(|v| v.to_str().ok());
+        self.tenant_for(h).map_err(grpc_status)
     }
 }
 
@@ -176,5 +242,27 @@ mod tests {
             status_for(ErrorKind::Unauthenticated),
             StatusCode::UNAUTHORIZED
         );
+    }
+
+    #[test]
+    fn kinds_map_to_grpc_codes_with_the_message() {
+        let s = grpc_status(RecollectError::invalid("turns[0].user is empty"));
+        assert_eq!(s.code(), tonic::Code::InvalidArgument);
+        assert_eq!(s.message(), "turns[0].user is empty");
+        assert_eq!(
+            grpc_status(RecollectError::NotFound("x".into())).code(),
+            tonic::Code::NotFound
+        );
+        let busy = grpc_status(RecollectError::Exhausted("slow down".into()));
+        assert_eq!(busy.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(busy.metadata().get("retry-after").unwrap(), "1");
+        let auth = Auth::new(vec![("k1".into(), "ta".into())]);
+        let mut md = tonic::metadata::MetadataMap::new();
+        assert_eq!(
+            auth.tenant_for_grpc(&md).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        md.insert("authorization", "Bearer k1".parse().unwrap());
+        assert_eq!(auth.tenant_for_grpc(&md).unwrap(), TenantId("ta".into()));
     }
 }

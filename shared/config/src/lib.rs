@@ -34,6 +34,8 @@ pub struct Settings {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ServerSettings {
     pub listen: String,
+    /// gRPC address; empty: no gRPC server.
+    pub grpc_listen: String,
     /// `key:tenant` pairs.
     pub api_keys: Vec<String>,
     pub max_body_bytes: usize,
@@ -199,6 +201,17 @@ impl Settings {
                 ),
             );
         }
+        if !self.server.grpc_listen.is_empty()
+            && self.server.grpc_listen.parse::<SocketAddr>().is_err()
+        {
+            return invalid(
+                "server.grpc_listen",
+                format!(
+                    "{:?} is not an address like 127.0.0.1:50051 (empty turns gRPC off)",
+                    self.server.grpc_listen
+                ),
+            );
+        }
         for k in &self.server.api_keys {
             match k.split_once(':') {
                 Some((key, tenant)) if !key.is_empty() && valid_tenant(tenant) => {}
@@ -270,6 +283,12 @@ impl Settings {
     pub fn listen_addr(&self) -> SocketAddr {
         self.server.listen.parse().expect("validated at load")
     }
+
+    /// The gRPC address, or None when gRPC is turned off.
+    pub fn grpc_listen_addr(&self) -> Option<SocketAddr> {
+        (!self.server.grpc_listen.is_empty())
+            .then(|| self.server.grpc_listen.parse().expect("validated at load"))
+    }
 }
 
 /// Tenants are path-safe names: they end up in keys and file names.
@@ -295,6 +314,11 @@ mod tests {
     #[test]
     fn bad_values_name_the_key() {
         let mut s = Settings::defaults();
+        s.server.grpc_listen = "nowhere".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("server.grpc_listen"), "{e}");
+        s.server.grpc_listen = String::new();
+        assert!(s.validate().is_ok() && s.grpc_listen_addr().is_none());
         s.server.listen = "nowhere".into();
         let e = s.validate().unwrap_err().to_string();
         assert!(e.contains("server.listen"), "{e}");

@@ -116,7 +116,7 @@ impl<'de> Deserialize<'de> for MemoryId {
 }
 
 /// A turn as a client sends it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TurnInput {
     #[serde(default)]
@@ -130,16 +130,19 @@ pub struct TurnInput {
     pub assistant_speaker: Option<String>,
     pub timestamp: DateTime<Utc>,
     #[serde(default)]
+    #[schema(value_type = Object)]
     pub metadata: serde_json::Map<String, serde_json::Value>,
 }
 
 /// The raw turn, written durably before anything else happens to it: the source of truth
 /// from which every derived store can be rebuilt.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct Turn {
     /// Derived from tenant, conversation and turn id; a producer may leave it out (nil).
     #[serde(default = "MemoryId::nil")]
+    #[schema(value_type = String)]
     pub memory_id: MemoryId,
+    #[schema(value_type = String)]
     pub tenant: TenantId,
     pub conversation_id: String,
     pub turn_id: String,
@@ -159,6 +162,7 @@ pub struct Turn {
     #[serde(default = "Utc::now")]
     pub recorded_at: DateTime<Utc>,
     #[serde(default)]
+    #[schema(value_type = Object)]
     pub metadata: serde_json::Map<String, serde_json::Value>,
 }
 
@@ -220,7 +224,7 @@ pub struct Keyword {
 }
 
 /// A time expression resolved against the turn's anchor time: a closed day range.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TimeRef {
     /// The words in the text ("last Friday"), or the source of an inferred time.
     pub text: String,
@@ -379,7 +383,7 @@ pub struct Fragment {
 }
 
 /// Why a memory was returned.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct ScoreParts {
     pub dense: f32,
     pub lexical: f32,
@@ -390,8 +394,9 @@ pub struct ScoreParts {
 }
 
 /// One recalled memory, as the API returns it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct RecalledMemory {
+    #[schema(value_type = String)]
     pub memory_id: MemoryId,
     pub conversation_id: String,
     pub turn_id: String,
@@ -407,7 +412,7 @@ pub struct RecalledMemory {
 }
 
 /// Per-conversation reference state of the resolution state machine (KeyMem §1).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ReferenceState {
     /// Most recent first; bounded (entities 10, locations 4, events 4, times 4).
     pub entities: Vec<String>,
@@ -420,7 +425,7 @@ pub struct ReferenceState {
     pub turns_seen: u64,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Binding {
     pub location: Option<String>,
     pub event: Option<String>,

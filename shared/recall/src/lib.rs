@@ -51,12 +51,13 @@ impl Classify for RecallError {
 }
 
 /// `POST /v1/recall` body.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RecallRequest {
     pub query: String,
     #[serde(default)]
     pub conversation_ids: Option<Vec<String>>,
+    /// 1..1000; default 30.
     #[serde(default)]
     pub k: Option<i64>,
     /// The application's reference state, to resolve pronouns in the query.
@@ -67,7 +68,7 @@ pub struct RecallRequest {
     pub now: Option<DateTime<Utc>>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RecallResponse {
     pub memories: Vec<RecalledMemory>,
 }

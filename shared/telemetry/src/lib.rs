@@ -147,6 +147,13 @@ pub static HTTP_REQUESTS: Lazy<IntCounterVec> = Lazy::new(|| {
         &["route", "status"],
     )
 });
+pub static GRPC_REQUESTS: Lazy<IntCounterVec> = Lazy::new(|| {
+    counter(
+        "recollect_grpc_requests_total",
+        "gRPC calls by method and status code",
+        &["method", "code"],
+    )
+});
 pub static COMPONENT_INFO: Lazy<IntGaugeVec> = Lazy::new(|| {
     gauge(
         "recollect_component_info",
@@ -178,6 +185,7 @@ pub fn register_all() {
     Lazy::force(&EMBED_BATCH_SIZE);
     Lazy::force(&EMBED_LATENCY);
     Lazy::force(&HTTP_REQUESTS);
+    Lazy::force(&GRPC_REQUESTS);
     Lazy::force(&COMPONENT_INFO);
     BUILD_INFO
         .with_label_values(&[env!("CARGO_PKG_VERSION")])

@@ -1,0 +1,279 @@
+//! The gRPC `Memory` service (proto/recollect/v1/recollect.proto): the same library calls as
+//! the HTTP handlers (gateway store and erase, query recall and get), the tenant from the
+//! `authorization` metadata, errors through the one mapping in `recollect_api`.
+
+use recollect_api::{grpc_status, Auth};
+use recollect_gateway::http::GatewayState;
+use recollect_gateway::StoreRequest;
+use recollect_model::{RecollectError, ReferenceState, TenantId};
+use recollect_proto::v1::memory_server::{Memory, MemoryServer};
+use recollect_proto::{parse_time, v1};
+use recollect_query::QueryState;
+use recollect_recall::RecallRequest;
+use recollect_telemetry as metrics;
+use tonic::{Request, Response, Status, Streaming};
+
+pub struct MemoryService {
+    gateway: GatewayState,
+    query: QueryState,
+    auth: Auth,
+}
+
+impl MemoryService {
+    pub fn new(gateway: GatewayState, query: QueryState, auth: Auth) -> Self {
+        Self {
+            gateway,
+            query,
+            auth,
+        }
+    }
+
+    /// The tonic server for this service, accepting messages as large as an HTTP body.
+    pub fn into_server(self, max_message_bytes: usize) -> MemoryServer<Self> {
+        MemoryServer::new(self)
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(usize::MAX)
+    }
+
+    fn tenant<T>(&self, req: &Request<T>) -> Result<TenantId, Status> {
+        self.auth.tenant_for_grpc(req.metadata())
+    }
+
+    async fn store_batch(
+        &self,
+        tenant: &TenantId,
+        batch: v1::StoreRequest,
+        wait: bool,
+    ) -> Result<Vec<String>, RecollectError> {
+        let (conversation, req) = store_request(batch, wait)?;
+        let trace_id = uuid::Uuid::new_v4().to_string();
+        let r = self
+            .gateway
+            .gateway
+            .store(tenant, &conversation, req, &trace_id)
+            .await?;
+        Ok(r.memory_ids.iter().map(ToString::to_string).collect())
+    }
+}
+
+/// A proto batch as the gateway's request; bad timestamps or metadata name the field.
+fn store_request(
+    batch: v1::StoreRequest,
+    wait: bool,
+) -> Result<(String, StoreRequest), RecollectError> {
+    let turns = batch
+        .turns
+        .iter()
+        .enumerate()
+        .map(|(i, t)| t.to_model(i))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((
+        batch.conversation_id,
+        StoreRequest {
+            turns,
+            wait: Some(wait),
+        },
+    ))
+}
+
+fn recall_request(r: v1::RecallRequest) -> Result<RecallRequest, RecollectError> {
+    let attention_state = r
+        .attention_state_json
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| {
+            serde_json::from_str::<ReferenceState>(&s).map_err(|e| {
+                RecollectError::invalid(format!(
+                    "attention_state_json is not a reference state: {e}"
+                ))
+            })
+        })
+        .transpose()?;
+    Ok(RecallRequest {
+        query: r.query,
+        conversation_ids: (!r.conversation_ids.is_empty()).then_some(r.conversation_ids),
+        k: r.k,
+        attention_state,
+        now: r.now.map(|n| parse_time("now", &n)).transpose()?,
+    })
+}
+
+/// Counts the call by method and outcome, like the HTTP request counter.
+fn counted<T>(method: &str, r: Result<T, Status>) -> Result<T, Status> {
+    let code = match &r {
+        Ok(_) => "ok".to_string(),
+        Err(s) => format!("{:?}", s.code()).to_lowercase(),
+    };
+    metrics::GRPC_REQUESTS
+        .with_label_values(&[method, &code])
+        .inc();
+    r
+}
+
+#[tonic::async_trait]
+impl Memory for MemoryService {
+    async fn store(
+        &self,
+        request: Request<v1::StoreRequest>,
+    ) -> Result<Response<v1::StoreResponse>, Status> {
+        let r: Result<Response<v1::StoreResponse>, Status> = async {
+            let tenant = self.tenant(&request)?;
+            let batch = request.into_inner();
+            let wait = batch.wait;
+            let memory_ids = self
+                .store_batch(&tenant, batch, wait)
+                .await
+                .map_err(grpc_status)?;
+            Ok(Response::new(v1::StoreResponse { memory_ids }))
+        }
+        .await;
+        counted("Store", r)
+    }
+
+    async fn store_stream(
+        &self,
+        request: Request<Streaming<v1::StoreRequest>>,
+    ) -> Result<Response<v1::StoreResponse>, Status> {
+        let r: Result<Response<v1::StoreResponse>, Status> = async {
+            let tenant = self.tenant(&request)?;
+            let mut stream = request.into_inner();
+            let mut memory_ids = Vec::new();
+            let mut wait = false;
+            let mut n = 0usize;
+            // Each batch is validated and stored as it arrives (bounded memory for bulk loads);
+            // waiting, when asked, happens once at the end for every id.
+            while let Some(batch) = stream.message().await? {
+                wait |= batch.wait;
+                let ids = self
+                    .store_batch(&tenant, batch, false)
+                    .await
+                    .map_err(|e| match e {
+                        RecollectError::Invalid(m) => {
+                            RecollectError::Invalid(format!("batch {n}: {m}"))
+                        }
+                        other => other,
+                    })
+                    .map_err(grpc_status)?;
+                memory_ids.extend(ids);
+                n += 1;
+            }
+            if n == 0 {
+                return Err(grpc_status(RecollectError::invalid(
+                    "the stream held no batch",
+                )));
+            }
+            if wait {
+                let ids: Vec<_> = memory_ids
+                    .iter()
+                    .filter_map(|s| recollect_model::MemoryId::parse(s))
+                    .collect();
+                self.gateway
+                    .gateway
+                    .wait_stored(&ids)
+                    .await
+                    .map_err(grpc_status)?;
+            }
+            Ok(Response::new(v1::StoreResponse { memory_ids }))
+        }
+        .await;
+        counted("StoreStream", r)
+    }
+
+    async fn recall(
+        &self,
+        request: Request<v1::RecallRequest>,
+    ) -> Result<Response<v1::RecallResponse>, Status> {
+        let started = std::time::Instant::now();
+        let r: Result<Response<v1::RecallResponse>, Status> = async {
+            let tenant = self.tenant(&request)?;
+            let req = recall_request(request.into_inner()).map_err(grpc_status)?;
+            let resp = self
+                .query
+                .recall_for(&tenant, &req)
+                .await
+                .map_err(grpc_status)?;
+            Ok(Response::new(v1::RecallResponse {
+                memories: resp.memories.into_iter().map(Into::into).collect(),
+            }))
+        }
+        .await;
+        metrics::RECALL_LATENCY
+            .with_label_values(&["grpc"])
+            .observe(started.elapsed().as_secs_f64());
+        counted("Recall", r)
+    }
+
+    async fn get(&self, request: Request<v1::GetRequest>) -> Result<Response<v1::Turn>, Status> {
+        let r: Result<Response<v1::Turn>, Status> = async {
+            let tenant = self.tenant(&request)?;
+            let id = request.into_inner().memory_id;
+            let turn = self.query.memory(&tenant, &id).await.map_err(grpc_status)?;
+            Ok(Response::new(turn.into()))
+        }
+        .await;
+        counted("Get", r)
+    }
+
+    async fn delete(
+        &self,
+        request: Request<v1::DeleteRequest>,
+    ) -> Result<Response<v1::DeleteResponse>, Status> {
+        let r: Result<Response<v1::DeleteResponse>, Status> = async {
+            let tenant = self.tenant(&request)?;
+            let conversation = request.into_inner().conversation_id;
+            let e = recollect_gateway::delete_conversation(
+                self.gateway.eraser.as_ref(),
+                &tenant,
+                &conversation,
+            )
+            .await
+            .map_err(grpc_status)?;
+            Ok(Response::new(v1::DeleteResponse {
+                conversation_id: e.conversation_id,
+                turns_erased: e.turns_erased,
+            }))
+        }
+        .await;
+        counted("Delete", r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recall_request_maps_fields_and_names_bad_ones() {
+        let r = recall_request(v1::RecallRequest {
+            query: "what did Melanie paint?".into(),
+            conversation_ids: vec!["chat-1".into()],
+            k: Some(5),
+            attention_state_json: Some(r#"{"entities":["Melanie"],"locations":[],"events":[],"times":[],"bindings":{},"turns_seen":1}"#.into()),
+            now: Some("2023-05-09T00:00:00Z".into()),
+        })
+        .unwrap();
+        assert_eq!(r.conversation_ids, Some(vec!["chat-1".to_string()]));
+        assert_eq!(r.k, Some(5));
+        assert_eq!(r.attention_state.unwrap().entities, vec!["Melanie"]);
+        assert!(r.now.is_some());
+        let all = recall_request(v1::RecallRequest {
+            query: "x".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(all.conversation_ids.is_none() && all.attention_state.is_none());
+        let e = recall_request(v1::RecallRequest {
+            query: "x".into(),
+            now: Some("soon".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().starts_with("now:"), "{e}");
+        let e = recall_request(v1::RecallRequest {
+            query: "x".into(),
+            attention_state_json: Some("[]".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("attention_state_json"), "{e}");
+    }
+}

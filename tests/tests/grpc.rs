@@ -1,0 +1,529 @@
+//! The gRPC `Memory` service end to end, against a live `recollect serve`: round trip, streaming
+//! bulk ingest, idempotent retries, bad input, tenant isolation and authentication. The HTTP API
+//! of the same server cross-checks that both edges see the same data.
+
+use recollect_proto::v1::memory_client::MemoryClient;
+use recollect_proto::v1::{DeleteRequest, GetRequest, RecallRequest, StoreRequest, TurnInput};
+use recollect_tests::Server;
+use tonic::transport::Channel;
+use tonic::Code;
+
+const KEYS: &str = "key-a:tenant-a,key-b:tenant-b";
+
+/// A server with two tenants and the lexical-only embedder (no model files needed).
+fn server(dir: &std::path::Path) -> Server {
+    Server::start(
+        dir,
+        &[
+            ("RECOLLECT_API_KEYS", KEYS),
+            ("RECOLLECT__EMBEDDER__KIND", "hash"),
+        ],
+    )
+}
+
+/// Multi-threaded, so the blocking HTTP helper can run inside it through `block_in_place`.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Runs a blocking HTTP call of the `Server` helper from async test code.
+fn http<R>(f: impl FnOnce() -> R) -> R {
+    tokio::task::block_in_place(f)
+}
+
+async fn client(s: &Server) -> MemoryClient<Channel> {
+    MemoryClient::connect(s.grpc_url.clone()).await.unwrap()
+}
+
+/// A request carrying `key` as `authorization: Bearer KEY`.
+fn authed<T>(msg: T, key: Option<&str>) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    if let Some(k) = key {
+        r.metadata_mut()
+            .insert("authorization", format!("Bearer {k}").parse().unwrap());
+    }
+    r
+}
+
+fn turn(id: &str, user: &str, assistant: &str, speakers: (&str, &str), ts: &str) -> TurnInput {
+    TurnInput {
+        turn_id: Some(id.into()),
+        user: user.into(),
+        assistant: Some(assistant.into()),
+        user_speaker: Some(speakers.0.into()),
+        assistant_speaker: Some(speakers.1.into()),
+        timestamp: ts.into(),
+        metadata_json: String::new(),
+    }
+}
+
+fn two_turns(conversation: &str) -> StoreRequest {
+    StoreRequest {
+        conversation_id: conversation.into(),
+        turns: vec![
+            turn(
+                "1",
+                "I went to the LGBTQ support group yesterday, it was so powerful.",
+                "That sounds inspiring, Caroline! What happened there?",
+                ("Caroline", "Melanie"),
+                "2023-05-08T13:56:00Z",
+            ),
+            turn(
+                "2",
+                "I painted a sunrise over the lake last week.",
+                "Lovely! Painting by the lake must be calming.",
+                ("Melanie", "Caroline"),
+                "2023-05-08T14:01:00Z",
+            ),
+        ],
+        wait: true,
+    }
+}
+
+fn recall_req(query: &str, conversations: &[&str], k: i64) -> RecallRequest {
+    RecallRequest {
+        query: query.into(),
+        conversation_ids: conversations.iter().map(|c| c.to_string()).collect(),
+        k: Some(k),
+        ..Default::default()
+    }
+}
+
+fn http_turns(s: &Server, conversation: &str, key: &str) -> (u16, u64) {
+    let (st, b) = http(|| s.get(&format!("/v1/conversations/{conversation}"), Some(key)));
+    (st, b["turns"].as_u64().unwrap_or(0))
+}
+
+#[test]
+fn store_recall_get_delete_round_trip_and_idempotent_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path());
+    runtime().block_on(async {
+        let mut c = client(&s).await;
+        let ka = Some("key-a");
+        let ids = c
+            .store(authed(two_turns("chat-1"), ka))
+            .await
+            .unwrap()
+            .into_inner()
+            .memory_ids;
+        assert_eq!(ids.len(), 2);
+
+        // A retried request returns the same ids and stores nothing twice.
+        let again = c
+            .store(authed(two_turns("chat-1"), ka))
+            .await
+            .unwrap()
+            .into_inner()
+            .memory_ids;
+        assert_eq!(again, ids);
+        assert_eq!(http_turns(&s, "chat-1", "key-a"), (200, 2));
+
+        let r = c
+            .recall(authed(
+                recall_req("What did Melanie paint?", &["chat-1"], 5),
+                ka,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        let top = &r.memories[0];
+        assert_eq!(top.memory_id, ids[1], "the painting turn ranks first: {r:?}");
+        assert!(top.user.contains("sunrise"));
+        assert_eq!(top.user_speaker.as_deref(), Some("Melanie"));
+        assert!(!top.sources.is_empty(), "{top:?}");
+        assert!(top.score_parts.as_ref().unwrap().fused > 0.0, "{top:?}");
+        // The same question over HTTP ranks the same memories.
+        let (st, h) = http(|| {
+            s.post(
+                "/v1/recall",
+                Some("key-a"),
+                &serde_json::json!({"query": "What did Melanie paint?", "conversation_ids": ["chat-1"], "k": 5}),
+            )
+        });
+        assert_eq!(st, 200);
+        let http_ids: Vec<&str> = h["memories"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["memory_id"].as_str().unwrap())
+            .collect();
+        let grpc_ids: Vec<&str> = r.memories.iter().map(|m| m.memory_id.as_str()).collect();
+        assert_eq!(http_ids, grpc_ids);
+
+        let t = c
+            .get(authed(
+                GetRequest {
+                    memory_id: ids[0].clone(),
+                },
+                ka,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(t.user.contains("LGBTQ"));
+        assert_eq!(t.conversation_id, "chat-1");
+        assert_eq!(t.turn_id, "1");
+        assert_eq!(t.timestamp, "2023-05-08T13:56:00Z");
+
+        let d = c
+            .delete(authed(
+                DeleteRequest {
+                    conversation_id: "chat-1".into(),
+                },
+                ka,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!((d.conversation_id.as_str(), d.turns_erased), ("chat-1", 2));
+        let gone = c
+            .get(authed(
+                GetRequest {
+                    memory_id: ids[0].clone(),
+                },
+                ka,
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
+        let again = c
+            .delete(authed(
+                DeleteRequest {
+                    conversation_id: "chat-1".into(),
+                },
+                ka,
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(again.code(), Code::NotFound);
+        assert_eq!(http_turns(&s, "chat-1", "key-a").0, 404);
+    });
+}
+
+#[test]
+fn streaming_store_of_hundreds_of_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path());
+    const BATCHES: usize = 6;
+    const PER_BATCH: usize = 50;
+    let batches: Vec<StoreRequest> = (0..BATCHES)
+        .map(|b| StoreRequest {
+            conversation_id: "bulk".into(),
+            turns: (0..PER_BATCH)
+                .map(|i| {
+                    let n = b * PER_BATCH + i;
+                    turn(
+                        &format!("t{n}"),
+                        &format!("Note number {n}: I fed the parrot called Kiwi{n} today."),
+                        "Good to know.",
+                        ("Sam", "Ada"),
+                        &format!("2024-01-{:02}T10:{:02}:00Z", 1 + n / 60, n % 60),
+                    )
+                })
+                .collect(),
+            // Waiting is asked once; the server waits at the end for every id.
+            wait: b == BATCHES - 1,
+        })
+        .collect();
+    runtime().block_on(async {
+        let mut c = client(&s).await;
+        let ids = c
+            .store_stream(authed(
+                futures::stream::iter(batches.clone()),
+                Some("key-a"),
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .memory_ids;
+        assert_eq!(ids.len(), BATCHES * PER_BATCH);
+        let unique: std::collections::HashSet<_> = ids.iter().collect();
+        assert_eq!(unique.len(), ids.len());
+
+        let (st, info) = http(|| s.get("/v1/conversations/bulk", Some("key-a")));
+        assert_eq!(st, 200);
+        assert_eq!(info["turns"], 300, "{info}");
+        assert_eq!(
+            info["recallable"], 300,
+            "wait covers the whole stream: {info}"
+        );
+
+        let r = c
+            .recall(authed(
+                recall_req("which parrot is called Kiwi217?", &["bulk"], 5),
+                Some("key-a"),
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.memories[0].memory_id, ids[217], "{:?}", r.memories[0]);
+
+        // Streaming the same batches again is idempotent.
+        let again = c
+            .store_stream(authed(futures::stream::iter(batches), Some("key-a")))
+            .await
+            .unwrap()
+            .into_inner()
+            .memory_ids;
+        assert_eq!(again, ids);
+        assert_eq!(http_turns(&s, "bulk", "key-a"), (200, 300));
+
+        // A bad batch fails the call and names the batch and the field.
+        let bad = vec![StoreRequest {
+            conversation_id: "bulk-2".into(),
+            turns: vec![turn("x", "   ", "a", ("A", "B"), "2024-01-01T00:00:00Z")],
+            wait: false,
+        }];
+        let e = c
+            .store_stream(authed(futures::stream::iter(bad), Some("key-a")))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(
+            e.message().contains("batch 0") && e.message().contains("turns[0].user"),
+            "{e:?}"
+        );
+        assert_eq!(http_turns(&s, "bulk-2", "key-a").0, 404);
+    });
+}
+
+#[test]
+fn invalid_input_is_invalid_argument_naming_the_field_and_stores_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path());
+    runtime().block_on(async {
+        let mut c = client(&s).await;
+        let ka = Some("key-a");
+        let mut cases: Vec<(StoreRequest, &str)> = Vec::new();
+        let mut empty_user = two_turns("bad");
+        empty_user.turns[1].user = " \n ".into();
+        cases.push((empty_user, "turns[1].user is empty"));
+        let mut bad_time = two_turns("bad");
+        bad_time.turns[0].timestamp = "last tuesday".into();
+        cases.push((bad_time, "turns[0].timestamp"));
+        let mut bad_meta = two_turns("bad");
+        bad_meta.turns[0].metadata_json = "{not json".into();
+        cases.push((bad_meta, "turns[0].metadata_json"));
+        let mut huge = two_turns("bad");
+        huge.turns[0].user = "x".repeat(70 * 1024);
+        cases.push((huge, "turns[0].user is 71680 bytes"));
+        let mut repeated = two_turns("bad");
+        repeated.turns[1].turn_id = Some("1".into());
+        cases.push((repeated, "repeats"));
+        cases.push((two_turns("bad/id"), "conversation id"));
+        cases.push((
+            StoreRequest {
+                conversation_id: "bad".into(),
+                turns: vec![],
+                wait: false,
+            },
+            "at least one turn",
+        ));
+        for (req, want) in cases {
+            let e = c.store(authed(req, ka)).await.unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+            assert!(
+                e.message().contains(want),
+                "{want:?} not in {:?}",
+                e.message()
+            );
+        }
+        // Nothing was stored, not even the valid first turn of a batch.
+        assert_eq!(http_turns(&s, "bad", "key-a").0, 404);
+
+        for (req, want) in [
+            (recall_req("anything", &[], 0), "k"),
+            (recall_req("   ", &[], 5), "query"),
+            (
+                RecallRequest {
+                    now: Some("tomorrow-ish".into()),
+                    ..recall_req("x", &[], 5)
+                },
+                "now",
+            ),
+        ] {
+            let e = c.recall(authed(req, ka)).await.unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+            assert!(
+                e.message().contains(want),
+                "{want:?} not in {:?}",
+                e.message()
+            );
+        }
+        let e = c
+            .get(authed(
+                GetRequest {
+                    memory_id: "not-an-id".into(),
+                },
+                ka,
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        let e = c
+            .delete(authed(
+                DeleteRequest {
+                    conversation_id: String::new(),
+                },
+                ka,
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert_eq!(
+            http(|| s.get("/readyz", None)).0,
+            200,
+            "the server stays healthy"
+        );
+    });
+}
+
+#[test]
+fn one_tenant_cannot_see_or_delete_another_tenants_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path());
+    runtime().block_on(async {
+        let mut c = client(&s).await;
+        let (ka, kb) = (Some("key-a"), Some("key-b"));
+        // The same conversation id in both tenants.
+        let a_ids = c
+            .store(authed(two_turns("shared-name"), ka))
+            .await
+            .unwrap()
+            .into_inner()
+            .memory_ids;
+
+        // B sees nothing of A's: not by recall, by id, nor by conversation.
+        let e = c
+            .recall(authed(
+                recall_req("What did Melanie paint?", &["shared-name"], 5),
+                kb,
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::NotFound, "{e:?}");
+        let r = c
+            .recall(authed(recall_req("What did Melanie paint?", &[], 5), kb))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(r.memories.is_empty(), "{r:?}");
+        for id in &a_ids {
+            let e = c
+                .get(authed(
+                    GetRequest {
+                        memory_id: id.clone(),
+                    },
+                    kb,
+                ))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::NotFound);
+        }
+        let e = c
+            .delete(authed(
+                DeleteRequest {
+                    conversation_id: "shared-name".into(),
+                },
+                kb,
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::NotFound);
+        // ... and changed nothing.
+        assert_eq!(http_turns(&s, "shared-name", "key-a"), (200, 2));
+        let t = c
+            .get(authed(
+                GetRequest {
+                    memory_id: a_ids[1].clone(),
+                },
+                ka,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(t.user.contains("sunrise"));
+
+        // B's own turns in the same-named conversation get other ids and stay B's.
+        let mut mine = two_turns("shared-name");
+        mine.turns.truncate(1);
+        mine.turns[0].user = "My cat Pixel chased a moth at the lake.".into();
+        let b_ids = c
+            .store(authed(mine, kb))
+            .await
+            .unwrap()
+            .into_inner()
+            .memory_ids;
+        assert!(!a_ids.contains(&b_ids[0]));
+        let r = c
+            .recall(authed(recall_req("lake", &["shared-name"], 10), ka))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            r.memories.iter().all(|m| a_ids.contains(&m.memory_id)),
+            "{r:?}"
+        );
+        let r = c
+            .recall(authed(recall_req("lake", &["shared-name"], 10), kb))
+            .await
+            .unwrap()
+            .into_inner();
+        let got: Vec<_> = r.memories.iter().map(|m| m.memory_id.clone()).collect();
+        assert_eq!(got, b_ids);
+    });
+}
+
+#[test]
+fn missing_or_unknown_key_is_unauthenticated() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path());
+    runtime().block_on(async {
+        let mut c = client(&s).await;
+        for key in [None, Some("not-a-key")] {
+            let e = c.store(authed(two_turns("x"), key)).await.unwrap_err();
+            assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+            let e = c
+                .recall(authed(recall_req("x", &[], 5), key))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::Unauthenticated);
+            let e = c
+                .get(authed(
+                    GetRequest {
+                        memory_id: "00000000-0000-4000-8000-000000000000".into(),
+                    },
+                    key,
+                ))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::Unauthenticated);
+            let e = c
+                .delete(authed(
+                    DeleteRequest {
+                        conversation_id: "x".into(),
+                    },
+                    key,
+                ))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::Unauthenticated);
+            let e = c
+                .store_stream(authed(futures::stream::iter(vec![two_turns("x")]), key))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::Unauthenticated);
+        }
+        // A key without the Bearer scheme is refused too.
+        let mut r = tonic::Request::new(two_turns("x"));
+        r.metadata_mut()
+            .insert("authorization", "key-a".parse().unwrap());
+        assert_eq!(c.store(r).await.unwrap_err().code(), Code::Unauthenticated);
+        assert_eq!(http_turns(&s, "x", "key-a").0, 404, "nothing stored");
+    });
+}

@@ -1,0 +1,312 @@
+//! `recollect mcp` end to end: an MCP client's handshake over stdio, the tool list, storing a
+//! turn and searching it back, tenant isolation (embedded and against a running server), and
+//! errors for bad arguments, unknown tools and unknown methods.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::Duration;
+
+use recollect_tests::{binary, Server};
+use serde_json::{json, Value};
+
+const KEYS: &str = "key-a:tenant-a,key-b:tenant-b";
+
+/// A `recollect mcp` child process spoken to line by line.
+struct Mcp {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    next_id: i64,
+}
+
+impl Mcp {
+    fn start(data_dir: &Path, api_key: &str, server: Option<&str>) -> Mcp {
+        let mut cmd = Command::new(binary());
+        cmd.arg("mcp")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .env("RECOLLECT_API_KEYS", KEYS)
+            .env("RECOLLECT_API_KEY", api_key)
+            .env("RECOLLECT__EMBEDDER__KIND", "hash")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if let Some(url) = server {
+            cmd.arg("--server").arg(url);
+        }
+        let mut child = cmd.spawn().expect("start recollect mcp");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        // A reader thread, so a silent server fails the test by timeout instead of hanging it.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Mcp {
+            stdin: child.stdin.take(),
+            child,
+            lines: rx,
+            next_id: 1,
+        }
+    }
+
+    fn send_line(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(line.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn read(&self) -> Value {
+        match self.lines.recv_timeout(Duration::from_secs(120)) {
+            Ok(l) => serde_json::from_str(&l)
+                .unwrap_or_else(|e| panic!("stdout carries only JSON-RPC, got {l:?}: {e}")),
+            Err(RecvTimeoutError::Timeout) => panic!("no answer within 120 s"),
+            Err(RecvTimeoutError::Disconnected) => panic!("recollect mcp closed stdout"),
+        }
+    }
+
+    /// A request; returns the whole response after checking it answers this id.
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send_line(
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string(),
+        );
+        let r = self.read();
+        assert_eq!(r["jsonrpc"], "2.0", "{r}");
+        assert_eq!(r["id"], id, "{r}");
+        r
+    }
+
+    fn call(&mut self, tool: &str, arguments: Value) -> Value {
+        self.request("tools/call", json!({"name": tool, "arguments": arguments}))
+    }
+
+    fn handshake(&mut self) -> Value {
+        let r = self.request(
+            "initialize",
+            json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "recollect-tests", "version": "1"}}),
+        );
+        self.send_line(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        r
+    }
+
+    /// Closes stdin and waits: the server exits when its client goes away.
+    fn finish(mut self) {
+        drop(self.stdin.take());
+        for _ in 0..600 {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                assert!(st.success(), "recollect mcp exited with {st}");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        panic!("recollect mcp did not exit after stdin closed");
+    }
+}
+
+impl Drop for Mcp {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn store_args() -> Value {
+    json!({"conversation_id": "chat-1", "turn_id": "1",
+           "user": "I painted a sunrise over the lake last week.",
+           "assistant": "Lovely! Painting by the lake must be calming.",
+           "user_speaker": "Melanie", "assistant_speaker": "Caroline",
+           "timestamp": "2023-05-08T14:01:00Z"})
+}
+
+fn memories(r: &Value) -> Vec<Value> {
+    assert_eq!(r["result"]["isError"], false, "{r}");
+    let structured = r["result"]["structuredContent"]["memories"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{r}"))
+        .clone();
+    // The text block carries the same data for clients that ignore structured content.
+    let text: Value =
+        serde_json::from_str(r["result"]["content"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(text["memories"].as_array().unwrap(), &structured);
+    structured
+}
+
+#[test]
+fn handshake_tools_store_search_isolation_and_errors_embedded() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Mcp::start(dir.path(), "key-a", None);
+    let init = a.handshake();
+    assert_eq!(init["result"]["protocolVersion"], "2025-06-18", "{init}");
+    assert_eq!(init["result"]["serverInfo"]["name"], "recollect");
+    assert!(init["result"]["capabilities"]["tools"].is_object());
+    assert_eq!(a.request("ping", json!({}))["result"], json!({}));
+
+    let tools = a.request("tools/list", json!({}));
+    let names: Vec<&str> = tools["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["search_memory", "store_turn"]);
+    for t in tools["result"]["tools"].as_array().unwrap() {
+        assert_eq!(t["inputSchema"]["type"], "object", "{t}");
+        assert!(t["description"].as_str().unwrap().len() > 20);
+    }
+
+    let stored = a.call("store_turn", store_args());
+    assert_eq!(stored["result"]["isError"], false, "{stored}");
+    let id = stored["result"]["structuredContent"]["memory_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Idempotent with a turn_id.
+    let again = a.call("store_turn", store_args());
+    assert_eq!(
+        again["result"]["structuredContent"]["memory_id"],
+        id.as_str()
+    );
+
+    let found = a.call(
+        "search_memory",
+        json!({"query": "What did Melanie paint?", "k": 5, "conversation_id": "chat-1"}),
+    );
+    let ms = memories(&found);
+    assert_eq!(ms.len(), 1, "{found}");
+    assert_eq!(ms[0]["memory_id"], id.as_str());
+    assert!(ms[0]["user"].as_str().unwrap().contains("sunrise"));
+    assert!(!ms[0]["sources"].as_array().unwrap().is_empty());
+
+    // Bad arguments: a protocol error that names the problem.
+    let bad = a.call("search_memory", json!({"k": 5}));
+    assert_eq!(bad["error"]["code"], -32602, "{bad}");
+    assert!(
+        bad["error"]["message"].as_str().unwrap().contains("query"),
+        "{bad}"
+    );
+    let bad = a.call(
+        "store_turn",
+        json!({"conversation_id": "c", "user": "hi", "colour": "red"}),
+    );
+    assert_eq!(bad["error"]["code"], -32602, "{bad}");
+    assert!(
+        bad["error"]["message"].as_str().unwrap().contains("colour"),
+        "{bad}"
+    );
+    let bad = a.call("search_memory", json!({"query": "x", "k": "ten"}));
+    assert_eq!(bad["error"]["code"], -32602, "{bad}");
+    // Input the store refuses: a tool error the agent can read, and nothing stored.
+    let refused = a.call(
+        "store_turn",
+        json!({"conversation_id": "chat-2", "user": "   "}),
+    );
+    assert_eq!(refused["result"]["isError"], true, "{refused}");
+    assert!(refused["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("turns[0].user is empty"));
+    let refused = a.call("search_memory", json!({"query": "x", "k": 0}));
+    assert_eq!(refused["result"]["isError"], true, "{refused}");
+    let unknown = a.call("forget_everything", json!({}));
+    assert_eq!(unknown["error"]["code"], -32602, "{unknown}");
+    assert!(unknown["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("forget_everything"));
+    let unknown = a.request("resources/list", json!({}));
+    assert_eq!(unknown["error"]["code"], -32601, "{unknown}");
+    a.send_line("{not json");
+    assert_eq!(a.read()["error"]["code"], -32700);
+    // Still serving after all that.
+    assert_eq!(a.request("ping", json!({}))["result"], json!({}));
+    a.finish();
+
+    // Another key on the same data sees nothing of tenant A's.
+    let mut b = Mcp::start(dir.path(), "key-b", None);
+    b.handshake();
+    let r = b.call(
+        "search_memory",
+        json!({"query": "What did Melanie paint?", "k": 5}),
+    );
+    assert!(memories(&r).is_empty(), "{r}");
+    let r = b.call(
+        "search_memory",
+        json!({"query": "What did Melanie paint?", "conversation_id": "chat-1"}),
+    );
+    assert_eq!(
+        r["result"]["isError"], true,
+        "unknown conversation for B: {r}"
+    );
+    b.finish();
+
+    // An unknown key cannot open the store at all.
+    let out = Command::new(binary())
+        .args(["mcp", "--data-dir"])
+        .arg(dir.path())
+        .env("RECOLLECT_API_KEYS", KEYS)
+        .env("RECOLLECT_API_KEY", "nope")
+        .env("RECOLLECT__EMBEDDER__KIND", "hash")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty(), "nothing but protocol on stdout");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown API key"));
+}
+
+#[test]
+fn against_a_running_server_the_key_decides_the_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        dir.path(),
+        &[
+            ("RECOLLECT_API_KEYS", KEYS),
+            ("RECOLLECT__EMBEDDER__KIND", "hash"),
+        ],
+    );
+    let elsewhere = tempfile::tempdir().unwrap();
+    let mut a = Mcp::start(elsewhere.path(), "key-a", Some(&s.url));
+    a.handshake();
+    let stored = a.call("store_turn", store_args());
+    assert_eq!(stored["result"]["isError"], false, "{stored}");
+    let id = stored["result"]["structuredContent"]["memory_id"].clone();
+    let ms = memories(&a.call("search_memory", json!({"query": "What did Melanie paint?"})));
+    assert_eq!(ms[0]["memory_id"], id);
+    // The server holds it under tenant A.
+    assert_eq!(s.get("/v1/conversations/chat-1", Some("key-a")).0, 200);
+    assert_eq!(s.get("/v1/conversations/chat-1", Some("key-b")).0, 404);
+    let refused = a.call(
+        "store_turn",
+        json!({"conversation_id": "chat-1", "user": ""}),
+    );
+    assert_eq!(refused["result"]["isError"], true, "{refused}");
+    a.finish();
+
+    let mut b = Mcp::start(elsewhere.path(), "key-b", Some(&s.url));
+    b.handshake();
+    let r = b.call("search_memory", json!({"query": "What did Melanie paint?"}));
+    assert!(memories(&r).is_empty(), "{r}");
+    b.finish();
+
+    let mut bad = Mcp::start(elsewhere.path(), "nope", Some(&s.url));
+    bad.handshake();
+    let r = bad.call("search_memory", json!({"query": "paint"}));
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert!(r["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("unknown API key"));
+    bad.finish();
+}
