@@ -224,6 +224,7 @@ impl Server {
         let s = Server {
             child,
             url: format!("http://127.0.0.1:{port}"),
+            grpc_url: String::new(),
             data_dir: PathBuf::new(),
             client: Client::builder()
                 .timeout(Duration::from_secs(180))
