@@ -344,6 +344,47 @@ pub mod http {
         pub turns_erased: u64,
     }
 
+    #[derive(Serialize)]
+    pub struct TenantErased {
+        pub conversations_erased: u64,
+        pub turns_erased: u64,
+    }
+
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct TenantEraseParams {
+        /// Must repeat the caller's tenant name: a tenant-wide erase is never an accident.
+        pub confirm: Option<String>,
+    }
+
+    /// Erases every conversation of the caller's tenant (the tenant comes from the credential;
+    /// `?confirm=` must name it).
+    pub async fn delete_tenant(
+        State(s): State<GatewayState>,
+        Tenant(tenant): Tenant,
+        params: Result<
+            axum::extract::Query<TenantEraseParams>,
+            axum::extract::rejection::QueryRejection,
+        >,
+    ) -> Result<axum::Json<TenantErased>, ApiError> {
+        let params = params
+            .map_err(|e| {
+                RecollectError::invalid(format!("invalid query string: {}", e.body_text()))
+            })?
+            .0;
+        if params.confirm.as_deref() != Some(tenant.as_str()) {
+            return Err(RecollectError::invalid(
+                "erasing a whole tenant needs ?confirm=<your tenant name>".to_string(),
+            )
+            .into());
+        }
+        let (conversations_erased, turns_erased) = s.eraser.erase_tenant(&tenant).await?;
+        Ok(axum::Json(TenantErased {
+            conversations_erased,
+            turns_erased,
+        }))
+    }
+
     pub async fn delete_conversation(
         State(s): State<GatewayState>,
         Tenant(tenant): Tenant,
@@ -367,6 +408,7 @@ pub mod http {
         Router::new()
             .route("/v1/conversations/{id}/turns", post(store_turns))
             .route("/v1/conversations/{id}", delete(delete_conversation))
+            .route("/v1/tenant", delete(delete_tenant))
             .with_state(state)
     }
 }
@@ -380,4 +422,7 @@ pub trait Eraser: Send + Sync {
         tenant: &TenantId,
         conversation: &str,
     ) -> Result<Option<u64>, RecollectError>;
+
+    /// Erases every conversation of `tenant`: (conversations, turns) erased.
+    async fn erase_tenant(&self, tenant: &TenantId) -> Result<(u64, u64), RecollectError>;
 }

@@ -12,6 +12,9 @@ use axum::response::{IntoResponse, Response};
 use recollect_model::{Classify, ErrorKind, RecollectError, TenantId};
 use serde::de::DeserializeOwned;
 
+pub mod limits;
+pub use limits::{guard, Guard, RateLimiter};
+
 /// An error as the HTTP edge returns it: `{"error": {"code", "message"}}` with the status for its kind.
 #[derive(Debug)]
 pub struct ApiError(pub RecollectError);
