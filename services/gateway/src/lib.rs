@@ -79,6 +79,12 @@ pub fn validate_conversation_id(id: &str) -> Result<(), RecollectError> {
     Ok(())
 }
 
+/// Control characters other than tab, CR and LF have no place in chat text; NUL would also
+/// break key layouts downstream.
+pub fn is_forbidden_control(c: char) -> bool {
+    c.is_control() && !matches!(c, '\t' | '\n' | '\r')
+}
+
 fn check_text(field: &str, i: usize, text: &str, max: usize) -> Result<(), RecollectError> {
     if text.trim().is_empty() {
         return Err(reject(
@@ -95,10 +101,13 @@ fn check_text(field: &str, i: usize, text: &str, max: usize) -> Result<(), Recol
             ),
         ));
     }
-    if text.contains('\0') {
+    if let Some(c) = text.chars().find(|c| is_forbidden_control(*c)) {
         return Err(reject(
             "bad_text",
-            format!("turns[{i}].{field} contains a NUL character"),
+            format!(
+                "turns[{i}].{field} contains the control character U+{:04X}; only tab, CR and LF are allowed",
+                c as u32
+            ),
         ));
     }
     Ok(())
