@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use recollect_bus::{Bus, Message};
 use recollect_model::{
-    bus_key, topics, Envelope, MemoryId, RecollectError, TenantId, Turn, TurnInput, MAX_TEXT_BYTES,
+    bus_key, request, topics, Envelope, MemoryId, RecollectError, TenantId, Turn, TurnInput,
+    MAX_TEXT_BYTES,
 };
 use recollect_store::raw::Appended;
 use recollect_store::RawStore;
@@ -15,14 +16,7 @@ use recollect_telemetry as metrics;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-/// `POST /v1/conversations/{id}/turns` body.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StoreRequest {
-    pub turns: Vec<TurnInput>,
-    #[serde(default)]
-    pub wait: Option<bool>,
-}
+pub use recollect_model::request::{is_forbidden_control, StoreRequest};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StoreResponse {
@@ -54,75 +48,14 @@ pub struct Gateway {
     stored: Arc<Notify>,
 }
 
-fn reject(reason: &'static str, msg: String) -> RecollectError {
-    metrics::TURNS_REJECTED.with_label_values(&[reason]).inc();
-    RecollectError::Invalid(msg)
+fn rejected(r: request::Rejection) -> RecollectError {
+    metrics::TURNS_REJECTED.with_label_values(&[r.reason]).inc();
+    RecollectError::Invalid(r.message)
 }
 
 /// Conversation ids end up in keys, paths and payload filters: keep them plain.
 pub fn validate_conversation_id(id: &str) -> Result<(), RecollectError> {
-    if id.is_empty() || id.len() > 128 {
-        return Err(reject(
-            "bad_conversation_id",
-            "conversation id must be 1 to 128 characters".into(),
-        ));
-    }
-    if !id
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':' | '@'))
-    {
-        return Err(reject(
-            "bad_conversation_id",
-            "conversation id may contain only letters, digits and _ - . : @".into(),
-        ));
-    }
-    Ok(())
-}
-
-/// Control characters other than tab, CR and LF have no place in chat text; NUL would also
-/// break key layouts downstream.
-pub fn is_forbidden_control(c: char) -> bool {
-    c.is_control() && !matches!(c, '\t' | '\n' | '\r')
-}
-
-fn check_text(field: &str, i: usize, text: &str, max: usize) -> Result<(), RecollectError> {
-    if text.trim().is_empty() {
-        return Err(reject(
-            "empty_text",
-            format!("turns[{i}].{field} is empty or whitespace"),
-        ));
-    }
-    if text.len() > max {
-        return Err(reject(
-            "too_large",
-            format!(
-                "turns[{i}].{field} is {} bytes, the limit is {max}",
-                text.len()
-            ),
-        ));
-    }
-    if let Some(c) = text.chars().find(|c| is_forbidden_control(*c)) {
-        return Err(reject(
-            "bad_text",
-            format!(
-                "turns[{i}].{field} contains the control character U+{:04X}; only tab, CR and LF are allowed",
-                c as u32
-            ),
-        ));
-    }
-    Ok(())
-}
-
-fn check_label(field: &str, i: usize, v: &Option<String>) -> Result<(), RecollectError> {
-    if let Some(s) = v {
-        if s.trim().is_empty() || s.len() > 256 || s.chars().any(char::is_control) {
-            return Err(reject(
-                "bad_label",
-                format!("turns[{i}].{field} must be 1 to 256 printable characters"),
-            ));
-        }
-    }
-    Ok(())
+    request::validate_conversation_id(id).map_err(rejected)
 }
 
 impl Gateway {
@@ -141,65 +74,13 @@ impl Gateway {
 
     /// Checks a request; nothing is stored unless every turn passes.
     pub fn validate(&self, conversation: &str, turns: &[TurnInput]) -> Result<(), RecollectError> {
-        validate_conversation_id(conversation)?;
-        if turns.is_empty() {
-            return Err(reject(
-                "no_turns",
-                "turns must hold at least one turn".into(),
-            ));
-        }
-        if turns.len() > self.limits.max_turns_per_request {
-            return Err(reject(
-                "too_many_turns",
-                format!(
-                    "{} turns in one request, the limit is {}",
-                    turns.len(),
-                    self.limits.max_turns_per_request
-                ),
-            ));
-        }
-        let max = self.limits.max_text_bytes;
-        let mut seen = std::collections::HashSet::new();
-        for (i, t) in turns.iter().enumerate() {
-            check_text("user", i, &t.user, max)?;
-            if let Some(a) = &t.assistant {
-                check_text("assistant", i, a, max)?;
-            }
-            check_label("user_speaker", i, &t.user_speaker)?;
-            check_label("assistant_speaker", i, &t.assistant_speaker)?;
-            if let Some(id) = &t.turn_id {
-                if id.is_empty() || id.len() > 128 || id.chars().any(char::is_control) {
-                    return Err(reject(
-                        "bad_turn_id",
-                        format!("turns[{i}].turn_id must be 1 to 128 printable characters"),
-                    ));
-                }
-                if !seen.insert(id.as_str()) {
-                    return Err(reject(
-                        "bad_turn_id",
-                        format!("turns[{i}].turn_id {id:?} repeats in this request"),
-                    ));
-                }
-            }
-            let year = chrono::Datelike::year(&t.timestamp);
-            if !(1900..=2200).contains(&year) {
-                return Err(reject(
-                    "bad_timestamp",
-                    format!("turns[{i}].timestamp year {year} is out of range"),
-                ));
-            }
-            if serde_json::to_vec(&t.metadata)
-                .map(|v| v.len())
-                .unwrap_or(usize::MAX)
-                > max
-            {
-                return Err(reject(
-                    "too_large",
-                    format!("turns[{i}].metadata is over {max} bytes"),
-                ));
-            }
-        }
-        Ok(())
+        request::validate_store(
+            conversation,
+            turns,
+            self.limits.max_turns_per_request,
+            self.limits.max_text_bytes,
+        )
+        .map_err(rejected)
     }
 
     /// Validates, stores durably, publishes new turns; with `wait`, returns once they are recallable.
@@ -309,11 +190,11 @@ impl Gateway {
 pub mod http {
     use std::sync::Arc;
 
-    use axum::extract::{Path, State};
+    use axum::extract::State;
     use axum::http::StatusCode;
     use axum::routing::{delete, post};
     use axum::Router;
-    use recollect_api::{ApiError, Auth, HasAuth, Json, Tenant};
+    use recollect_api::{ApiError, Auth, HasAuth, Json, PathParam, Tenant};
     use recollect_model::RecollectError;
     use serde::Serialize;
 
@@ -335,7 +216,7 @@ pub mod http {
     pub async fn store_turns(
         State(s): State<GatewayState>,
         Tenant(tenant): Tenant,
-        Path(conversation): Path<String>,
+        PathParam(conversation): PathParam,
         Json(req): Json<StoreRequest>,
     ) -> Result<(StatusCode, axum::Json<StoreResponse>), ApiError> {
         let trace_id = uuid::Uuid::new_v4().to_string();
@@ -397,7 +278,7 @@ pub mod http {
     pub async fn delete_conversation(
         State(s): State<GatewayState>,
         Tenant(tenant): Tenant,
-        Path(conversation): Path<String>,
+        PathParam(conversation): PathParam,
     ) -> Result<axum::Json<Erased>, ApiError> {
         validate_conversation_id(&conversation)?;
         let n = s.eraser.erase_conversation(&tenant, &conversation).await?;

@@ -60,7 +60,7 @@ struct ConversationInfo {
 async fn conversation_info(
     State(app): State<Arc<App>>,
     headers: axum::http::HeaderMap,
-    axum::extract::Path(conversation): axum::extract::Path<String>,
+    recollect_api::PathParam(conversation): recollect_api::PathParam,
 ) -> Result<axum::Json<ConversationInfo>, recollect_api::ApiError> {
     use recollect_model::RecollectError;
     let auth = Auth::new(app.settings.api_keys());
@@ -167,6 +167,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/readyz", get(readyz).with_state(app.clone()))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
+        .method_not_allowed_fallback(recollect_api::method_not_allowed)
         .layer(middleware::from_fn(count_requests))
         .layer(DefaultBodyLimit::max(app.settings.server.max_body_bytes))
 }

@@ -112,6 +112,34 @@ impl<S: HasAuth + Send + Sync> FromRequestParts<S> for Tenant {
     }
 }
 
+/// One path segment as a string; undecodable segments (bad percent-encoding, invalid UTF-8)
+/// become our 400 body instead of axum's plain-text rejection.
+pub struct PathParam(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for PathParam {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<String>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(PathParam(v)),
+            Err(rej) => Err(error_response(
+                StatusCode::BAD_REQUEST,
+                "invalid_argument",
+                &format!("invalid path parameter: {}", rej.body_text()),
+            )),
+        }
+    }
+}
+
+/// For `Router::method_not_allowed_fallback`: a 405 in the shared error shape.
+pub async fn method_not_allowed() -> Response {
+    error_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not accept that method",
+    )
+}
+
 /// `axum::Json` whose rejections become our 400/413/415 bodies, naming the problem.
 pub struct Json<T>(pub T);
 

@@ -8,6 +8,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
 pub mod error;
+pub mod request;
 pub use error::{Classify, ErrorKind, RecollectError};
 
 /// Version of every message put on the bus; readers accept this and all older versions.
