@@ -304,7 +304,9 @@ fn cases() -> Vec<Case> {
         ));
     }
     // Huge strings and over-limit counts.
-    let big = |n: usize| "x".repeat(n);
+    fn big(n: usize) -> String {
+        "x".repeat(n)
+    }
     for (label, body) in [
         (
             "user over 64 KiB",

@@ -31,9 +31,10 @@ struct Bucket {
 }
 
 impl RateLimiter {
+    /// `per_sec` below 1 is taken as 1 (the [`Guard`] turns the limit off for 0).
     pub fn new(per_sec: u32, burst: u32, max_tenants: usize) -> Self {
         Self {
-            per_sec: f64::from(per_sec),
+            per_sec: f64::from(per_sec.max(1)),
             burst: f64::from(burst.max(1)),
             max_tenants: max_tenants.max(1),
             buckets: Mutex::new(HashMap::new()),
@@ -68,7 +69,7 @@ impl RateLimiter {
     /// Drops buckets that have refilled (forgetting them changes nothing); if none has, the one
     /// idle longest, so the map stays bounded whatever the number of tenants.
     fn evict(&self, buckets: &mut HashMap<TenantId, Bucket>, now: Instant) {
-        let full_after = Duration::from_secs_f64(self.burst / self.per_sec.max(f64::MIN_POSITIVE));
+        let full_after = Duration::from_secs_f64(self.burst / self.per_sec);
         buckets.retain(|_, b| now.saturating_duration_since(b.at) < full_after);
         if buckets.len() >= self.max_tenants {
             if let Some(oldest) = buckets
