@@ -150,7 +150,11 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Json<T> {
         match axum::Json::<T>::from_request(req, state).await {
             Ok(axum::Json(v)) => Ok(Json(v)),
             Err(rej) => {
-                let status = rej.status();
+                // Wrong types and unknown fields are bad input like any other: 400, not axum's 422.
+                let status = match &rej {
+                    JsonRejection::JsonDataError(_) => StatusCode::BAD_REQUEST,
+                    other => other.status(),
+                };
                 let message = match &rej {
                     JsonRejection::JsonDataError(e) => {
                         format!("invalid request body: {}", e.body_text())

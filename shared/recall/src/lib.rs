@@ -271,6 +271,14 @@ impl Recall {
                 c as u32
             )));
         }
+        if let Some(now) = req.now {
+            let year = chrono::Datelike::year(&now);
+            if !(1900..=2200).contains(&year) {
+                return Err(RecallError::Invalid(format!(
+                    "now: year {year} is out of range"
+                )));
+            }
+        }
         if let Some(st) = &req.attention_state {
             st.check_client_supplied().map_err(RecallError::Invalid)?;
         }
