@@ -401,7 +401,8 @@ fn cases() -> Vec<Case> {
         "/v1/recall",
         over,
     ));
-    let recall_variants: Vec<(&str, Box<dyn Fn(&mut Value)>)> = vec![
+    type Edit = Box<dyn Fn(&mut Value)>;
+    let recall_variants: Vec<(&str, Edit)> = vec![
         ("query 4097", Box::new(|r| r["query"] = json!(big(4097)))),
         (
             "query 1 MiB",

@@ -249,7 +249,6 @@ impl App {
             max_turns_per_request: settings.server.max_turns_per_request,
             max_text_bytes: settings.server.max_text_bytes,
             wait_timeout: std::time::Duration::from_secs(settings.server.wait_timeout_secs),
-            ..Limits::default()
         };
         let gateway = Arc::new(Gateway::new(raw.clone(), bus_dyn, limits, stored));
         let recall_cfg = RecallConfig {
