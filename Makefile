@@ -9,7 +9,7 @@ LOCOMO ?= ../shared/data/locomo-dev.json
 # eval and bench, so a cold machine compiles the dependencies once. `--release` is for images.
 CARGO_FLAGS := --locked
 
-.PHONY: setup build run test lint fmt eval eval-ablations bench e2e-kafka check-deploy
+.PHONY: setup build run test lint fmt eval eval-ablations bench e2e-kafka check-deploy fuzz
 
 setup:
 	@bash scripts/setup.sh
@@ -55,3 +55,8 @@ eval-ablations: build
 BENCH_TURNS ?= 10000
 bench: build
 	$(BIN) bench --turns $(BENCH_TURNS) --conversations $$(( $(BENCH_TURNS) / 100 )) --queries 1000
+
+# Every cargo-fuzz target for FUZZ_SECONDS each (installs cargo-fuzz once; not part of `make test`).
+FUZZ_SECONDS ?= 60
+fuzz:
+	FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh

@@ -40,6 +40,11 @@ pub struct Server {
 impl Server {
     /// Starts `recollect serve` on `data_dir` with extra environment, and waits for /readyz.
     pub fn start(data_dir: &Path, env: &[(&str, &str)]) -> Server {
+        Self::start_logged(data_dir, env, None)
+    }
+
+    /// As [`Server::start`], with stdout and stderr appended to `log` when given.
+    pub fn start_logged(data_dir: &Path, env: &[(&str, &str)], log: Option<&Path>) -> Server {
         let port = free_port();
         let grpc_port = free_port();
         let mut cmd = Command::new(binary());
@@ -52,6 +57,15 @@ impl Server {
             .arg(data_dir)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
+        if let Some(path) = log {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .expect("open server log");
+            cmd.stdout(f.try_clone().expect("clone log handle"))
+                .stderr(f);
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -114,6 +128,28 @@ impl Server {
         let resp = r.send().expect("request");
         let status = resp.status().as_u16();
         (status, resp.json().unwrap_or(Value::Null))
+    }
+
+    /// Any method, raw body and headers; returns status, headers and the body text.
+    pub fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<Vec<u8>>,
+    ) -> (u16, reqwest::header::HeaderMap, String) {
+        let m = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let mut r = self.client.request(m, format!("{}{path}", self.url));
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
+        if let Some(b) = body {
+            r = r.body(b);
+        }
+        let resp = r.send().expect("request");
+        let status = resp.status().as_u16();
+        let h = resp.headers().clone();
+        (status, h, resp.text().unwrap_or_default())
     }
 
     pub fn get(&self, path: &str, key: Option<&str>) -> (u16, Value) {
@@ -193,6 +229,18 @@ pub fn model_available() -> bool {
         );
     }
     ok
+}
+
+/// Environment for a server without the model: the lexical hash embedder, no rate limit.
+pub fn hash_env() -> Vec<(&'static str, String)> {
+    vec![
+        ("RECOLLECT__EMBEDDER__KIND", "hash".to_string()),
+        ("RECOLLECT__SERVER__RATE_LIMIT_PER_SEC", "0".to_string()),
+    ]
+}
+
+pub fn env_refs<'a>(v: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    v.iter().map(|(k, s)| (*k, s.as_str())).collect()
 }
 
 pub fn model_env() -> Vec<(&'static str, String)> {

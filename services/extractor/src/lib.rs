@@ -12,14 +12,29 @@ use recollect_model::{bus_key, topics, Envelope, ExtractedTurn, MemoryId, RawMes
 use recollect_store::graph::ConversationState;
 use recollect_store::Graph;
 
+/// Whether a queued turn still exists (false once its conversation or tenant was erased).
+pub type Liveness = Arc<dyn Fn(&recollect_model::Turn) -> bool + Send + Sync>;
+
 pub struct ExtractorStage {
     extractor: Arc<dyn Extractor>,
     graph: Arc<dyn Graph>,
+    live: Option<Liveness>,
 }
 
 impl ExtractorStage {
     pub fn new(extractor: Arc<dyn Extractor>, graph: Arc<dyn Graph>) -> Self {
-        Self { extractor, graph }
+        Self {
+            extractor,
+            graph,
+            live: None,
+        }
+    }
+
+    /// Drops queued turns that were erased meanwhile, so their reference state is not
+    /// written back after an erasure.
+    pub fn with_liveness(mut self, live: Liveness) -> Self {
+        self.live = Some(live);
+        self
     }
 }
 
@@ -78,6 +93,9 @@ impl Stage for ExtractorStage {
                 if turn.memory_id.is_nil() {
                     turn.memory_id =
                         MemoryId::derive(&turn.tenant, &turn.conversation_id, &turn.turn_id);
+                }
+                if self.live.as_ref().is_some_and(|live| !live(&turn)) {
+                    return Ok(Vec::new());
                 }
                 let key = (turn.tenant.0.clone(), turn.conversation_id.clone());
                 if !states.contains_key(&key) {

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use recollect_bus::{Bus, Message};
 use recollect_model::{
-    bus_key, topics, Envelope, MemoryId, RecollectError, TenantId, Turn, TurnInput, MAX_TEXT_BYTES,
+    bus_key, request, topics, Envelope, MemoryId, RecollectError, TenantId, Turn, TurnInput,
+    MAX_TEXT_BYTES,
 };
 use recollect_store::raw::Appended;
 use recollect_store::{Graph, RawStore};
@@ -20,15 +21,7 @@ use recollect_telemetry as metrics;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-/// `POST /v1/conversations/{id}/turns` body.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct StoreRequest {
-    pub turns: Vec<TurnInput>,
-    /// Answer only once the turns are recallable (default: once they are stored durably).
-    #[serde(default)]
-    pub wait: Option<bool>,
-}
+pub use recollect_model::request::{is_forbidden_control, StoreRequest};
 
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StoreResponse {
@@ -91,66 +84,14 @@ pub struct Gateway {
     stored: Arc<Notify>,
 }
 
-fn reject(reason: &'static str, msg: String) -> RecollectError {
-    metrics::TURNS_REJECTED.with_label_values(&[reason]).inc();
-    RecollectError::Invalid(msg)
+fn rejected(r: request::Rejection) -> RecollectError {
+    metrics::TURNS_REJECTED.with_label_values(&[r.reason]).inc();
+    RecollectError::Invalid(r.message)
 }
 
 /// Conversation ids end up in keys, paths and payload filters: keep them plain.
 pub fn validate_conversation_id(id: &str) -> Result<(), RecollectError> {
-    if id.is_empty() || id.len() > 128 {
-        return Err(reject(
-            "bad_conversation_id",
-            "conversation id must be 1 to 128 characters".into(),
-        ));
-    }
-    if !id
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':' | '@'))
-    {
-        return Err(reject(
-            "bad_conversation_id",
-            "conversation id may contain only letters, digits and _ - . : @".into(),
-        ));
-    }
-    Ok(())
-}
-
-fn check_text(field: &str, i: usize, text: &str, max: usize) -> Result<(), RecollectError> {
-    if text.trim().is_empty() {
-        return Err(reject(
-            "empty_text",
-            format!("turns[{i}].{field} is empty or whitespace"),
-        ));
-    }
-    if text.len() > max {
-        return Err(reject(
-            "too_large",
-            format!(
-                "turns[{i}].{field} is {} bytes, the limit is {max}",
-                text.len()
-            ),
-        ));
-    }
-    if text.contains('\0') {
-        return Err(reject(
-            "bad_text",
-            format!("turns[{i}].{field} contains a NUL character"),
-        ));
-    }
-    Ok(())
-}
-
-fn check_label(field: &str, i: usize, v: &Option<String>) -> Result<(), RecollectError> {
-    if let Some(s) = v {
-        if s.trim().is_empty() || s.len() > 256 || s.chars().any(char::is_control) {
-            return Err(reject(
-                "bad_label",
-                format!("turns[{i}].{field} must be 1 to 256 printable characters"),
-            ));
-        }
-    }
-    Ok(())
+    request::validate_conversation_id(id).map_err(rejected)
 }
 
 impl Gateway {
@@ -177,65 +118,13 @@ impl Gateway {
 
     /// Checks a request; nothing is stored unless every turn passes.
     pub fn validate(&self, conversation: &str, turns: &[TurnInput]) -> Result<(), RecollectError> {
-        validate_conversation_id(conversation)?;
-        if turns.is_empty() {
-            return Err(reject(
-                "no_turns",
-                "turns must hold at least one turn".into(),
-            ));
-        }
-        if turns.len() > self.limits.max_turns_per_request {
-            return Err(reject(
-                "too_many_turns",
-                format!(
-                    "{} turns in one request, the limit is {}",
-                    turns.len(),
-                    self.limits.max_turns_per_request
-                ),
-            ));
-        }
-        let max = self.limits.max_text_bytes;
-        let mut seen = std::collections::HashSet::new();
-        for (i, t) in turns.iter().enumerate() {
-            check_text("user", i, &t.user, max)?;
-            if let Some(a) = &t.assistant {
-                check_text("assistant", i, a, max)?;
-            }
-            check_label("user_speaker", i, &t.user_speaker)?;
-            check_label("assistant_speaker", i, &t.assistant_speaker)?;
-            if let Some(id) = &t.turn_id {
-                if id.is_empty() || id.len() > 128 || id.chars().any(char::is_control) {
-                    return Err(reject(
-                        "bad_turn_id",
-                        format!("turns[{i}].turn_id must be 1 to 128 printable characters"),
-                    ));
-                }
-                if !seen.insert(id.as_str()) {
-                    return Err(reject(
-                        "bad_turn_id",
-                        format!("turns[{i}].turn_id {id:?} repeats in this request"),
-                    ));
-                }
-            }
-            let year = chrono::Datelike::year(&t.timestamp);
-            if !(1900..=2200).contains(&year) {
-                return Err(reject(
-                    "bad_timestamp",
-                    format!("turns[{i}].timestamp year {year} is out of range"),
-                ));
-            }
-            if serde_json::to_vec(&t.metadata)
-                .map(|v| v.len())
-                .unwrap_or(usize::MAX)
-                > max
-            {
-                return Err(reject(
-                    "too_large",
-                    format!("turns[{i}].metadata is over {max} bytes"),
-                ));
-            }
-        }
-        Ok(())
+        request::validate_store(
+            conversation,
+            turns,
+            self.limits.max_turns_per_request,
+            self.limits.max_text_bytes,
+        )
+        .map_err(rejected)
     }
 
     /// Validates, stores durably, publishes new turns; with `wait`, returns once they are recallable.
@@ -478,11 +367,13 @@ impl Eraser for StoreEraser {
 pub mod http {
     use std::sync::Arc;
 
-    use axum::extract::{Path, State};
+    use axum::extract::State;
     use axum::http::StatusCode;
     use axum::routing::{delete, post};
     use axum::Router;
-    use recollect_api::{ApiError, Auth, HasAuth, Json, Tenant};
+    use recollect_api::{ApiError, Auth, HasAuth, Json, PathParam, Tenant};
+    use recollect_model::RecollectError;
+    use serde::Serialize;
 
     use super::{Erased, Eraser, Gateway, StoreRequest, StoreResponse};
 
@@ -517,7 +408,7 @@ pub mod http {
     pub async fn store_turns(
         State(s): State<GatewayState>,
         Tenant(tenant): Tenant,
-        Path(conversation): Path<String>,
+        PathParam(conversation): PathParam,
         Json(req): Json<StoreRequest>,
     ) -> Result<(StatusCode, axum::Json<StoreResponse>), ApiError> {
         let trace_id = uuid::Uuid::new_v4().to_string();
@@ -527,6 +418,59 @@ pub mod http {
             .store(&tenant, &conversation, req, &trace_id)
             .await?;
         Ok((StatusCode::ACCEPTED, axum::Json(r)))
+    }
+
+    #[derive(Serialize, utoipa::ToSchema)]
+    pub struct TenantErased {
+        pub conversations_erased: u64,
+        pub turns_erased: u64,
+    }
+
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct TenantEraseParams {
+        /// Must repeat the caller's tenant name: a tenant-wide erase is never an accident.
+        pub confirm: Option<String>,
+    }
+
+    /// Erases every conversation of the caller's tenant (the tenant comes from the credential;
+    /// `?confirm=` must name it).
+    #[utoipa::path(
+        delete,
+        path = "/v1/tenant",
+        tag = "store",
+        params(("confirm" = String, Query, description = "the caller's tenant name, repeated")),
+        responses(
+            (status = 200, description = "erased", body = TenantErased),
+            (status = 400, description = "confirm missing or not the caller's tenant", body = recollect_api::ErrorBody),
+            (status = 401, description = "missing or unknown API key", body = recollect_api::ErrorBody),
+        ),
+        security((), ("bearer" = []))
+    )]
+    pub async fn delete_tenant(
+        State(s): State<GatewayState>,
+        Tenant(tenant): Tenant,
+        params: Result<
+            axum::extract::Query<TenantEraseParams>,
+            axum::extract::rejection::QueryRejection,
+        >,
+    ) -> Result<axum::Json<TenantErased>, ApiError> {
+        let params = params
+            .map_err(|e| {
+                RecollectError::invalid(format!("invalid query string: {}", e.body_text()))
+            })?
+            .0;
+        if params.confirm.as_deref() != Some(tenant.as_str()) {
+            return Err(RecollectError::invalid(
+                "erasing a whole tenant needs ?confirm=<your tenant name>".to_string(),
+            )
+            .into());
+        }
+        let (conversations_erased, turns_erased) = s.eraser.erase_tenant(&tenant).await?;
+        Ok(axum::Json(TenantErased {
+            conversations_erased,
+            turns_erased,
+        }))
     }
 
     /// Erase a conversation from the raw store, graph and vectors.
@@ -546,7 +490,7 @@ pub mod http {
     pub async fn delete_conversation(
         State(s): State<GatewayState>,
         Tenant(tenant): Tenant,
-        Path(conversation): Path<String>,
+        PathParam(conversation): PathParam,
     ) -> Result<axum::Json<Erased>, ApiError> {
         Ok(axum::Json(
             super::delete_conversation(s.eraser.as_ref(), &tenant, &conversation).await?,
@@ -557,6 +501,7 @@ pub mod http {
         Router::new()
             .route("/v1/conversations/{id}/turns", post(store_turns))
             .route("/v1/conversations/{id}", delete(delete_conversation))
+            .route("/v1/tenant", delete(delete_tenant))
             .with_state(state)
     }
 }
@@ -570,4 +515,7 @@ pub trait Eraser: Send + Sync {
         tenant: &TenantId,
         conversation: &str,
     ) -> Result<Option<u64>, RecollectError>;
+
+    /// Erases every conversation of `tenant`: (conversations, turns) erased.
+    async fn erase_tenant(&self, tenant: &TenantId) -> Result<(u64, u64), RecollectError>;
 }

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::routing::{get, post};
 use axum::Router;
-use recollect_api::{ApiError, Auth, HasAuth, Json, Tenant};
+use recollect_api::{ApiError, Auth, HasAuth, Json, PathParam, Tenant};
 use recollect_model::{MemoryId, RecollectError, TenantId, Turn};
 use recollect_recall::{Recall, RecallError, RecallRequest, RecallResponse};
 use recollect_store::RawStore;
@@ -118,7 +118,7 @@ pub async fn recall(
 pub async fn get_memory(
     State(s): State<QueryState>,
     Tenant(tenant): Tenant,
-    Path(id): Path<String>,
+    PathParam(id): PathParam,
 ) -> Result<axum::Json<Turn>, ApiError> {
     Ok(axum::Json(s.memory(&tenant, &id).await?))
 }

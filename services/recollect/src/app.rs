@@ -60,6 +60,9 @@ struct EmbeddedEraser {
     raw: RawStore,
     graph: Arc<dyn Graph>,
     vectors: Arc<dyn VectorIndex>,
+    /// Query embeddings keyed by query text: emptied on every erasure, since a tenant's
+    /// queries may quote what was erased.
+    query_cache: Arc<CachedEmbedder<Arc<dyn Embedder>>>,
 }
 
 #[async_trait::async_trait]
@@ -96,8 +99,49 @@ impl Eraser for EmbeddedEraser {
             .delete_conversation(tenant, conversation)
             .await
             .map_err(RecollectError::from_classified)?;
+        self.query_cache.clear();
         tracing::info!(turns = n, "conversation erased");
         Ok(Some(n))
+    }
+
+    async fn erase_tenant(&self, tenant: &TenantId) -> Result<(u64, u64), RecollectError> {
+        let raw = self.raw.clone();
+        let t = tenant.clone();
+        let mut conversations = tokio::task::spawn_blocking(move || raw.conversations(&t))
+            .await
+            .map_err(RecollectError::internal)?
+            .map_err(RecollectError::from_classified)?;
+        conversations.extend(
+            self.graph
+                .conversations(tenant)
+                .await
+                .map_err(RecollectError::from_classified)?,
+        );
+        conversations.sort();
+        conversations.dedup();
+        let (mut convs, mut turns) = (0, 0);
+        for c in &conversations {
+            if let Some(n) = self.erase_conversation(tenant, c).await? {
+                convs += 1;
+                turns += n;
+            }
+        }
+        // Every vector point carries its conversation, so the loop above removed them all;
+        // say so loudly if a point outlived its conversation in both raw store and graph.
+        let left = self
+            .vectors
+            .count(tenant, &recollect_store::Scope::all())
+            .await
+            .map_err(RecollectError::from_classified)?;
+        if left > 0 {
+            tracing::error!(points = left, "vector points left after a tenant erase");
+            return Err(RecollectError::internal(format!(
+                "{left} vector points left after erasing the tenant; retry the erase"
+            )));
+        }
+        self.query_cache.clear();
+        tracing::info!(conversations = convs, turns, "tenant erased");
+        Ok((convs, turns))
     }
 }
 
@@ -146,12 +190,20 @@ impl App {
             raw: raw.clone(),
             stored: stored.clone(),
         });
-        let query_embedder: Arc<dyn Embedder> = Arc::new(CachedEmbedder::new(embedder.clone()));
+        let query_cache = Arc::new(CachedEmbedder::new(embedder.clone()));
+        let query_embedder: Arc<dyn Embedder> = query_cache.clone();
+        let live_raw = raw.clone();
+        let liveness: recollect_extractor::Liveness = Arc::new(move |turn: &Turn| {
+            live_raw
+                .get(turn.memory_id)
+                .map(|t| t.is_some())
+                .unwrap_or(true)
+        });
         let stages: Vec<Arc<dyn Stage>> = vec![
-            Arc::new(ExtractorStage::new(
-                Arc::new(RuleExtractor::new()),
-                graph.clone(),
-            )),
+            Arc::new(
+                ExtractorStage::new(Arc::new(RuleExtractor::new()), graph.clone())
+                    .with_liveness(liveness),
+            ),
             Arc::new(EmbedderStage::new(embedder.clone())),
             Arc::new(GraphWriterStage::new(
                 graph.clone(),
@@ -179,8 +231,8 @@ impl App {
             .collect();
         let limits = Limits {
             max_turns_per_request: settings.server.max_turns_per_request,
+            max_text_bytes: settings.server.max_text_bytes,
             wait_timeout: std::time::Duration::from_secs(settings.server.wait_timeout_secs),
-            ..Limits::default()
         };
         let gateway = Arc::new(Gateway::new(raw.clone(), bus_dyn, limits, stored));
         let recall_cfg = RecallConfig {
@@ -199,6 +251,7 @@ impl App {
             raw: raw.clone(),
             graph: graph.clone(),
             vectors: vectors.clone(),
+            query_cache,
         });
         let app = Self {
             settings,

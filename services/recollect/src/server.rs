@@ -10,7 +10,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use recollect_api::{error_response, Auth};
+use recollect_api::{error_response, Auth, Guard};
 use recollect_gateway::http::GatewayState;
 use recollect_query::QueryState;
 use recollect_telemetry as metrics;
@@ -77,7 +77,7 @@ struct ConversationInfo {
 async fn conversation_info(
     State(app): State<Arc<App>>,
     headers: axum::http::HeaderMap,
-    axum::extract::Path(conversation): axum::extract::Path<String>,
+    recollect_api::PathParam(conversation): recollect_api::PathParam,
 ) -> Result<axum::Json<ConversationInfo>, recollect_api::ApiError> {
     use recollect_model::RecollectError;
     let auth = Auth::new(app.settings.api_keys());
@@ -181,6 +181,7 @@ impl utoipa::Modify for BearerKey {
     paths(
         recollect_gateway::http::store_turns,
         recollect_gateway::http::delete_conversation,
+        recollect_gateway::http::delete_tenant,
         recollect_query::recall,
         recollect_query::get_memory,
         conversation_info,
@@ -221,21 +222,34 @@ pub fn router(app: Arc<App>) -> Router {
     };
     let q = QueryState {
         recall: app.recall.clone(),
-        auth,
+        auth: auth.clone(),
         raw: Some(app.raw.clone()),
     };
-    Router::new()
+    let server = &app.settings.server;
+    let guard = Arc::new(Guard::new(
+        auth,
+        server.rate_limit_per_sec,
+        server.rate_limit_burst,
+        server.rate_limit_max_tenants,
+        server.max_in_flight,
+    ));
+    // Only the work routes are limited: health, readiness and metrics must answer under load.
+    let work = Router::new()
         .merge(recollect_gateway::http::router(gw))
         .merge(recollect_query::router(q))
         .route(
             "/v1/conversations/{id}",
             get(conversation_info).with_state(app.clone()),
         )
+        .route_layer(middleware::from_fn_with_state(guard, recollect_api::guard));
+    Router::new()
+        .merge(work)
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz).with_state(app.clone()))
         .route("/metrics", get(metrics_text))
         .route("/openapi.json", get(openapi_json))
         .fallback(not_found)
+        .method_not_allowed_fallback(recollect_api::method_not_allowed)
         .layer(middleware::from_fn(count_requests))
         .layer(DefaultBodyLimit::max(app.settings.server.max_body_bytes))
 }

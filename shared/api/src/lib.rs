@@ -13,6 +13,9 @@ use axum::response::{IntoResponse, Response};
 use recollect_model::{Classify, ErrorKind, RecollectError, TenantId};
 use serde::de::DeserializeOwned;
 
+pub mod limits;
+pub use limits::{guard, Guard, RateLimiter};
+
 /// An error as the HTTP edge returns it: `{"error": {"code", "message"}}` with the status for its kind.
 #[derive(Debug)]
 pub struct ApiError(pub RecollectError);
@@ -175,6 +178,34 @@ impl<S: HasAuth + Send + Sync> FromRequestParts<S> for Tenant {
     }
 }
 
+/// One path segment as a string; undecodable segments (bad percent-encoding, invalid UTF-8)
+/// become our 400 body instead of axum's plain-text rejection.
+pub struct PathParam(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for PathParam {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<String>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(PathParam(v)),
+            Err(rej) => Err(error_response(
+                StatusCode::BAD_REQUEST,
+                "invalid_argument",
+                &format!("invalid path parameter: {}", rej.body_text()),
+            )),
+        }
+    }
+}
+
+/// For `Router::method_not_allowed_fallback`: a 405 in the shared error shape.
+pub async fn method_not_allowed() -> Response {
+    error_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not accept that method",
+    )
+}
+
 /// `axum::Json` whose rejections become our 400/413/415 bodies, naming the problem.
 pub struct Json<T>(pub T);
 
@@ -185,7 +216,11 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Json<T> {
         match axum::Json::<T>::from_request(req, state).await {
             Ok(axum::Json(v)) => Ok(Json(v)),
             Err(rej) => {
-                let status = rej.status();
+                // Wrong types and unknown fields are bad input like any other: 400, not axum's 422.
+                let status = match &rej {
+                    JsonRejection::JsonDataError(_) => StatusCode::BAD_REQUEST,
+                    other => other.status(),
+                };
                 let message = match &rej {
                     JsonRejection::JsonDataError(e) => {
                         format!("invalid request body: {}", e.body_text())

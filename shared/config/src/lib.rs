@@ -31,19 +31,57 @@ pub struct Settings {
     pub telemetry: TelemetrySettings,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 pub struct ServerSettings {
     pub listen: String,
     /// gRPC address; empty: no gRPC server.
     pub grpc_listen: String,
-    /// `key:tenant` pairs.
+    /// `key:tenant` pairs. Secrets: redacted from `Debug`.
     pub api_keys: Vec<String>,
     pub max_body_bytes: usize,
     pub max_turns_per_request: usize,
     pub max_query_bytes: usize,
+    /// Longest text of one turn field (user, assistant; metadata as JSON).
+    pub max_text_bytes: usize,
     pub max_k: usize,
     pub default_k: usize,
     pub wait_timeout_secs: u64,
+    /// Sustained requests per second per tenant; 0: no rate limit.
+    pub rate_limit_per_sec: u32,
+    pub rate_limit_burst: u32,
+    /// Bound on the per-tenant bucket map.
+    pub rate_limit_max_tenants: usize,
+    /// Work requests handled at once; beyond it a 503 with Retry-After instead of a queue.
+    pub max_in_flight: usize,
+}
+
+/// Tenants of the keys, never the keys themselves: `Debug` output ends up in logs.
+impl std::fmt::Debug for ServerSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let keys: Vec<String> = self
+            .api_keys
+            .iter()
+            .map(|k| match k.split_once(':') {
+                Some((_, tenant)) => format!("<redacted>:{tenant}"),
+                None => "<redacted>".to_string(),
+            })
+            .collect();
+        f.debug_struct("ServerSettings")
+            .field("listen", &self.listen)
+            .field("api_keys", &keys)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_turns_per_request", &self.max_turns_per_request)
+            .field("max_query_bytes", &self.max_query_bytes)
+            .field("max_text_bytes", &self.max_text_bytes)
+            .field("max_k", &self.max_k)
+            .field("default_k", &self.default_k)
+            .field("wait_timeout_secs", &self.wait_timeout_secs)
+            .field("rate_limit_per_sec", &self.rate_limit_per_sec)
+            .field("rate_limit_burst", &self.rate_limit_burst)
+            .field("rate_limit_max_tenants", &self.rate_limit_max_tenants)
+            .field("max_in_flight", &self.max_in_flight)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -87,13 +125,31 @@ pub enum GraphKind {
     Remote,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 pub struct GraphSettings {
     pub kind: GraphKind,
     pub uri: String,
     pub user: String,
+    /// Secret: redacted from `Debug`.
     pub password: String,
     pub database: String,
+}
+
+impl std::fmt::Debug for GraphSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let password = if self.password.is_empty() {
+            ""
+        } else {
+            "<redacted>"
+        };
+        f.debug_struct("GraphSettings")
+            .field("kind", &self.kind)
+            .field("uri", &self.uri)
+            .field("user", &self.user)
+            .field("password", &password)
+            .field("database", &self.database)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -235,6 +291,27 @@ impl Settings {
         if self.server.max_body_bytes < 1024 {
             return invalid("server.max_body_bytes", "must be at least 1024".into());
         }
+        if !(1..=self.server.max_body_bytes).contains(&self.server.max_text_bytes) {
+            return invalid(
+                "server.max_text_bytes",
+                "must be in 1..=server.max_body_bytes".into(),
+            );
+        }
+        if self.server.max_query_bytes == 0 {
+            return invalid("server.max_query_bytes", "must be at least 1".into());
+        }
+        if self.server.rate_limit_per_sec > 0 && self.server.rate_limit_burst == 0 {
+            return invalid(
+                "server.rate_limit_burst",
+                "must be at least 1 when server.rate_limit_per_sec is set".into(),
+            );
+        }
+        if self.server.rate_limit_max_tenants == 0 {
+            return invalid("server.rate_limit_max_tenants", "must be at least 1".into());
+        }
+        if !(1..=100_000).contains(&self.server.max_in_flight) {
+            return invalid("server.max_in_flight", "must be in 1..=100000".into());
+        }
         if self.embedder.batch_size == 0 || self.embedder.batch_size > 4096 {
             return invalid("embedder.batch_size", "must be in 1..=4096".into());
         }
@@ -329,6 +406,43 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("server.api_keys"));
+    }
+
+    #[test]
+    fn limits_are_validated() {
+        let mut s = Settings::defaults();
+        s.server.max_in_flight = 0;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("server.max_in_flight"), "{e}");
+        let mut s = Settings::defaults();
+        s.server.max_text_bytes = s.server.max_body_bytes + 1;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("server.max_text_bytes"), "{e}");
+        let mut s = Settings::defaults();
+        s.server.rate_limit_burst = 0;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("server.rate_limit_burst"), "{e}");
+        s.server.rate_limit_per_sec = 0;
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn secrets_never_reach_debug_output() {
+        let mut s = Settings::defaults();
+        s.server.api_keys = vec![
+            "sk-very-secret-1:tenant-a".into(),
+            "sk-other-2:tenant-b".into(),
+        ];
+        s.graph.password = "hunter2-graph-password".into();
+        s.validate().unwrap();
+        let out = format!("{s:?} {s:#?} {:?} {:?}", s.server, s.graph);
+        for secret in ["sk-very-secret-1", "sk-other-2", "hunter2-graph-password"] {
+            assert!(!out.contains(secret), "{secret} leaked into Debug output");
+        }
+        assert!(
+            out.contains("tenant-a") && out.contains("<redacted>"),
+            "{out}"
+        );
     }
 
     #[test]

@@ -94,6 +94,10 @@ const PIECES: &[&str] = &[
     "of the",
 ];
 
+/// Upper bound per input (parse + extract + analyse), generous for a loaded 2-core machine;
+/// typical inputs take well under a millisecond.
+const PER_INPUT: Duration = Duration::from_secs(2);
+
 fn glued() -> impl Strategy<Value = String> {
     prop::collection::vec((0..PIECES.len(), prop::bool::ANY), 0..60).prop_map(|v| {
         let mut s = String::new();
@@ -121,6 +125,7 @@ proptest! {
 
     #[test]
     fn nothing_panics_on_arbitrary_text(s in "\\PC{0,300}", a in anchors()) {
+        let t0 = Instant::now();
         let _ = parse_times(&s, a);
         let _ = parse_date_time(&s);
         let _ = text::lexical_terms(&s);
@@ -131,10 +136,12 @@ proptest! {
         prop_assert_eq!(ex.extractor.as_str(), "rules");
         let q = analyse_query(&s, None, Some(&st));
         prop_assert!(q.time_hint.is_none_or(|h| h.start <= h.end));
+        prop_assert!(t0.elapsed() < PER_INPUT, "{:?}", t0.elapsed());
     }
 
     #[test]
     fn nothing_panics_on_time_like_text(s in glued(), a in anchors()) {
+        let t0 = Instant::now();
         for t in parse_times(&s, a) {
             prop_assert!(t.start <= t.end, "{:?}", t);
             prop_assert!(s.contains(&t.text));
@@ -148,16 +155,19 @@ proptest! {
         }
         prop_assert!(st.entities.len() <= 10 && st.locations.len() <= 4 && st.times.len() <= 4 && st.events.len() <= 4);
         let _ = analyse_query(&s, None, Some(&st));
+        prop_assert!(t0.elapsed() < PER_INPUT, "{:?}", t0.elapsed());
     }
 
     #[test]
     fn raw_chars_including_controls(v in prop::collection::vec(any::<char>(), 0..500)) {
         let s: String = v.into_iter().collect();
+        let t0 = Instant::now();
         let a = Utc.with_ymd_and_hms(2023, 5, 8, 0, 0, 0).unwrap();
         let _ = parse_times(&s, a);
         let _ = analyse_query(&s, None, None);
         let mut st = ReferenceState::default();
         let _ = RuleExtractor::new().extract_sync(&turn(&s, "", a), &mut st);
+        prop_assert!(t0.elapsed() < PER_INPUT, "{:?}", t0.elapsed());
     }
 }
 

@@ -8,6 +8,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
 pub mod error;
+pub mod request;
 pub use error::{Classify, ErrorKind, RecollectError};
 
 /// Version of every message put on the bus; readers accept this and all older versions.
@@ -225,6 +226,7 @@ pub struct Keyword {
 
 /// A time expression resolved against the turn's anchor time: a closed day range.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct TimeRef {
     /// The words in the text ("last Friday"), or the source of an inferred time.
     pub text: String,
@@ -413,6 +415,7 @@ pub struct RecalledMemory {
 
 /// Per-conversation reference state of the resolution state machine (KeyMem §1).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ReferenceState {
     /// Most recent first; bounded (entities 10, locations 4, events 4, times 4).
     pub entities: Vec<String>,
@@ -426,12 +429,79 @@ pub struct ReferenceState {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct Binding {
     pub location: Option<String>,
     pub event: Option<String>,
     pub time: Option<TimeRef>,
     /// Turn count after which this binding is dead (3-turn TTL).
     pub expires_after: u64,
+}
+
+impl ReferenceState {
+    /// Checks a client-supplied state (recall's `attention_state`): bounded lists of short,
+    /// printable names. The error names the offending field.
+    pub fn check_client_supplied(&self) -> Result<(), String> {
+        const MAX_ITEMS: usize = 64;
+        const MAX_NAME: usize = 256;
+        let name_ok = |s: &str| s.len() <= MAX_NAME && !s.chars().any(char::is_control);
+        let lists: [(&str, Vec<&str>); 4] = [
+            (
+                "entities",
+                self.entities.iter().map(String::as_str).collect(),
+            ),
+            (
+                "locations",
+                self.locations.iter().map(String::as_str).collect(),
+            ),
+            ("events", self.events.iter().map(String::as_str).collect()),
+            (
+                "times",
+                self.times.iter().map(|t| t.text.as_str()).collect(),
+            ),
+        ];
+        for (field, items) in lists {
+            if items.len() > MAX_ITEMS {
+                return Err(format!(
+                    "attention_state.{field} holds {} items, the limit is {MAX_ITEMS}",
+                    items.len()
+                ));
+            }
+            if items.iter().any(|s| !name_ok(s)) {
+                return Err(format!(
+                    "attention_state.{field} items must be at most {MAX_NAME} printable bytes"
+                ));
+            }
+        }
+        if self.bindings.len() > MAX_ITEMS {
+            return Err(format!(
+                "attention_state.bindings holds {} items, the limit is {MAX_ITEMS}",
+                self.bindings.len()
+            ));
+        }
+        for (k, b) in &self.bindings {
+            let texts = [
+                Some(k.as_str()),
+                b.location.as_deref(),
+                b.event.as_deref(),
+                b.time.as_ref().map(|t| t.text.as_str()),
+            ];
+            if texts.into_iter().flatten().any(|s| !name_ok(s)) {
+                return Err(format!(
+                    "attention_state.bindings entries must be at most {MAX_NAME} printable bytes"
+                ));
+            }
+        }
+        if self
+            .times
+            .iter()
+            .chain(self.bindings.values().filter_map(|b| b.time.as_ref()))
+            .any(|t| t.start > t.end)
+        {
+            return Err("attention_state times must have start <= end".into());
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

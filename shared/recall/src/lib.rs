@@ -262,6 +262,27 @@ impl Recall {
                 self.config.max_query_bytes
             )));
         }
+        if let Some(c) = req
+            .query
+            .chars()
+            .find(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r'))
+        {
+            return Err(RecallError::Invalid(format!(
+                "query contains the control character U+{:04X}; only tab, CR and LF are allowed",
+                c as u32
+            )));
+        }
+        if let Some(now) = req.now {
+            let year = chrono::Datelike::year(&now);
+            if !(1900..=2200).contains(&year) {
+                return Err(RecallError::Invalid(format!(
+                    "now: year {year} is out of range"
+                )));
+            }
+        }
+        if let Some(st) = &req.attention_state {
+            st.check_client_supplied().map_err(RecallError::Invalid)?;
+        }
         let k = req.k.unwrap_or(self.config.default_k as i64);
         if k <= 0 || k > self.config.max_k as i64 {
             return Err(RecallError::Invalid(format!(

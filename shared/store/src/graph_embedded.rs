@@ -556,4 +556,106 @@ impl EmbeddedGraph {
         m.insert("conversation_state", r.open_table(CONV_STATE)?.len()?);
         Ok(m)
     }
+
+    /// Rows per table that belong to `tenant` (and `conversation`, if given): erasure checks.
+    /// Scans whole tables; meant for tests and audits, not for serving.
+    pub fn rows_of(
+        &self,
+        tenant: &TenantId,
+        conversation: Option<&str>,
+    ) -> Result<HashMap<&'static str, u64>, StoreError> {
+        let owned = |t: &[u8], c: Option<&[u8]>| {
+            t == tenant.as_str().as_bytes()
+                && conversation.is_none_or(|want| c == Some(want.as_bytes()))
+        };
+        // Keys `tenant\0conversation\0…`, optionally after a one-byte node-kind tag.
+        let by_key = |key: &[u8], tagged: bool| {
+            let key = if tagged {
+                &key[1.min(key.len())..]
+            } else {
+                key
+            };
+            let parts = keys::split(key);
+            owned(
+                parts.first().copied().unwrap_or_default(),
+                parts.get(1).copied(),
+            )
+        };
+        let r = self.db.begin_read()?;
+        let mut m = HashMap::new();
+        let mut n = 0;
+        for e in r.open_table(TURNS)?.iter()? {
+            let (_, v) = e?;
+            let rec: TurnRecord = serde_json::from_slice(v.value())?;
+            if owned(
+                rec.turn.tenant.as_str().as_bytes(),
+                Some(rec.turn.conversation_id.as_bytes()),
+            ) {
+                n += 1;
+            }
+        }
+        m.insert("turn_nodes", n);
+        n = 0;
+        for e in r.open_table(FRAGMENTS)?.iter()? {
+            let (_, v) = e?;
+            let f: Fragment = serde_json::from_slice(v.value())?;
+            if owned(
+                f.tenant.as_str().as_bytes(),
+                Some(f.conversation_id.as_bytes()),
+            ) {
+                n += 1;
+            }
+        }
+        m.insert("fragments", n);
+        macro_rules! count_keys {
+            ($table:expr, $name:literal, $tagged:expr) => {{
+                let mut n = 0u64;
+                for e in r.open_table($table)?.iter()? {
+                    let (k, _) = e?;
+                    if by_key(k.value(), $tagged) {
+                        n += 1;
+                    }
+                }
+                m.insert($name, n);
+            }};
+        }
+        count_keys!(CONV_TURNS, "conversation_turns", false);
+        count_keys!(LINKS, "links", true);
+        count_keys!(VOCAB, "vocabulary", true);
+        count_keys!(CONV_STATE, "conversation_state", false);
+        count_keys!(CONV_COUNT, "conversation_count", false);
+        count_keys!(CONV_FRAGMENTS, "conversation_fragments", false);
+        Ok(m)
+    }
+
+    /// Rows of any table whose key or value contains `needle` (e.g. a marker word): erasure checks.
+    pub fn rows_containing(&self, needle: &[u8]) -> Result<u64, StoreError> {
+        let has = |b: &[u8]| !needle.is_empty() && b.windows(needle.len()).any(|w| w == needle);
+        let r = self.db.begin_read()?;
+        let mut n = 0;
+        for e in r.open_table(TURNS)?.iter()? {
+            let (_, v) = e?;
+            n += u64::from(has(v.value()));
+        }
+        macro_rules! scan {
+            ($table:expr) => {{
+                for e in r.open_table($table)?.iter()? {
+                    let (k, _) = e?;
+                    n += u64::from(has(k.value()));
+                }
+            }};
+        }
+        scan!(CONV_TURNS);
+        scan!(LINKS);
+        scan!(VOCAB);
+        scan!(CONV_COUNT);
+        scan!(CONV_FRAGMENTS);
+        for table in [CONV_STATE, FRAGMENTS] {
+            for e in r.open_table(table)?.iter()? {
+                let (k, v) = e?;
+                n += u64::from(has(k.value()) || has(v.value()));
+            }
+        }
+        Ok(n)
+    }
 }

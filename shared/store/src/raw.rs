@@ -245,6 +245,80 @@ impl RawStore {
         let r = self.db.begin_read()?;
         Ok(r.open_table(TURNS)?.len()?)
     }
+
+    /// Rows per table that belong to `tenant` (and `conversation`, if given), pending marks
+    /// included: erasure checks. Scans whole tables; for tests and audits.
+    pub fn rows_of(
+        &self,
+        tenant: &TenantId,
+        conversation: Option<&str>,
+    ) -> Result<std::collections::HashMap<&'static str, u64>, StoreError> {
+        let owned = |t: &[u8], c: Option<&[u8]>| {
+            t == tenant.as_str().as_bytes()
+                && conversation.is_none_or(|want| c == Some(want.as_bytes()))
+        };
+        let r = self.db.begin_read()?;
+        let turns_t = r.open_table(TURNS)?;
+        let pending_t = r.open_table(PENDING)?;
+        let (mut turns, mut pending) = (0, 0);
+        for e in turns_t.iter()? {
+            let (id, v) = e?;
+            let t: Turn = serde_json::from_slice(v.value())?;
+            if owned(
+                t.tenant.as_str().as_bytes(),
+                Some(t.conversation_id.as_bytes()),
+            ) {
+                turns += 1;
+                if pending_t.get(id.value())?.is_some() {
+                    pending += 1;
+                }
+            }
+        }
+        let mut m = std::collections::HashMap::from([("turns", turns), ("pending", pending)]);
+        for (name, table) in [("conversation_index", CONV_INDEX)] {
+            let mut n = 0;
+            for e in r.open_table(table)?.iter()? {
+                let (k, _) = e?;
+                let parts = keys::split(k.value());
+                n += u64::from(owned(
+                    parts.first().copied().unwrap_or_default(),
+                    parts.get(1).copied(),
+                ));
+            }
+            m.insert(name, n);
+        }
+        let mut n = 0;
+        for e in r.open_table(CONV_NEXT)?.iter()? {
+            let (k, _) = e?;
+            let parts = keys::split(k.value());
+            n += u64::from(owned(
+                parts.first().copied().unwrap_or_default(),
+                parts.get(1).copied(),
+            ));
+        }
+        m.insert("conversation_next", n);
+        // Pending marks whose turn is gone would replay nothing, but count them as residue.
+        let mut orphans = 0;
+        for e in pending_t.iter()? {
+            let (id, _) = e?;
+            orphans += u64::from(turns_t.get(id.value())?.is_none());
+        }
+        m.insert("orphan_pending", orphans);
+        Ok(m)
+    }
+
+    /// Stored turns whose text, speakers, ids or metadata contain `needle`: erasure checks.
+    pub fn rows_containing(&self, needle: &[u8]) -> Result<u64, StoreError> {
+        let r = self.db.begin_read()?;
+        let mut n = 0;
+        for e in r.open_table(TURNS)?.iter()? {
+            let (_, v) = e?;
+            n += u64::from(
+                !needle.is_empty() && v.value().windows(needle.len()).any(|w| w == needle),
+            );
+        }
+        Ok(n)
+    }
 }
 
 #[cfg(test)]

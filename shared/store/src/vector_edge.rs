@@ -447,6 +447,19 @@ impl VectorIndex for EdgeVectorIndex {
 }
 
 impl EdgeVectorIndex {
+    /// (turn points, keyword points) in scope, without an async runtime: erasure audits and tests.
+    pub fn audit_counts(&self, tenant: &TenantId, scope: &Scope) -> Result<(u64, u64), StoreError> {
+        let count = |shard: &EdgeShard| -> Result<u64, StoreError> {
+            Ok(shard
+                .count(CountRequest {
+                    filter: Some(scope_filter(tenant, scope)),
+                    exact: true,
+                })
+                .map_err(err)? as u64)
+        };
+        Ok((count(&self.turns)?, count(&self.keywords)?))
+    }
+
     /// Keyword points in scope (erasure checks).
     pub async fn keyword_count(&self, tenant: &TenantId, scope: &Scope) -> Result<u64, StoreError> {
         let filter = scope_filter(tenant, scope);

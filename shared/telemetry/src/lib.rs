@@ -170,7 +170,17 @@ pub static BUILD_INFO: Lazy<IntGaugeVec> = Lazy::new(|| {
 });
 
 /// Touch every metric so a scrape shows the whole family set from the first second.
+/// Requests turned away before any work: rate_limited (429) or overloaded (503).
+pub static HTTP_SHED: Lazy<IntCounterVec> = Lazy::new(|| {
+    counter(
+        "recollect_http_shed_requests_total",
+        "requests refused by the rate limit or the in-flight bound",
+        &["reason"],
+    )
+});
+
 pub fn register_all() {
+    Lazy::force(&HTTP_SHED);
     Lazy::force(&TURNS_ACCEPTED);
     Lazy::force(&TURNS_REJECTED);
     Lazy::force(&STAGE_MESSAGES);
