@@ -28,9 +28,11 @@ test: setup
 E2E_EMBEDDER ?= hash
 e2e-kafka: setup
 	cargo build $(CARGO_FLAGS) --workspace --all-targets
+	@# The test binary itself: `cargo test --test NAME` would resolve features differently and
+	@# rebuild the big dependencies.
 	PATH="$$HOME/.cargo/bin:$$PATH" REQUIRE_KAFKA=1 RECOLLECT_E2E_EMBEDDER=$(E2E_EMBEDDER) \
 	RECOLLECT_MODEL_DIR=$${RECOLLECT_MODEL_DIR:-$(CURDIR)/models/all-MiniLM-L6-v2} \
-	cargo test $(CARGO_FLAGS) --workspace --test kafka_e2e -- --nocapture
+	$$(ls -t $(CARGO_TARGET_DIR)/debug/deps/kafka_e2e-* | grep -v '\.d$$' | head -1) --nocapture
 
 # Only the deploy artefacts (also part of `make test`): no Rust build.
 check-deploy: setup

@@ -328,13 +328,14 @@ impl Broker {
             .arg(format!("tcp://{addr}"))
             .arg("--advertised-listener-url")
             .arg(format!("tcp://{addr}"))
+            // tansu reads the sqlite path relative to its working directory.
             .arg("--storage-engine")
-            .arg(format!(
-                "sqlite://{}",
-                dir.path().join("tansu.db").display()
-            ))
+            .arg("sqlite://tansu.db")
+            .current_dir(dir.path())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::from(
+                std::fs::File::create(dir.path().join("broker.log")).expect("broker log"),
+            ))
             .spawn()
             .expect("start tansu");
         let deadline = Instant::now() + Duration::from_secs(60);

@@ -335,7 +335,7 @@ fn kafka_pipeline_survives_kills_and_dead_letters_poison() {
         );
     }
     assert!(embedder.metric_sum("recollect_embedder_batch_size_texts_count", "") > 0.0);
-    assert!(query.metric_sum("recollect_http_requests_total", "") > 0.0);
+    assert!(query.metric_sum("recollect_recall_duration_seconds_count", "path=\"total\"") > 0.0);
     assert!(store.metric_sum("recollect_store_write_duration_seconds_count", "") > 0.0);
     let lag_families = extractor
         .get("/metrics", None)

@@ -361,6 +361,19 @@ impl Eraser for StoreEraser {
             .map_err(RecollectError::from_classified)?;
         Ok(Some(n))
     }
+
+    async fn erase_tenant(&self, tenant: &TenantId) -> Result<(u64, u64), RecollectError> {
+        let conversations = self
+            .graph
+            .conversations(tenant)
+            .await
+            .map_err(RecollectError::from_classified)?;
+        let mut turns = 0;
+        for c in &conversations {
+            turns += self.erase_conversation(tenant, c).await?.unwrap_or(0);
+        }
+        Ok((conversations.len() as u64, turns))
+    }
 }
 
 /// HTTP routes of the store path.

@@ -168,7 +168,7 @@ impl Memory for MemoryService {
                     .collect();
                 self.gateway
                     .gateway
-                    .wait_stored(&ids)
+                    .wait_stored(&tenant, &ids)
                     .await
                     .map_err(grpc_status)?;
             }

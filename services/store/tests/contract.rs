@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use recollect_store::contract::{graph_contract, vector_contract};
+use recollect_store::contract::{graph_contract, vector_contract, Residue};
 use recollect_store::{EdgeVectorIndex, EmbeddedGraph, RemoteGraph, RemoteVectorIndex};
 use recollect_store_service::{router, Hosted};
 
@@ -14,8 +14,23 @@ async fn serve(
     dim: usize,
     token: &str,
 ) -> (String, tokio::task::JoinHandle<()>) {
+    serve_graph(
+        EmbeddedGraph::open(&dir.join("graph.redb")).unwrap(),
+        dir,
+        dim,
+        token,
+    )
+    .await
+}
+
+async fn serve_graph(
+    graph: EmbeddedGraph,
+    dir: &std::path::Path,
+    dim: usize,
+    token: &str,
+) -> (String, tokio::task::JoinHandle<()>) {
     let hosted = Hosted {
-        graph: Arc::new(EmbeddedGraph::open(&dir.join("graph.redb")).unwrap()),
+        graph: Arc::new(graph),
         vectors: Arc::new(EdgeVectorIndex::open(&dir.join("vectors"), dim).unwrap()),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -51,8 +66,15 @@ where
 #[test]
 fn graph_contract_through_the_store_service() {
     with_dir(|dir| async move {
-        let (url, h) = serve(&dir, 32, "s3cret").await;
-        graph_contract(Arc::new(RemoteGraph::new(&url, "s3cret").unwrap())).await;
+        let hosted = EmbeddedGraph::open(&dir.join("graph.redb")).unwrap();
+        // Residue is checked in the hosted store itself, not through the service.
+        let direct = hosted.clone();
+        let residue: Residue = Arc::new(move |t, c| {
+            let g = direct.clone();
+            Box::pin(async move { g.residue(&t, &c).unwrap() })
+        });
+        let (url, h) = serve_graph(hosted, &dir, 32, "s3cret").await;
+        graph_contract(Arc::new(RemoteGraph::new(&url, "s3cret").unwrap()), residue).await;
         stop(h).await;
     });
 }

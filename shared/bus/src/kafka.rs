@@ -150,6 +150,8 @@ impl Bus for KafkaBus {
         consumer.subscribe(&[topic]).map_err(unavailable)?;
         Ok(Box::new(KafkaSubscription {
             consumer: Arc::new(consumer),
+            topic: topic.to_string(),
+            unassigned_since: None,
         }))
     }
 }
@@ -194,6 +196,42 @@ impl ConsumerContext for GroupContext {
 
 struct KafkaSubscription {
     consumer: Arc<StreamConsumer<GroupContext>>,
+    topic: String,
+    /// Since when this member has held no partition (see `rejoin_if_starved`).
+    unassigned_since: Option<std::time::Instant>,
+}
+
+/// A member left without partitions this long rejoins the group.
+const STARVED_REJOIN: Duration = Duration::from_secs(15);
+
+impl KafkaSubscription {
+    /// Seen with tansu: after a member is killed, the replacement's rejoin can end in a formed
+    /// group with an empty assignment, and nothing triggers another rebalance. A member that
+    /// holds no partition for a while rejoins. (With more members than partitions, an idle
+    /// member rejoins every `STARVED_REJOIN`, which costs one rebalance and is harmless.)
+    fn rejoin_if_starved(&mut self) -> Result<(), BusError> {
+        let assigned = self
+            .consumer
+            .assignment()
+            .map(|a| a.count() > 0)
+            .unwrap_or(false);
+        if assigned {
+            self.unassigned_since = None;
+            return Ok(());
+        }
+        let since = *self
+            .unassigned_since
+            .get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() >= STARVED_REJOIN {
+            tracing::warn!(topic = %self.topic, "no partition assigned for 15 s: rejoining the group");
+            self.consumer.unsubscribe();
+            self.consumer
+                .subscribe(&[&self.topic])
+                .map_err(unavailable)?;
+            self.unassigned_since = None;
+        }
+        Ok(())
+    }
 }
 
 fn delivery(m: &rdkafka::message::BorrowedMessage<'_>) -> Delivery {
@@ -227,7 +265,10 @@ impl Subscription for KafkaSubscription {
     async fn poll(&mut self, max: usize, wait: Duration) -> Result<Vec<Delivery>, BusError> {
         let mut out = Vec::new();
         match tokio::time::timeout(wait, self.consumer.recv()).await {
-            Err(_) => return Ok(out),
+            Err(_) => {
+                self.rejoin_if_starved()?;
+                return Ok(out);
+            }
             Ok(Err(e)) => return Err(unavailable(e)),
             Ok(Ok(m)) => out.push(delivery(&m)),
         }
