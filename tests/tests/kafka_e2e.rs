@@ -158,7 +158,8 @@ fn kafka_pipeline_survives_kills_and_dead_letters_poison() {
     let mut ids: HashMap<String, (usize, usize)> = HashMap::new();
     let batches_per_conv = TURNS_PER_CONVERSATION / BATCH;
     let total_requests = CONVERSATIONS * batches_per_conv;
-    let mut killed_at = None;
+    let mut killed_at: Option<Instant> = None;
+    let mut recovered: Option<std::thread::JoinHandle<Duration>> = None;
     let mut max_lag_seen: f64 = 0.0;
     for r in 0..total_requests {
         let (b, c) = (r / CONVERSATIONS, r % CONVERSATIONS);
@@ -172,6 +173,31 @@ fn kafka_pipeline_survives_kills_and_dead_letters_poison() {
             embedder = p.start("recollect-embedder");
             graph_writer = p.start("recollect-graph-writer");
             eprintln!("restarted embedder and graph-writer");
+            // Recovery: from the kill until the new graph-writer has stored its first batch.
+            let (url, killed) = (graph_writer.url.clone(), killed_at.expect("killed before"));
+            recovered = Some(std::thread::spawn(move || {
+                let c = reqwest::blocking::Client::new();
+                loop {
+                    let text = c
+                        .get(format!("{url}/metrics"))
+                        .send()
+                        .and_then(|r| r.text())
+                        .unwrap_or_default();
+                    let ok = text.lines().any(|l| {
+                        l.starts_with("recollect_pipeline_messages_total{")
+                            && l.contains("outcome=\"ok\"")
+                            && l.rsplit(' ')
+                                .next()
+                                .and_then(|v| v.parse::<f64>().ok())
+                                .unwrap_or(0.0)
+                                > 0.0
+                    });
+                    if ok || killed.elapsed() > Duration::from_secs(300) {
+                        return killed.elapsed();
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }));
         }
         let turns: Vec<Value> = (b * BATCH..(b + 1) * BATCH)
             .map(|t| {
@@ -223,6 +249,16 @@ fn kafka_pipeline_survives_kills_and_dead_letters_poison() {
         std::thread::sleep(Duration::from_millis(500));
     }
     let all_stored = started.elapsed();
+    // Lag back to 0 on every stage (librdkafka reports it every 2 s).
+    let drain_deadline = Instant::now() + Duration::from_secs(60);
+    while lag_zero_at.is_none() && Instant::now() < drain_deadline {
+        if max_lag(&[&extractor, &embedder, &graph_writer, &consolidator]) == 0.0 {
+            lag_zero_at = Some(started.elapsed());
+        } else {
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+    let recovery = recovered.map(|h| h.join().expect("recovery probe"));
 
     // Exactly once, in the stores: every conversation holds its 100 turns, positions 0..99.
     for c in 0..CONVERSATIONS {
@@ -348,7 +384,7 @@ fn kafka_pipeline_survives_kills_and_dead_letters_poison() {
     eprintln!(
         "kafka e2e: {expected} turns / {CONVERSATIONS} conversations, embedder {}: gateway accepted all in {:.1} s ({:.0} turns/s); \
          all stored in {:.1} s ({:.1} turns/s end to end, including a kill -9 of embedder and graph-writer {:.1} s after start); \
-         max consumer lag seen {max_lag_seen}; lag 0 at {:?}; recall via query service {recall_ms:.1} ms avg; dead-lettered 1; lost 0; duplicated 0",
+         max consumer lag seen {max_lag_seen}; lag back to 0 on every stage at {:?} (ingest ended at {:.1} s); recovery from the kill to the new graph-writer's first stored batch {:?}; recall via query service {recall_ms:.1} ms avg; dead-lettered 1; lost 0; duplicated 0",
         if minilm { "minilm" } else { "hash" },
         ingest_done.as_secs_f64(),
         expected as f64 / ingest_done.as_secs_f64(),
@@ -356,6 +392,8 @@ fn kafka_pipeline_survives_kills_and_dead_letters_poison() {
         expected as f64 / all_stored.as_secs_f64(),
         killed_at.map(|k| (k - started).as_secs_f64()).unwrap_or(0.0),
         lag_zero_at,
+        ingest_done.as_secs_f64(),
+        recovery,
     );
     drop(bus);
 }
