@@ -320,6 +320,8 @@ fn openapi_document_matches_the_served_api() {
         "/v1/conversations/chat-1",
         None,
     );
+    // Open mode: the single tenant is "default".
+    check_2xx("delete", "/v1/tenant", "/v1/tenant?confirm=default", None);
     assert_eq!(
         seen, documented_pairs,
         "every documented operation was exercised"
