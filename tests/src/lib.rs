@@ -285,15 +285,20 @@ impl Server {
         s
     }
 
-    /// The value of every sample of a metric family in this process's /metrics, summed.
-    pub fn metric_sum(&self, family: &str, label_filter: &str) -> f64 {
+    /// The values of a metric family's samples in this process's /metrics whose line contains
+    /// `label_filter`.
+    pub fn metric_values(&self, family: &str, label_filter: &str) -> Vec<f64> {
         let (_, body) = self.get("/metrics", None);
         let text = body.as_str().unwrap_or_default().to_string();
         text.lines()
             .filter(|l| !l.starts_with('#'))
             .filter(|l| l.split(['{', ' ']).next() == Some(family) && l.contains(label_filter))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+            .collect()
+    }
+
+    pub fn metric_sum(&self, family: &str, label_filter: &str) -> f64 {
+        self.metric_values(family, label_filter).iter().sum()
     }
 }
 

@@ -67,15 +67,7 @@ fn stored_total(store: &Server) -> usize {
 fn max_lag(workers: &[&Server]) -> f64 {
     workers
         .iter()
-        .map(|w| {
-            let (_, body) = w.get("/metrics", None);
-            body.as_str()
-                .unwrap_or_default()
-                .lines()
-                .filter(|l| l.starts_with("recollect_bus_consumer_lag_messages{"))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .fold(0.0, f64::max)
-        })
+        .flat_map(|w| w.metric_values("recollect_bus_consumer_lag_messages", ""))
         .fold(0.0, f64::max)
 }
 

@@ -344,16 +344,6 @@ impl Client {
             .notify(|e, d| tracing::warn!(error = %e, retry_in = ?d, "store service call failed, retrying"))
             .await
     }
-
-    async fn ping(&self) -> bool {
-        self.http
-            .get(format!("{}/readyz", self.base))
-            .timeout(Duration::from_secs(3))
-            .send()
-            .await
-            .map(|r| r.status().is_success())
-            .unwrap_or(false)
-    }
 }
 
 /// [`Graph`] on a `recollect-store` service.
@@ -366,9 +356,6 @@ impl RemoteGraph {
         Ok(Self {
             client: Client::new(url, token)?,
         })
-    }
-    pub async fn ping(&self) -> bool {
-        self.client.ping().await
     }
     async fn call<T: DeserializeOwned>(&self, c: GraphCall) -> Result<T, StoreError> {
         self.client.call(GRAPH_PATH, &c).await
@@ -529,9 +516,6 @@ impl RemoteVectorIndex {
         Ok(Self {
             client: Client::new(url, token)?,
         })
-    }
-    pub async fn ping(&self) -> bool {
-        self.client.ping().await
     }
     async fn call<T: DeserializeOwned>(&self, c: VectorCall) -> Result<T, StoreError> {
         self.client.call(VECTORS_PATH, &c).await
