@@ -9,7 +9,7 @@ LOCOMO ?= ../shared/data/locomo-dev.json
 # eval and bench, so a cold machine compiles the dependencies once. `--release` is for images.
 CARGO_FLAGS := --locked
 
-.PHONY: setup build run test lint fmt eval eval-ablations bench e2e-kafka check-deploy fuzz
+.PHONY: setup build run test lint fmt eval eval-ablations bench bench-micro e2e-kafka check-deploy fuzz
 
 setup:
 	@bash scripts/setup.sh
@@ -53,10 +53,20 @@ eval-ablations: build
 	@if [ -f "$(LOCOMO)" ]; then $(BIN) eval locomo --data $(LOCOMO) --ablate all; \
 	else echo "skipping eval: $(LOCOMO) not found"; fi
 
-# Synthetic load: ingest end to end, then recall latency. BENCH_TURNS=100000 for the larger run.
-BENCH_TURNS ?= 10000
+# Synthetic load (recollect bench): MiniLM end to end on a sample, then each store size built
+# from precomputed embeddings (1,000 conversations, 10 tenants) and queried with the realistic
+# mix; prints a table. BENCH_1M=1 adds the million-turn store (hours on 2 cores).
+comma := ,
+BENCH_SIZES ?= 10000,100000
+BENCH_QUERIES ?= 10000
 bench: build
-	$(BIN) bench --turns $(BENCH_TURNS) --conversations $$(( $(BENCH_TURNS) / 100 )) --queries 1000
+	$(BIN) bench --turns $(BENCH_SIZES)$(if $(BENCH_1M),$(comma)1000000) --queries $(BENCH_QUERIES)
+
+# Criterion micro-benchmarks of the hot pieces (tests/benches/hot_paths.rs), in the same dev
+# profile as everything else (our hot crates at opt-level 3): the binary that the workspace build made.
+bench-micro: setup
+	cargo build $(CARGO_FLAGS) --workspace --all-targets
+	$$(ls -t $(CARGO_TARGET_DIR)/debug/deps/hot_paths-* | grep -v '\.d$$' | head -1) --bench
 
 # Every cargo-fuzz target for FUZZ_SECONDS each (installs cargo-fuzz once; not part of `make test`).
 FUZZ_SECONDS ?= 60

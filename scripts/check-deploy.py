@@ -563,6 +563,8 @@ def check_manifests(name: str, rendered: dict[str, str], values: dict, defaults:
                     f"data dir {data_dir} is not a writable mount")
             # Secrets: API keys (and the Neo4j password) from the Secret, by reference.
             secret_envs = ["RECOLLECT_API_KEYS"] + (["RECOLLECT__GRAPH__PASSWORD"] if graph_kind == "neo4j" else [])
+            if "RECOLLECT__LLM__API_KEY" in env:
+                secret_envs.append("RECOLLECT__LLM__API_KEY")
             for var in secret_envs:
                 ref = env.get(var, {}).get("valueFrom", {}).get("secretKeyRef")
                 if not p.check(ref is not None, cw, f"{var} does not come from a Secret"):
@@ -673,7 +675,7 @@ CHART_COPIES = [
 ]
 # Keys the chart sets itself (env) or takes from the Secret: values.schema.json refuses them.
 CHART_SET_KEYS = {("server", "listen"), ("server", "api_keys"), ("graph", "password"),
-                  ("remote", "token"),
+                  ("remote", "token"), ("llm", "api_key"),
                   ("storage", "data_dir"), ("embedder", "model_dir")}
 SCHEMA_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array"}
 

@@ -16,4 +16,20 @@ cargo build --locked --workspace --all-targets
 # The Kafka end-to-end test must run here, not skip (scripts/setup-kafka.sh installed tansu).
 export PATH="$HOME/.cargo/bin:$PATH"
 export REQUIRE_KAFKA=1
+
+# ArcadeDB (Bolt 4.4 + Cypher) on loopback for the Neo4j adapter's contract suite: started here,
+# stopped by PID on exit, whatever the outcome.
+arcade_dir=$(mktemp -d "${TMPDIR:-/tmp}/recollect-arcadedb.XXXXXX")
+trap 'bash scripts/arcadedb.sh stop "$arcade_dir"; rm -rf "$arcade_dir"' EXIT
+echo "== starting ArcadeDB for the graph contract suite"
+bash scripts/arcadedb.sh start "$arcade_dir" >/dev/null
+# shellcheck disable=SC1091
+source "$arcade_dir/env"
+export RECOLLECT_TEST_BOLT_URI="bolt://127.0.0.1:$BOLT_PORT"
+export RECOLLECT_TEST_BOLT_USER=root
+export RECOLLECT_TEST_BOLT_PASSWORD="$PASSWORD"
+export RECOLLECT_TEST_BOLT_DATABASE="$DATABASE"
+export REQUIRE_ARCADEDB=1
+echo "   ArcadeDB pid $PID, Bolt on 127.0.0.1:$BOLT_PORT"
+
 cargo test --locked --workspace --no-fail-fast

@@ -90,6 +90,10 @@ gateway extractor embedder graph-writer consolidator query
 {{- if hasKey $graph "password" }}
 {{- fail "config.graph.password is a secret: use secrets.neo4jPassword or secrets.existingSecret" }}
 {{- end }}
+{{- $llm := default dict .Values.config.llm }}
+{{- if hasKey $llm "api_key" }}
+{{- fail "config.llm.api_key is a secret: use secrets.llmApiKey or secrets.existingSecret" }}
+{{- end }}
 {{- if hasKey $server "listen" }}
 {{- fail "config.server.listen is set by the chart from .Values.port" }}
 {{- end }}

@@ -3,21 +3,17 @@
 
 use std::sync::Arc;
 
-use recollect_extract::RuleExtractor;
 use recollect_extractor::ExtractorStage;
 use recollect_runtime::{bus_check, graph_check, open_bus, run_workers, start};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let settings = start("extractor")?;
-    anyhow::ensure!(
-        settings.extractor.kind == recollect_config::ExtractorKind::Rules,
-        "extractor.kind = llm is not available in this build yet"
-    );
+    let extractor = recollect_llm::extractor_from(&settings)?;
     let graph = recollect_store::open_graph(&settings, &settings.storage.data_dir).await?;
     let bus = open_bus(&settings, "extractor").await?;
     let checks = vec![bus_check(bus.clone()), graph_check(graph.clone())];
-    let stage = Arc::new(ExtractorStage::new(Arc::new(RuleExtractor::new()), graph));
+    let stage = Arc::new(ExtractorStage::new(extractor, graph));
     run_workers(&settings, bus, vec![stage], checks).await?;
     Ok(())
 }

@@ -6,11 +6,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use recollect_bus::{run_stage, Bus, InProcessBus, Stage};
-use recollect_config::{ExtractorKind, Settings};
+use recollect_config::Settings;
 use recollect_consolidator::ConsolidatorStage;
 use recollect_embed::{CachedEmbedder, Embedder};
 use recollect_embedder::EmbedderStage;
-use recollect_extract::RuleExtractor;
 use recollect_extractor::ExtractorStage;
 use recollect_gateway::{Eraser, Gateway, Limits};
 use recollect_graph_writer::{GraphWriterStage, StoreHooks};
@@ -30,6 +29,8 @@ pub struct App {
     pub gateway: Arc<Gateway>,
     pub recall: Arc<Recall>,
     pub eraser: Arc<dyn Eraser>,
+    /// Query embeddings by query text (hit rates for the bench).
+    pub query_cache: Arc<CachedEmbedder<Arc<dyn Embedder>>>,
     shutdown: watch::Sender<bool>,
     stages: Vec<JoinHandle<Result<(), recollect_bus::BusError>>>,
 }
@@ -160,10 +161,7 @@ impl App {
         embedder: Arc<dyn Embedder>,
     ) -> anyhow::Result<Self> {
         metrics::register_all();
-        anyhow::ensure!(
-            settings.extractor.kind == ExtractorKind::Rules,
-            "extractor.kind = llm is not available in this build yet"
-        );
+        let extractor = recollect_llm::extractor_from(&settings)?;
         let dir = settings.storage.data_dir.clone();
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("creating data dir {}", dir.display()))?;
@@ -177,7 +175,7 @@ impl App {
             ("vectors", vectors.kind()),
             ("bus", "in_process"),
             ("embedder", embedder.model_name()),
-            ("extractor", "rules"),
+            ("extractor", extractor.name()),
         ] {
             metrics::COMPONENT_INFO
                 .with_label_values(&[seam, kind])
@@ -200,10 +198,7 @@ impl App {
                 .unwrap_or(true)
         });
         let stages: Vec<Arc<dyn Stage>> = vec![
-            Arc::new(
-                ExtractorStage::new(Arc::new(RuleExtractor::new()), graph.clone())
-                    .with_liveness(liveness),
-            ),
+            Arc::new(ExtractorStage::new(extractor.clone(), graph.clone()).with_liveness(liveness)),
             Arc::new(EmbedderStage::new(embedder.clone())),
             Arc::new(GraphWriterStage::new(
                 graph.clone(),
@@ -251,7 +246,7 @@ impl App {
             raw: raw.clone(),
             graph: graph.clone(),
             vectors: vectors.clone(),
-            query_cache,
+            query_cache: query_cache.clone(),
         });
         let app = Self {
             settings,
@@ -262,6 +257,7 @@ impl App {
             gateway,
             recall,
             eraser,
+            query_cache,
             shutdown,
             stages: handles,
         };

@@ -26,6 +26,12 @@ struct Cli {
     /// Data directory (also RECOLLECT__STORAGE__DATA_DIR).
     #[arg(long, global = true)]
     data_dir: Option<PathBuf>,
+    /// Graph store: embedded, neo4j or remote (also RECOLLECT__GRAPH__KIND; connection in [graph]).
+    #[arg(long, global = true)]
+    graph: Option<String>,
+    /// Vector store: embedded, qdrant or remote (also RECOLLECT__VECTORS__KIND; URL in [vectors]).
+    #[arg(long, global = true)]
+    vectors: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -58,11 +64,23 @@ enum Command {
     },
 }
 
+/// A store kind given on the command line: the same names as in the configuration file.
+fn kind<T: serde::de::DeserializeOwned>(flag: &str, v: &str) -> anyhow::Result<T> {
+    serde_json::from_value(serde_json::Value::String(v.to_string()))
+        .map_err(|_| anyhow::anyhow!("--{flag} {v:?}: not one of the kinds in recollect.toml"))
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let mut settings = Settings::load(cli.config.as_deref())?;
     if let Some(d) = cli.data_dir {
         settings.storage.data_dir = d;
+    }
+    if let Some(g) = &cli.graph {
+        settings.graph.kind = kind("graph", g)?;
+    }
+    if let Some(v) = &cli.vectors {
+        settings.vectors.kind = kind("vectors", v)?;
     }
     if let Command::Serve {
         listen,

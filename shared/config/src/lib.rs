@@ -23,6 +23,7 @@ pub struct Settings {
     pub storage: StorageSettings,
     pub embedder: EmbedderSettings,
     pub extractor: ExtractorSettings,
+    pub llm: LlmSettings,
     pub graph: GraphSettings,
     pub vectors: VectorSettings,
     pub bus: BusSettings,
@@ -123,6 +124,39 @@ pub enum GraphKind {
     Neo4j,
     /// The embedded graph hosted by a `recollect-store` service (see `[remote]`).
     Remote,
+}
+
+#[derive(Clone, Serialize, Deserialize)]
+pub struct LlmSettings {
+    /// OpenAI-compatible API base, e.g. `http://127.0.0.1:8000/v1`.
+    pub base_url: String,
+    pub model: String,
+    /// Secret: redacted from `Debug`.
+    #[serde(default)]
+    pub api_key: String,
+    pub timeout_secs: u64,
+    pub max_retries: usize,
+    pub fallback_to_rules: bool,
+}
+
+impl std::fmt::Debug for LlmSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlmSettings")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field(
+                "api_key",
+                &if self.api_key.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
+            .field("timeout_secs", &self.timeout_secs)
+            .field("max_retries", &self.max_retries)
+            .field("fallback_to_rules", &self.fallback_to_rules)
+            .finish()
+    }
 }
 
 #[derive(Clone, Serialize, Deserialize)]
@@ -312,6 +346,25 @@ impl Settings {
         if !(1..=100_000).contains(&self.server.max_in_flight) {
             return invalid("server.max_in_flight", "must be in 1..=100000".into());
         }
+        if self.extractor.kind == ExtractorKind::Llm {
+            if !(self.llm.base_url.starts_with("http://")
+                || self.llm.base_url.starts_with("https://"))
+            {
+                return invalid(
+                    "llm.base_url",
+                    format!("{:?} is not an http(s) URL", self.llm.base_url),
+                );
+            }
+            if self.llm.model.trim().is_empty() {
+                return invalid("llm.model", "must name a model".into());
+            }
+            if !(1..=600).contains(&self.llm.timeout_secs) {
+                return invalid("llm.timeout_secs", "must be in 1..=600".into());
+            }
+            if self.llm.max_retries > 10 {
+                return invalid("llm.max_retries", "must be at most 10".into());
+            }
+        }
         if self.embedder.batch_size == 0 || self.embedder.batch_size > 4096 {
             return invalid("embedder.batch_size", "must be in 1..=4096".into());
         }
@@ -427,6 +480,22 @@ mod tests {
     }
 
     #[test]
+    fn llm_settings_are_checked_only_when_used() {
+        let mut s = Settings::defaults();
+        s.llm.base_url = "not a url".into();
+        s.validate().unwrap();
+        s.extractor.kind = ExtractorKind::Llm;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("llm.base_url"), "{e}");
+        s.llm.base_url = "http://127.0.0.1:8000/v1".into();
+        s.llm.model = " ".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("llm.model"), "{e}");
+        s.llm.model = "qwen2.5-7b-instruct".into();
+        s.validate().unwrap();
+    }
+
+    #[test]
     fn secrets_never_reach_debug_output() {
         let mut s = Settings::defaults();
         s.server.api_keys = vec![
@@ -434,9 +503,15 @@ mod tests {
             "sk-other-2:tenant-b".into(),
         ];
         s.graph.password = "hunter2-graph-password".into();
+        s.llm.api_key = "sk-llm-secret-3".into();
         s.validate().unwrap();
-        let out = format!("{s:?} {s:#?} {:?} {:?}", s.server, s.graph);
-        for secret in ["sk-very-secret-1", "sk-other-2", "hunter2-graph-password"] {
+        let out = format!("{s:?} {s:#?} {:?} {:?} {:?}", s.server, s.graph, s.llm);
+        for secret in [
+            "sk-very-secret-1",
+            "sk-other-2",
+            "hunter2-graph-password",
+            "sk-llm-secret-3",
+        ] {
             assert!(!out.contains(secret), "{secret} leaked into Debug output");
         }
         assert!(

@@ -7,7 +7,7 @@ mod config;
 mod fuse;
 mod path_b;
 mod path_c;
-mod softtfidf;
+pub mod softtfidf;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

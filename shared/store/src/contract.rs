@@ -594,7 +594,6 @@ mod tests {
         graph_contract(Arc::new(g), residue).await;
     }
 
-    #[cfg(feature = "production-stores")]
     /// Bolt server settings from RECOLLECT_TEST_BOLT_URI (+ _USER, _PASSWORD, _DATABASE), set by
     /// scripts/test.sh after it starts ArcadeDB. Missing: a failure when REQUIRE_ARCADEDB=1
     /// (the test script), a printed skip otherwise (a developer's `cargo test`).
@@ -622,7 +621,6 @@ mod tests {
         }
     }
 
-    #[cfg(feature = "production-stores")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn neo4j_graph_passes_the_contract() {
         let Some(settings) = bolt_settings() else {
@@ -637,7 +635,6 @@ mod tests {
         graph_contract(g, residue).await;
     }
 
-    #[cfg(feature = "production-stores")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn qdrant_vectors_pass_the_contract() {
         let Ok(url) = std::env::var("QDRANT_URL") else {
@@ -691,7 +688,6 @@ mod tests {
             EmbeddedGraph::open(&dir.path().join("g.redb")).unwrap(),
         ))
         .await;
-        #[cfg(feature = "production-stores")]
         if let Some(settings) = bolt_settings() {
             measure(Arc::new(
                 crate::Neo4jGraph::connect(&settings).await.unwrap(),

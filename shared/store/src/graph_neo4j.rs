@@ -1,5 +1,5 @@
-//! `Graph` on a Bolt server through neo4rs (0.8: Bolt 4.0/4.1). Tested on ArcadeDB's Bolt
-//! plugin; Neo4j 4.x speaks these versions, Neo4j 5 needs Bolt 4.4 (neo4rs 0.9, see Cargo.toml).
+//! `Graph` on a Bolt server through neo4rs 0.9 (Bolt 4.4, which Neo4j 5 and ArcadeDB's Bolt
+//! plugin both speak). Tested for real on ArcadeDB (scripts/arcadedb.sh, `make test`).
 //!
 //! Same schema and behaviour as the embedded graph: Turn nodes; Keyword, Entity, Location,
 //! TimePoint and Reference nodes per tenant and conversation (as the embedded vocabulary is), so
@@ -128,7 +128,7 @@ impl Neo4jGraph {
             .max_connections(16)
             .build()
             .map_err(backend)?;
-        let graph = neo4rs::Graph::connect(config).await.map_err(backend)?;
+        let graph = neo4rs::Graph::connect(config).map_err(backend)?;
         let g = Self { graph };
         g.ensure_schema().await?;
         Ok(g)
@@ -165,7 +165,7 @@ impl Neo4jGraph {
 
     /// One auto-commit statement, retried on transient errors (every statement is idempotent).
     async fn run(&self, q: Query) -> Result<(), StoreError> {
-        (|| async { self.graph.run(q.clone()).await.map_err(backend) })
+        (|| async { self.graph.run(q.clone()).await.map(drop).map_err(backend) })
             .retry(retry_policy())
             .when(transient)
             .await

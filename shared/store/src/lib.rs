@@ -12,7 +12,6 @@ pub mod contract;
 pub mod error;
 pub mod graph;
 pub mod graph_embedded;
-#[cfg(feature = "production-stores")]
 pub mod graph_neo4j;
 mod keys;
 pub mod open;
@@ -20,18 +19,15 @@ pub mod raw;
 pub mod remote;
 pub mod vector;
 pub mod vector_edge;
-#[cfg(feature = "production-stores")]
 pub mod vector_qdrant;
 
 pub use error::StoreError;
 pub use graph::{EdgeTimes, Graph, LinkedTurn, NodeKind, Scope, TurnRecord};
 pub use graph_embedded::EmbeddedGraph;
-#[cfg(feature = "production-stores")]
 pub use graph_neo4j::{Neo4jGraph, Neo4jSettings};
 pub use open::{open_graph, open_vectors};
 pub use raw::RawStore;
 pub use remote::{RemoteGraph, RemoteVectorIndex};
 pub use vector::{TurnPoint, VectorField, VectorIndex, VectorQuery};
 pub use vector_edge::EdgeVectorIndex;
-#[cfg(feature = "production-stores")]
 pub use vector_qdrant::QdrantVectorIndex;

@@ -28,7 +28,6 @@ pub async fn open_graph(
     }
 }
 
-#[cfg(feature = "production-stores")]
 async fn open_neo4j(settings: &Settings) -> Result<Arc<dyn Graph>, StoreError> {
     Ok(Arc::new(
         crate::Neo4jGraph::connect(&crate::Neo4jSettings {
@@ -38,13 +37,6 @@ async fn open_neo4j(settings: &Settings) -> Result<Arc<dyn Graph>, StoreError> {
             database: settings.graph.database.clone(),
         })
         .await?,
-    ))
-}
-
-#[cfg(not(feature = "production-stores"))]
-async fn open_neo4j(_: &Settings) -> Result<Arc<dyn Graph>, StoreError> {
-    Err(StoreError::Invalid(
-        "graph.kind = neo4j needs a build with --features recollect-store/production-stores".into(),
     ))
 }
 
@@ -67,18 +59,9 @@ pub async fn open_vectors(
     }
 }
 
-#[cfg(feature = "production-stores")]
 async fn open_qdrant(settings: &Settings, dim: usize) -> Result<Arc<dyn VectorIndex>, StoreError> {
     Ok(Arc::new(
         crate::QdrantVectorIndex::connect(&settings.vectors.url, QDRANT_COLLECTION_PREFIX, dim)
             .await?,
-    ))
-}
-
-#[cfg(not(feature = "production-stores"))]
-async fn open_qdrant(_: &Settings, _: usize) -> Result<Arc<dyn VectorIndex>, StoreError> {
-    Err(StoreError::Invalid(
-        "vectors.kind = qdrant needs a build with --features recollect-store/production-stores"
-            .into(),
     ))
 }

@@ -4,7 +4,9 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use qdrant_edge::external::uuid::Uuid;
@@ -28,6 +30,83 @@ pub struct EdgeVectorIndex {
     turns: Arc<EdgeShard>,
     keywords: Arc<EdgeShard>,
     dim: usize,
+    optimizer: Optimizer,
+}
+
+/// Points written before the background optimiser runs (merging small segments, building the
+/// HNSW graphs of segments past the engine's indexing threshold), or this long after the last
+/// write when fewer came. Without it every point stays in a plain appendable segment and each
+/// search is a scan that grows with the store.
+const OPTIMIZE_AFTER_POINTS: u64 = 20_000;
+const OPTIMIZE_WHEN_IDLE: Duration = Duration::from_secs(5);
+
+/// The background optimiser: one thread per index, stopped and joined on drop, so no
+/// optimisation outlives the index (a reopen of the same directory never meets one).
+struct Optimizer {
+    written: Arc<AtomicU64>,
+    last_write: Arc<parking_lot::Mutex<Instant>>,
+    stop: Arc<AtomicBool>,
+    thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Optimizer {
+    fn spawn(shards: [Weak<EdgeShard>; 2]) -> Self {
+        // 1: the store may have been closed with unoptimised segments; look once after opening.
+        let written = Arc::new(AtomicU64::new(1));
+        let last_write = Arc::new(parking_lot::Mutex::new(Instant::now()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (w, lw, st) = (written.clone(), last_write.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("vector-optimizer".into())
+            .spawn(move || {
+                while !st.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(200));
+                    let n = w.load(Ordering::Relaxed);
+                    let idle = lw.lock().elapsed() >= OPTIMIZE_WHEN_IDLE;
+                    if n == 0 || (n < OPTIMIZE_AFTER_POINTS && !idle) {
+                        continue;
+                    }
+                    w.fetch_sub(n, Ordering::Relaxed);
+                    for shard in &shards {
+                        let Some(s) = shard.upgrade() else { return };
+                        let started = Instant::now();
+                        match s.optimize() {
+                            Ok(true) => tracing::info!(
+                                points_since_last = n,
+                                secs = started.elapsed().as_secs_f64(),
+                                "vector index optimised"
+                            ),
+                            Ok(false) => {}
+                            Err(e) => tracing::warn!(error = %e, "vector index optimisation failed; will retry"),
+                        }
+                    }
+                }
+            })
+            .ok();
+        if thread.is_none() {
+            tracing::warn!("no background optimiser thread; searches will scan unindexed segments");
+        }
+        Self {
+            written,
+            last_write,
+            stop,
+            thread: parking_lot::Mutex::new(thread),
+        }
+    }
+
+    fn wrote(&self, points: usize) {
+        self.written.fetch_add(points as u64, Ordering::Relaxed);
+        *self.last_write.lock() = Instant::now();
+    }
+}
+
+impl Drop for Optimizer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+    }
 }
 
 fn json_path(p: &str) -> JsonPath {
@@ -131,10 +210,14 @@ impl EdgeVectorIndex {
                 EdgeVectorParamsBuilder::new(dim, Distance::Cosine).build(),
             )
             .build();
+        let turns = Arc::new(open_shard(&dir.join("turns"), turns_cfg)?);
+        let keywords = Arc::new(open_shard(&dir.join("keywords"), kw_cfg)?);
+        let optimizer = Optimizer::spawn([Arc::downgrade(&turns), Arc::downgrade(&keywords)]);
         Ok(Self {
-            turns: Arc::new(open_shard(&dir.join("turns"), turns_cfg)?),
-            keywords: Arc::new(open_shard(&dir.join("keywords"), kw_cfg)?),
+            turns,
+            keywords,
             dim,
+            optimizer,
         })
     }
 
@@ -209,6 +292,7 @@ impl VectorIndex for EdgeVectorIndex {
                 PointStruct::new(point_id(p.memory_id), Vectors::new_named(named), payload).into(),
             );
         }
+        let n = structs.len();
         Self::blocking(&self.turns, move |s| {
             s.update(UpdateOperation::PointOperation(
                 PointOperations::UpsertPoints(PointInsertOperations::PointsList(structs)),
@@ -217,7 +301,9 @@ impl VectorIndex for EdgeVectorIndex {
             Self::flush(s);
             Ok(())
         })
-        .await
+        .await?;
+        self.optimizer.wrote(n);
+        Ok(())
     }
 
     async fn search(
@@ -338,6 +424,7 @@ impl VectorIndex for EdgeVectorIndex {
                 .into(),
             );
         }
+        let n = structs.len();
         Self::blocking(&self.keywords, move |s| {
             s.update(UpdateOperation::PointOperation(
                 PointOperations::UpsertPoints(PointInsertOperations::PointsList(structs)),
@@ -346,7 +433,9 @@ impl VectorIndex for EdgeVectorIndex {
             Self::flush(s);
             Ok(())
         })
-        .await
+        .await?;
+        self.optimizer.wrote(n);
+        Ok(())
     }
 
     async fn search_keywords(
