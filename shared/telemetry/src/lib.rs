@@ -216,7 +216,10 @@ pub fn render() -> String {
 /// Logs: `RUST_LOG` wins over the configured level; `json` for log shippers.
 pub fn init_tracing(format: &str, level: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    // qdrant-edge warns "Feature flags not initialized!" on every segment it opens: server-only
+    // flags that do not apply to the embedded engine.
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("{level},qdrant_edge::common::flags=error")));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
