@@ -8,6 +8,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::Utc;
 use recollect_bus::{Delivery, Message, Stage, StageError};
+use recollect_llm::ChatModel;
 use recollect_model::{topics, Envelope, Fragment, MemoryId, StoredTurn, TenantId};
 use recollect_store::{Graph, TurnRecord, VectorIndex};
 
@@ -15,6 +16,83 @@ pub struct ConsolidatorStage {
     graph: Arc<dyn Graph>,
     vectors: Arc<dyn VectorIndex>,
     window: u64,
+    /// `consolidation.kind = "llm"`: the model groups each window; the rules when it fails.
+    llm: Option<Arc<ChatModel>>,
+}
+
+const LLM_SYSTEM: &str = "You group the numbered turns of a chat window by topic. Answer with \
+one JSON object and nothing else: {\"groups\": [{\"turns\": [0, 1], \"topic\": \"a few \
+words\"}]}. Every turn number appears in exactly one group; turns about the same subject go \
+together even when not adjacent; keep the order of first appearance.";
+
+/// The model's grouping, made valid: indices in range, each turn once (first claim wins), turns
+/// left out become groups of their own; a topic of ≤ 80 printable chars, if given.
+pub fn groups_from_answer(
+    n: usize,
+    answer: &serde_json::Value,
+) -> Vec<(Vec<usize>, Option<String>)> {
+    let mut taken = vec![false; n];
+    let mut out: Vec<(Vec<usize>, Option<String>)> = Vec::new();
+    for g in answer
+        .get("groups")
+        .and_then(|g| g.as_array())
+        .into_iter()
+        .flatten()
+        .take(n)
+    {
+        let members: Vec<usize> = g
+            .get("turns")
+            .and_then(|t| t.as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i.as_u64())
+            .map(|i| i as usize)
+            .filter(|&i| i < n && !std::mem::replace(&mut taken[i], true))
+            .collect();
+        if members.is_empty() {
+            continue;
+        }
+        let topic = g
+            .get("topic")
+            .and_then(|t| t.as_str())
+            .map(str::trim)
+            .filter(|t| {
+                !t.is_empty() && t.chars().count() <= 80 && !t.chars().any(char::is_control)
+            })
+            .map(String::from);
+        out.push((members, topic));
+    }
+    for (i, t) in taken.iter().enumerate() {
+        if !t {
+            out.push((vec![i], None));
+        }
+    }
+    out
+}
+
+async fn llm_groups(
+    model: &ChatModel,
+    records: &[TurnRecord],
+) -> Result<Vec<(Vec<usize>, Option<String>)>, recollect_llm::LlmError> {
+    let mut prompt = String::new();
+    for (i, r) in records.iter().enumerate() {
+        let who = |s: &Option<String>, d: &str| s.clone().unwrap_or_else(|| d.to_string());
+        prompt.push_str(&format!(
+            "{i}. {}: {}",
+            who(&r.turn.user_speaker, "user"),
+            r.turn.user
+        ));
+        if !r.turn.assistant.trim().is_empty() {
+            prompt.push_str(&format!(
+                " / {}: {}",
+                who(&r.turn.assistant_speaker, "assistant"),
+                r.turn.assistant
+            ));
+        }
+        prompt.push('\n');
+    }
+    let answer = model.json(LLM_SYSTEM, &prompt).await?;
+    Ok(groups_from_answer(records.len(), &answer))
 }
 
 /// Cosine above which two turns are on the same topic even without shared words.
@@ -123,7 +201,14 @@ impl ConsolidatorStage {
             graph,
             vectors,
             window: window as u64,
+            llm: None,
         }
+    }
+
+    /// Topic grouping by the model (`consolidation.kind = "llm"`).
+    pub fn with_llm(mut self, model: Arc<ChatModel>) -> Self {
+        self.llm = Some(model);
+        self
     }
 
     /// Consolidates every complete window of a conversation not yet consolidated.
@@ -158,12 +243,27 @@ impl ConsolidatorStage {
                 .into_iter()
                 .map(|(id, f)| (id, std::iter::once(f.user).chain(f.assistant).collect()))
                 .collect();
-            let groups = group_window(&records, &vectors);
+            let rules = || {
+                group_window(&records, &vectors)
+                    .into_iter()
+                    .map(|m| (m, None))
+                    .collect::<Vec<(Vec<usize>, Option<String>)>>()
+            };
+            let groups = match &self.llm {
+                None => rules(),
+                Some(model) => match llm_groups(model, &records).await {
+                    Ok(g) => g,
+                    Err(e) => {
+                        tracing::warn!(error = %e, conversation, "llm consolidation failed; grouping by the rules");
+                        rules()
+                    }
+                },
+            };
             let now = Utc::now();
             let fragments: Vec<Fragment> = groups
                 .iter()
                 .enumerate()
-                .map(|(g, members)| {
+                .map(|(g, (members, topic))| {
                     let mut vocab = BTreeSet::new();
                     let mut counts: HashMap<&str, usize> = HashMap::new();
                     for &i in members {
@@ -174,12 +274,13 @@ impl ConsolidatorStage {
                     }
                     let mut top: Vec<(&str, usize)> = counts.into_iter().collect();
                     top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-                    let description = top
-                        .iter()
-                        .take(6)
-                        .map(|(t, _)| *t)
-                        .collect::<Vec<_>>()
-                        .join(", ");
+                    let description = topic.clone().unwrap_or_else(|| {
+                        top.iter()
+                            .take(6)
+                            .map(|(t, _)| *t)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    });
                     Fragment {
                         id: fragment_id(tenant, conversation, from, g),
                         tenant: tenant.clone(),
@@ -246,5 +347,96 @@ impl Stage for ConsolidatorStage {
             }
         }
         decoded.into_iter().map(|r| r.map(|_| vec![])).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::routing::post;
+    use axum::{Json, Router};
+    use recollect_model::{Extraction, Turn};
+    use serde_json::json;
+
+    #[test]
+    fn a_model_grouping_is_made_valid() {
+        let answer = json!({"groups": [
+            {"turns": [0, 2, 2, 9, "x"], "topic": "the pottery class"},
+            {"turns": [2, 1], "topic": ""},
+            {"turns": []},
+            {"turns": [4], "topic": "x".repeat(200)}
+        ]});
+        let g = groups_from_answer(5, &answer);
+        assert_eq!(
+            g,
+            vec![
+                (vec![0, 2], Some("the pottery class".to_string())),
+                (vec![1], None),
+                (vec![4], None),
+                (vec![3], None),
+            ]
+        );
+        // Junk: every turn its own group.
+        let g = groups_from_answer(3, &json!("no"));
+        assert_eq!(g.len(), 3);
+        let covered: Vec<usize> = g.iter().flat_map(|(m, _)| m.clone()).collect();
+        assert_eq!(covered, vec![0, 1, 2]);
+    }
+
+    fn record(i: u64, user: &str) -> TurnRecord {
+        TurnRecord {
+            turn: Turn {
+                memory_id: MemoryId::derive(&TenantId("t".into()), "c", &i.to_string()),
+                tenant: TenantId("t".into()),
+                conversation_id: "c".into(),
+                turn_id: i.to_string(),
+                position: i,
+                user: user.into(),
+                assistant: String::new(),
+                user_speaker: Some("Ana".into()),
+                assistant_speaker: None,
+                timestamp: Utc::now(),
+                recorded_at: Utc::now(),
+                metadata: Default::default(),
+            },
+            extraction: Extraction::default(),
+            fragments: vec![],
+        }
+    }
+
+    #[tokio::test]
+    async fn the_model_groups_a_window_through_an_openai_compatible_endpoint() {
+        let app = Router::new().route(
+            "/v1/chat/completions",
+            post(|Json(body): Json<serde_json::Value>| async move {
+                let prompt = body["messages"][1]["content"].as_str().unwrap_or_default();
+                assert!(prompt.contains("0. Ana: pottery") && prompt.contains("2. Ana: clay"));
+                let content = r#"{"groups": [{"turns": [0, 2], "topic": "pottery"}, {"turns": [1], "topic": "the dog"}]}"#;
+                Json(json!({"id": "x", "object": "chat.completion", "created": 1, "model": "m",
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": content}}]}))
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/v1", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let mut s = recollect_config::Settings::defaults().llm;
+        s.base_url = url;
+        s.model = "m".into();
+        s.max_retries = 0;
+        let model = ChatModel::new(&s).unwrap();
+        let records = vec![
+            record(0, "pottery"),
+            record(1, "walked the dog"),
+            record(2, "clay"),
+        ];
+        let g = llm_groups(&model, &records).await.unwrap();
+        assert_eq!(
+            g,
+            vec![
+                (vec![0, 2], Some("pottery".to_string())),
+                (vec![1], Some("the dog".to_string())),
+            ]
+        );
     }
 }

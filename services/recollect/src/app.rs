@@ -197,6 +197,15 @@ impl App {
                 .map(|t| t.is_some())
                 .unwrap_or(true)
         });
+        let mut consolidator = ConsolidatorStage::new(
+            graph.clone(),
+            vectors.clone(),
+            settings.consolidation.window,
+        );
+        if settings.consolidation.kind == recollect_config::ConsolidationKind::Llm {
+            consolidator =
+                consolidator.with_llm(Arc::new(recollect_llm::ChatModel::new(&settings.llm)?));
+        }
         let stages: Vec<Arc<dyn Stage>> = vec![
             Arc::new(ExtractorStage::new(extractor.clone(), graph.clone()).with_liveness(liveness)),
             Arc::new(EmbedderStage::new(embedder.clone())),
@@ -205,11 +214,7 @@ impl App {
                 vectors.clone(),
                 Some(hooks),
             )),
-            Arc::new(ConsolidatorStage::new(
-                graph.clone(),
-                vectors.clone(),
-                settings.consolidation.window,
-            )),
+            Arc::new(consolidator),
         ];
         let (shutdown, rx) = watch::channel(false);
         let bus_dyn: Arc<dyn Bus> = bus.clone();

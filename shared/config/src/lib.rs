@@ -232,6 +232,14 @@ pub struct RemoteSettings {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ConsolidationSettings {
     pub window: usize,
+    pub kind: ConsolidationKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConsolidationKind {
+    Rules,
+    Llm,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -346,7 +354,9 @@ impl Settings {
         if !(1..=100_000).contains(&self.server.max_in_flight) {
             return invalid("server.max_in_flight", "must be in 1..=100000".into());
         }
-        if self.extractor.kind == ExtractorKind::Llm {
+        if self.extractor.kind == ExtractorKind::Llm
+            || self.consolidation.kind == ConsolidationKind::Llm
+        {
             if !(self.llm.base_url.starts_with("http://")
                 || self.llm.base_url.starts_with("https://"))
             {
@@ -493,6 +503,11 @@ mod tests {
         assert!(e.contains("llm.model"), "{e}");
         s.llm.model = "qwen2.5-7b-instruct".into();
         s.validate().unwrap();
+        let mut s = Settings::defaults();
+        s.llm.base_url = "ftp://nope".into();
+        s.consolidation.kind = ConsolidationKind::Llm;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("llm.base_url"), "{e}");
     }
 
     #[test]
