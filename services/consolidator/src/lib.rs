@@ -205,10 +205,18 @@ impl ConsolidatorStage {
         }
     }
 
-    /// Topic grouping by the model (`consolidation.kind = "llm"`).
-    pub fn with_llm(mut self, model: Arc<ChatModel>) -> Self {
-        self.llm = Some(model);
-        self
+    /// As configured: `consolidation.window`, and the `[llm]` model when
+    /// `consolidation.kind = "llm"`.
+    pub fn from_settings(
+        graph: Arc<dyn Graph>,
+        vectors: Arc<dyn VectorIndex>,
+        settings: &recollect_config::Settings,
+    ) -> Result<Self, recollect_llm::LlmError> {
+        let mut stage = Self::new(graph, vectors, settings.consolidation.window);
+        if settings.consolidation.kind == recollect_config::ConsolidationKind::Llm {
+            stage.llm = Some(Arc::new(ChatModel::new(&settings.llm)?));
+        }
+        Ok(stage)
     }
 
     /// Consolidates every complete window of a conversation not yet consolidated.

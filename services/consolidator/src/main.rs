@@ -18,11 +18,7 @@ async fn main() -> anyhow::Result<()> {
         graph_check(graph.clone()),
         vectors_check(vectors.clone()),
     ];
-    let mut stage = ConsolidatorStage::new(graph, vectors, settings.consolidation.window);
-    if settings.consolidation.kind == recollect_config::ConsolidationKind::Llm {
-        stage = stage.with_llm(Arc::new(recollect_llm::ChatModel::new(&settings.llm)?));
-    }
-    let stage = Arc::new(stage);
+    let stage = Arc::new(ConsolidatorStage::from_settings(graph, vectors, &settings)?);
     run_workers(&settings, bus, vec![stage], checks).await?;
     Ok(())
 }

@@ -197,15 +197,8 @@ impl App {
                 .map(|t| t.is_some())
                 .unwrap_or(true)
         });
-        let mut consolidator = ConsolidatorStage::new(
-            graph.clone(),
-            vectors.clone(),
-            settings.consolidation.window,
-        );
-        if settings.consolidation.kind == recollect_config::ConsolidationKind::Llm {
-            consolidator =
-                consolidator.with_llm(Arc::new(recollect_llm::ChatModel::new(&settings.llm)?));
-        }
+        let consolidator =
+            ConsolidatorStage::from_settings(graph.clone(), vectors.clone(), &settings)?;
         let stages: Vec<Arc<dyn Stage>> = vec![
             Arc::new(ExtractorStage::new(extractor.clone(), graph.clone()).with_liveness(liveness)),
             Arc::new(EmbedderStage::new(embedder.clone())),
