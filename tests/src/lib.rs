@@ -45,6 +45,17 @@ impl Server {
 
     /// As [`Server::start`], with stdout and stderr appended to `log` when given.
     pub fn start_logged(data_dir: &Path, env: &[(&str, &str)], log: Option<&Path>) -> Server {
+        // A free port can be taken by a concurrently starting server between our probe and its
+        // bind; the server then exits at once, and a new pair of ports is tried.
+        for _ in 0..5 {
+            if let Some(s) = Self::try_start(data_dir, env, log) {
+                return s;
+            }
+        }
+        panic!("server exited during start five times in a row");
+    }
+
+    fn try_start(data_dir: &Path, env: &[(&str, &str)], log: Option<&Path>) -> Option<Server> {
         let port = free_port();
         let grpc_port = free_port();
         let mut cmd = Command::new(binary());
@@ -80,8 +91,23 @@ impl Server {
                 .build()
                 .unwrap(),
         };
-        s.wait_ready(Duration::from_secs(120));
-        s
+        let mut s = s;
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(_)) = s.child.try_wait() {
+                return None;
+            }
+            if let Ok(r) = s.client.get(format!("{}/readyz", s.url)).send() {
+                if r.status().is_success() {
+                    return Some(s);
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "server did not become ready within 120s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     pub fn wait_ready(&self, limit: Duration) {
