@@ -332,7 +332,8 @@ impl Server {
 pub struct Broker {
     pub child: Child,
     pub addr: String,
-    _dir: tempfile::TempDir,
+    tansu: PathBuf,
+    dir: tempfile::TempDir,
 }
 
 /// tansu on PATH or in ~/.cargo/bin; None when not installed.
@@ -351,8 +352,22 @@ pub fn tansu() -> Option<PathBuf> {
 impl Broker {
     pub fn start(tansu: &Path) -> Broker {
         let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let addr = format!("127.0.0.1:{port}");
+        let addr = format!("127.0.0.1:{}", free_port());
+        let child = Self::spawn(tansu, &addr, dir.path());
+        Broker {
+            child,
+            addr,
+            tansu: tansu.to_path_buf(),
+            dir,
+        }
+    }
+
+    fn spawn(tansu: &Path, addr: &str, dir: &Path) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("broker.log"))
+            .expect("broker log");
         let child = Command::new(tansu)
             .arg("broker")
             .arg("--listener-url")
@@ -362,23 +377,38 @@ impl Broker {
             // tansu reads the sqlite path relative to its working directory.
             .arg("--storage-engine")
             .arg("sqlite://tansu.db")
-            .current_dir(dir.path())
+            .current_dir(dir)
             .stdout(Stdio::null())
-            .stderr(Stdio::from(
-                std::fs::File::create(dir.path().join("broker.log")).expect("broker log"),
-            ))
+            .stderr(Stdio::from(log))
             .spawn()
             .expect("start tansu");
         let deadline = Instant::now() + Duration::from_secs(60);
-        while std::net::TcpStream::connect(&addr).is_err() {
+        while std::net::TcpStream::connect(addr).is_err() {
             assert!(Instant::now() < deadline, "tansu did not listen on {addr}");
             std::thread::sleep(Duration::from_millis(100));
         }
-        Broker {
-            child,
-            addr,
-            _dir: dir,
+        child
+    }
+
+    /// SIGKILL, as a crash or a node loss: the sqlite storage stays.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the broker again (after [`Broker::kill9`], or killing it first) on the same address
+    /// and the same storage, so topics, messages and committed offsets survive; waits until it
+    /// listens.
+    pub fn restart(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill9();
         }
+        self.child = Self::spawn(&self.tansu, &self.addr, self.dir.path());
+    }
+
+    /// The broker's log (stderr of every run).
+    pub fn log(&self) -> PathBuf {
+        self.dir.path().join("broker.log")
     }
 }
 

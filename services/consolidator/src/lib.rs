@@ -227,7 +227,7 @@ impl ConsolidatorStage {
     ) -> Result<usize, StageError> {
         let mut made = 0;
         loop {
-            let mut state = self
+            let state = self
                 .graph
                 .conversation_state(tenant, conversation)
                 .await
@@ -304,15 +304,9 @@ impl ConsolidatorStage {
                 .write_fragments(&fragments)
                 .await
                 .map_err(transient)?;
-            // Re-read: the extractor may have saved reference state meanwhile.
-            state = self
-                .graph
-                .conversation_state(tenant, conversation)
-                .await
-                .map_err(transient)?;
-            state.consolidated_until = from + self.window;
+            // Only our field: the extractor saves the rest of the state concurrently.
             self.graph
-                .save_conversation_state(tenant, conversation, &state)
+                .advance_consolidated_until(tenant, conversation, from + self.window)
                 .await
                 .map_err(transient)?;
             made += fragments.len();

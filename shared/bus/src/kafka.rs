@@ -7,7 +7,7 @@
 //! - consumer lag per topic and partition comes from librdkafka's statistics, without extra
 //!   broker round trips.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,7 +39,8 @@ pub struct KafkaSettings {
 
 pub struct KafkaBus {
     settings: KafkaSettings,
-    producer: FutureProducer,
+    /// Replaced when librdkafka reports a fatal error (see `publish`).
+    producer: std::sync::RwLock<FutureProducer>,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> BusError {
@@ -48,7 +49,15 @@ fn unavailable(e: impl std::fmt::Display) -> BusError {
 
 impl KafkaBus {
     pub fn connect(settings: KafkaSettings) -> Result<Arc<Self>, BusError> {
-        let producer: FutureProducer = ClientConfig::new()
+        let producer = Self::new_producer(&settings)?;
+        Ok(Arc::new(Self {
+            settings,
+            producer: std::sync::RwLock::new(producer),
+        }))
+    }
+
+    fn new_producer(settings: &KafkaSettings) -> Result<FutureProducer, BusError> {
+        ClientConfig::new()
             .set("bootstrap.servers", &settings.brokers)
             .set("client.id", &settings.client_id)
             .set("enable.idempotence", "true")
@@ -56,13 +65,40 @@ impl KafkaBus {
             .set("linger.ms", "5")
             .set("message.timeout.ms", "30000")
             .create()
-            .map_err(unavailable)?;
-        Ok(Arc::new(Self { settings, producer }))
+            .map_err(unavailable)
+    }
+
+    fn producer(&self) -> FutureProducer {
+        self.producer
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// An idempotent producer that hits a fatal error (e.g. the broker lost its producer state
+    /// in a restart and answers out-of-order sequence) fails every later send: replace it, so
+    /// the caller's retry goes through a fresh producer id instead of failing forever.
+    fn replace_if_fatal(&self, failed: &FutureProducer) {
+        let Some((code, reason)) = failed.client().fatal_error() else {
+            return;
+        };
+        let mut current = self.producer.write().unwrap_or_else(|e| e.into_inner());
+        // Another caller may have replaced it already.
+        if current.client().fatal_error().is_none() {
+            return;
+        }
+        match Self::new_producer(&self.settings) {
+            Ok(p) => {
+                tracing::warn!(%code, reason, "producer hit a fatal error: replaced it");
+                *current = p;
+            }
+            Err(e) => tracing::warn!(error = %e, "producer hit a fatal error; replacing it failed"),
+        }
     }
 
     /// Whether the brokers answer (readiness).
     pub async fn ping(&self) -> bool {
-        let p = self.producer.clone();
+        let p = self.producer();
         tokio::task::spawn_blocking(move || {
             p.client()
                 .fetch_metadata(None, Duration::from_secs(3))
@@ -70,6 +106,86 @@ impl KafkaBus {
         })
         .await
         .unwrap_or(false)
+    }
+}
+
+/// One partition of a topic as a consumer group stands on the brokers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionOffsets {
+    pub partition: i32,
+    /// The group's committed offset (0 before its first commit).
+    pub committed: i64,
+    /// The high watermark: the offset the next message will get.
+    pub high: i64,
+}
+
+impl PartitionOffsets {
+    pub fn lag(&self) -> i64 {
+        (self.high - self.committed).max(0)
+    }
+}
+
+/// Reads a group's committed offsets from the brokers without joining the group, as a lag
+/// exporter does: unlike the members' own statistics it does not depend on who holds a
+/// partition, nor go stale when a member dies. Its calls block.
+pub struct GroupOffsets {
+    consumer: BaseConsumer,
+}
+
+impl GroupOffsets {
+    /// Committed offset and high watermark of every partition of `topic`, by partition.
+    pub fn read(&self, topic: &str, timeout: Duration) -> Result<Vec<PartitionOffsets>, BusError> {
+        let md = self
+            .consumer
+            .fetch_metadata(Some(topic), timeout)
+            .map_err(unavailable)?;
+        let mut partitions: Vec<i32> = md
+            .topics()
+            .iter()
+            .filter(|t| t.name() == topic)
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect();
+        partitions.sort_unstable();
+        let mut tpl = TopicPartitionList::with_capacity(partitions.len());
+        for p in &partitions {
+            tpl.add_partition(topic, *p);
+        }
+        let committed = self
+            .consumer
+            .committed_offsets(tpl, timeout)
+            .map_err(unavailable)?;
+        partitions
+            .into_iter()
+            .map(|p| {
+                let committed = match committed.find_partition(topic, p).map(|e| e.offset()) {
+                    Some(Offset::Offset(o)) => o,
+                    _ => 0,
+                };
+                let (_, high) = self
+                    .consumer
+                    .fetch_watermarks(topic, p, timeout)
+                    .map_err(unavailable)?;
+                Ok(PartitionOffsets {
+                    partition: p,
+                    committed,
+                    high,
+                })
+            })
+            .collect()
+    }
+}
+
+impl KafkaBus {
+    /// A reader of `group`'s committed offsets (see [`GroupOffsets`]).
+    pub fn group_offsets(&self, group: &str) -> Result<GroupOffsets, BusError> {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.settings.brokers)
+            .set("client.id", &self.settings.client_id)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .map_err(unavailable)?;
+        Ok(GroupOffsets { consumer })
     }
 }
 
@@ -113,6 +229,7 @@ impl Bus for KafkaBus {
     }
 
     async fn publish(&self, messages: Vec<Message>) -> Result<(), BusError> {
+        let producer = self.producer();
         let sends = messages.iter().map(|m| {
             let mut headers = OwnedHeaders::new_with_capacity(m.headers.len());
             for (k, v) in &m.headers {
@@ -125,12 +242,21 @@ impl Bus for KafkaBus {
                 .key(&m.key)
                 .payload(&m.payload)
                 .headers(headers);
-            self.producer.send(record, Duration::from_secs(30))
+            producer.send(record, Duration::from_secs(30))
         });
+        let mut failed = None;
         for r in futures::future::join_all(sends).await {
-            r.map_err(|(e, _)| unavailable(e))?;
+            if let Err((e, _)) = r {
+                failed.get_or_insert(e);
+            }
         }
-        Ok(())
+        match failed {
+            None => Ok(()),
+            Some(e) => {
+                self.replace_if_fatal(&producer);
+                Err(unavailable(e))
+            }
+        }
     }
 
     async fn subscribe(&self, topic: &str, group: &str) -> Result<Box<dyn Subscription>, BusError> {
@@ -145,7 +271,7 @@ impl Bus for KafkaBus {
             .set("auto.offset.reset", "earliest")
             .set("session.timeout.ms", "10000")
             .set("statistics.interval.ms", "2000")
-            .create_with_context(GroupContext)
+            .create_with_context(GroupContext::default())
             .map_err(unavailable)?;
         consumer.subscribe(&[topic]).map_err(unavailable)?;
         Ok(Box::new(KafkaSubscription {
@@ -157,10 +283,15 @@ impl Bus for KafkaBus {
 }
 
 /// Commits stored offsets before partitions move to another member, and publishes lag.
-struct GroupContext;
+#[derive(Default)]
+struct GroupContext {
+    /// The (topic, partition) lag gauges this consumer set in its last statistics.
+    reported: std::sync::Mutex<HashSet<(String, i32)>>,
+}
 
 impl ClientContext for GroupContext {
     fn stats(&self, stats: Statistics) {
+        let mut now = HashSet::new();
         for (topic, t) in &stats.topics {
             for (partition, p) in &t.partitions {
                 // -1 is librdkafka's "internal" partition and unassigned partitions report -1 lag.
@@ -170,8 +301,16 @@ impl ClientContext for GroupContext {
                 metrics::CONSUMER_LAG
                     .with_label_values(&[topic, &partition.to_string()])
                     .set(p.consumer_lag);
+                now.insert((topic.clone(), *partition));
             }
         }
+        // A partition that moved to another member after a rebalance is reported by that member
+        // now: keeping our last value would show a lag that never drains.
+        let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        for (topic, partition) in reported.difference(&now) {
+            let _ = metrics::CONSUMER_LAG.remove_label_values(&[topic, &partition.to_string()]);
+        }
+        *reported = now;
     }
 }
 

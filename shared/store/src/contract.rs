@@ -360,6 +360,22 @@ async fn graph_semantics(g: Arc<dyn Graph>, residue: Residue) {
     st.reference.entities.push("Zoë".into());
     g.save_conversation_state(&a, "c1", &st).await.unwrap();
     assert_eq!(g.conversation_state(&a, "c1").await.unwrap(), st);
+    // The consolidator advances its progress while the extractor saves a copy it loaded
+    // earlier: neither undoes the other, and progress never moves back.
+    let mut stale = g.conversation_state(&a, "c1").await.unwrap();
+    g.advance_consolidated_until(&a, "c1", 20).await.unwrap();
+    stale.next_position = 7;
+    g.save_conversation_state(&a, "c1", &stale).await.unwrap();
+    let st = g.conversation_state(&a, "c1").await.unwrap();
+    assert_eq!((st.next_position, st.consolidated_until), (7, 20));
+    g.advance_consolidated_until(&a, "c1", 10).await.unwrap();
+    assert_eq!(
+        g.conversation_state(&a, "c1")
+            .await
+            .unwrap()
+            .consolidated_until,
+        20
+    );
 
     // Concurrent writers on one conversation: every turn exactly once.
     let mut handles = Vec::new();

@@ -263,11 +263,24 @@ pub trait Graph: Send + Sync + 'static {
         conversation: &str,
     ) -> Result<ConversationState, StoreError>;
 
+    /// Saves the state; `consolidated_until` never moves backwards here (the caller's copy may
+    /// predate the consolidator's latest advance).
     async fn save_conversation_state(
         &self,
         tenant: &TenantId,
         conversation: &str,
         state: &ConversationState,
+    ) -> Result<(), StoreError>;
+
+    /// Moves `consolidated_until` forward to `until` (never back) and touches nothing else. The
+    /// consolidator uses this rather than saving the whole state: the extractor saves the other
+    /// fields concurrently, and a stale whole-state write would roll its `next_position` back,
+    /// giving two turns one position.
+    async fn advance_consolidated_until(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        until: u64,
     ) -> Result<(), StoreError>;
 
     /// Removes every node, edge, fragment and state of a conversation; returns turns removed.

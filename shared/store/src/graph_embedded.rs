@@ -75,6 +75,28 @@ impl EmbeddedGraph {
         tokio::task::spawn_blocking(move || f(&db)).await?
     }
 
+    /// Read-modify-write of a conversation's state in one write transaction (redb serialises
+    /// them), so concurrent writers of different fields do not undo each other.
+    fn update_state(
+        db: &Database,
+        key: &[u8],
+        f: impl FnOnce(&mut ConversationState),
+    ) -> Result<(), StoreError> {
+        let w = db.begin_write()?;
+        {
+            let mut t = w.open_table(CONV_STATE)?;
+            let mut state: ConversationState = match t.get(key)? {
+                Some(v) => serde_json::from_slice(v.value())?,
+                None => ConversationState::default(),
+            };
+            f(&mut state);
+            let v = serde_json::to_vec(&state)?;
+            t.insert(key, v.as_slice())?;
+        }
+        w.commit()?;
+        Ok(())
+    }
+
     fn scope_conversations(
         db: &Database,
         tenant: &str,
@@ -434,13 +456,28 @@ impl Graph for EmbeddedGraph {
         state: &ConversationState,
     ) -> Result<(), StoreError> {
         let k = keys::join(&[tenant.as_str(), conversation]);
-        let v = serde_json::to_vec(state)?;
+        let state = state.clone();
         self.blocking(move |db| {
-            let w = db.begin_write()?;
-            w.open_table(CONV_STATE)?
-                .insert(k.as_slice(), v.as_slice())?;
-            w.commit()?;
-            Ok(())
+            Self::update_state(db, &k, |s| {
+                let until = s.consolidated_until.max(state.consolidated_until);
+                *s = state;
+                s.consolidated_until = until;
+            })
+        })
+        .await
+    }
+
+    async fn advance_consolidated_until(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        until: u64,
+    ) -> Result<(), StoreError> {
+        let k = keys::join(&[tenant.as_str(), conversation]);
+        self.blocking(move |db| {
+            Self::update_state(db, &k, |s| {
+                s.consolidated_until = s.consolidated_until.max(until)
+            })
         })
         .await
     }

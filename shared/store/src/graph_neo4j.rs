@@ -701,14 +701,28 @@ impl Graph for Neo4jGraph {
         self.observed(false, async {
             let rows = self
                 .rows(
-                    query("MATCH (s:ConversationState {key: $key}) RETURN s.json AS json")
-                        .param("key", state_key(tenant.as_str(), conversation)),
+                    query(
+                        "MATCH (s:ConversationState {key: $key}) \
+                         RETURN coalesce(s.json, '') AS json, \
+                         coalesce(s.consolidated_until, 0) AS until",
+                    )
+                    .param("key", state_key(tenant.as_str(), conversation)),
                 )
                 .await?;
-            match rows.first() {
-                Some(r) => Ok(serde_json::from_str(&get::<String>(r, "json")?)?),
-                None => Ok(ConversationState::default()),
-            }
+            let Some(r) = rows.first() else {
+                return Ok(ConversationState::default());
+            };
+            // The consolidator's progress is a property of its own (see
+            // `advance_consolidated_until`); the JSON may hold an older value.
+            let json = get::<String>(r, "json")?;
+            let mut state: ConversationState = if json.is_empty() {
+                ConversationState::default()
+            } else {
+                serde_json::from_str(&json)?
+            };
+            let until = get::<i64>(r, "until")?.max(0) as u64;
+            state.consolidated_until = state.consolidated_until.max(until);
+            Ok(state)
         })
         .await
     }
@@ -729,6 +743,31 @@ impl Graph for Neo4jGraph {
                 .param("tenant", tenant.as_str())
                 .param("conv", conversation)
                 .param("json", serde_json::to_string(state)?),
+            )
+            .await
+        })
+        .await
+    }
+
+    async fn advance_consolidated_until(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        until: u64,
+    ) -> Result<(), StoreError> {
+        // One statement, so it is atomic on the server; the JSON (the extractor's) is left alone.
+        self.observed(true, async {
+            self.run(
+                query(
+                    "MERGE (s:ConversationState {key: $key}) \
+                     ON CREATE SET s.tenant = $tenant, s.conversation = $conv \
+                     WITH s WHERE s.consolidated_until IS NULL OR s.consolidated_until < $until \
+                     SET s.consolidated_until = $until",
+                )
+                .param("key", state_key(tenant.as_str(), conversation))
+                .param("tenant", tenant.as_str())
+                .param("conv", conversation)
+                .param("until", until as i64),
             )
             .await
         })

@@ -79,6 +79,11 @@ pub enum GraphCall {
         conversation: String,
         state: ConversationState,
     },
+    AdvanceConsolidatedUntil {
+        tenant: TenantId,
+        conversation: String,
+        until: u64,
+    },
     DeleteConversation {
         tenant: TenantId,
         conversation: String,
@@ -215,6 +220,14 @@ pub async fn dispatch_graph(
             state,
         } => json(
             g.save_conversation_state(&tenant, &conversation, &state)
+                .await?,
+        ),
+        GraphCall::AdvanceConsolidatedUntil {
+            tenant,
+            conversation,
+            until,
+        } => json(
+            g.advance_consolidated_until(&tenant, &conversation, until)
                 .await?,
         ),
         GraphCall::DeleteConversation {
@@ -490,6 +503,19 @@ impl Graph for RemoteGraph {
             tenant: tenant.clone(),
             conversation: conversation.into(),
             state: state.clone(),
+        })
+        .await
+    }
+    async fn advance_consolidated_until(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        until: u64,
+    ) -> Result<(), StoreError> {
+        self.call(GraphCall::AdvanceConsolidatedUntil {
+            tenant: tenant.clone(),
+            conversation: conversation.into(),
+            until,
         })
         .await
     }
