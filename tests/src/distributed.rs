@@ -126,7 +126,7 @@ impl Deployment {
             None => {
                 let raw = recollect_store::RawStore::open(&data_dir.join("raw.redb"))
                     .expect("open the raw store");
-                raw.count().expect("count") as u64
+                raw.count().expect("count")
             }
             Some(p) => {
                 let call = |body: Value| -> Value {
@@ -313,22 +313,6 @@ async fn forward(State(up): State<Arc<Upstreams>>, req: Request) -> Response {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_store_path_goes_to_the_gateway() {
-        assert!(is_store_path(&Method::POST, "/v1/conversations/c1/turns"));
-        assert!(is_store_path(&Method::DELETE, "/v1/conversations/c1"));
-        assert!(is_store_path(&Method::DELETE, "/v1/tenant"));
-        assert!(!is_store_path(&Method::GET, "/v1/conversations/c1"));
-        assert!(!is_store_path(&Method::POST, "/v1/recall"));
-        assert!(!is_store_path(&Method::GET, "/v1/memories/x"));
-        assert!(!is_store_path(&Method::GET, "/healthz"));
-    }
-}
-
 /// gRPC in either mode: the store path (Store, StoreStream, Delete) on the gateway's channel,
 /// the read path (Recall, Get) on the query service's; one channel to the embedded server.
 pub struct GrpcClients {
@@ -380,5 +364,21 @@ impl GrpcClients {
         r: tonic::Request<recollect_proto::v1::GetRequest>,
     ) -> Result<tonic::Response<recollect_proto::v1::Turn>, tonic::Status> {
         self.read_path.get(r).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_store_path_goes_to_the_gateway() {
+        assert!(is_store_path(&Method::POST, "/v1/conversations/c1/turns"));
+        assert!(is_store_path(&Method::DELETE, "/v1/conversations/c1"));
+        assert!(is_store_path(&Method::DELETE, "/v1/tenant"));
+        assert!(!is_store_path(&Method::GET, "/v1/conversations/c1"));
+        assert!(!is_store_path(&Method::POST, "/v1/recall"));
+        assert!(!is_store_path(&Method::GET, "/v1/memories/x"));
+        assert!(!is_store_path(&Method::GET, "/healthz"));
     }
 }

@@ -286,7 +286,8 @@ pub fn binary_named(name: &str) -> PathBuf {
 impl Server {
     /// Starts one of the service binaries (`recollect-extractor`, …) listening on `port` (and
     /// on a free port for gRPC, which the gateway and query services serve), with its
-    /// configuration in `env`; waits for /readyz when `wait` is set.
+    /// configuration in `env`; waits for /readyz when `wait` is set. As with [`hash_env`], no
+    /// per-tenant rate limit unless `env` sets one (bulk tests read thousands of memories).
     pub fn service(name: &str, port: u16, env: &[(String, String)], wait: bool) -> Server {
         let grpc_port = free_port();
         let mut cmd = Command::new(binary_named(name));
@@ -295,6 +296,7 @@ impl Server {
                 "RECOLLECT__SERVER__GRPC_LISTEN",
                 format!("127.0.0.1:{grpc_port}"),
             )
+            .env("RECOLLECT__SERVER__RATE_LIMIT_PER_SEC", "0")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         for (k, v) in env {
