@@ -674,7 +674,7 @@ CHART_COPIES = [
     ("deploy/grafana/recollect-dashboard.json", "helm/recollect/files/recollect-dashboard.json"),
 ]
 # Keys the chart sets itself (env) or takes from the Secret: values.schema.json refuses them.
-CHART_SET_KEYS = {("server", "listen"), ("server", "api_keys"), ("graph", "password"),
+CHART_SET_KEYS = {("server", "listen"), ("server", "grpc_listen"), ("server", "api_keys"), ("graph", "password"),
                   ("remote", "token"), ("llm", "api_key"),
                   ("storage", "data_dir"), ("embedder", "model_dir")}
 SCHEMA_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array"}

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use reqwest::blocking::Client;
 use serde_json::Value;
 
+pub mod distributed;
+
 /// The `recollect` binary built beside this test binary (target/<profile>/recollect).
 pub fn binary() -> PathBuf {
     if let Ok(p) = std::env::var("RECOLLECT_BIN") {
@@ -282,11 +284,19 @@ pub fn binary_named(name: &str) -> PathBuf {
 }
 
 impl Server {
-    /// Starts one of the service binaries (`recollect-extractor`, …) listening on `port`, with
-    /// its configuration in `env`; waits for /readyz when `wait` is set.
+    /// Starts one of the service binaries (`recollect-extractor`, …) listening on `port` (and
+    /// on a free port for gRPC, which the gateway and query services serve), with its
+    /// configuration in `env`; waits for /readyz when `wait` is set. As with [`hash_env`], no
+    /// per-tenant rate limit unless `env` sets one (bulk tests read thousands of memories).
     pub fn service(name: &str, port: u16, env: &[(String, String)], wait: bool) -> Server {
+        let grpc_port = free_port();
         let mut cmd = Command::new(binary_named(name));
         cmd.env("RECOLLECT__SERVER__LISTEN", format!("127.0.0.1:{port}"))
+            .env(
+                "RECOLLECT__SERVER__GRPC_LISTEN",
+                format!("127.0.0.1:{grpc_port}"),
+            )
+            .env("RECOLLECT__SERVER__RATE_LIMIT_PER_SEC", "0")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         for (k, v) in env {
@@ -298,7 +308,7 @@ impl Server {
         let s = Server {
             child,
             url: format!("http://127.0.0.1:{port}"),
-            grpc_url: String::new(),
+            grpc_url: format!("http://127.0.0.1:{grpc_port}"),
             data_dir: PathBuf::new(),
             client: Client::builder()
                 .timeout(Duration::from_secs(180))

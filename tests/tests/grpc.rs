@@ -2,17 +2,17 @@
 //! bulk ingest, idempotent retries, bad input, tenant isolation and authentication. The HTTP API
 //! of the same server cross-checks that both edges see the same data.
 
-use recollect_proto::v1::memory_client::MemoryClient;
 use recollect_proto::v1::{DeleteRequest, GetRequest, RecallRequest, StoreRequest, TurnInput};
+use recollect_tests::distributed::{Deployment, GrpcClients, Mode};
 use recollect_tests::Server;
-use tonic::transport::Channel;
 use tonic::Code;
 
 const KEYS: &str = "key-a:tenant-a,key-b:tenant-b";
 
 /// A server with two tenants and the lexical-only embedder (no model files needed).
-fn server(dir: &std::path::Path) -> Server {
-    Server::start(
+fn server(mode: Mode, dir: &std::path::Path) -> Deployment {
+    Deployment::start(
+        mode,
         dir,
         &[
             ("RECOLLECT_API_KEYS", KEYS),
@@ -35,8 +35,9 @@ fn http<R>(f: impl FnOnce() -> R) -> R {
     tokio::task::block_in_place(f)
 }
 
-async fn client(s: &Server) -> MemoryClient<Channel> {
-    MemoryClient::connect(s.grpc_url.clone()).await.unwrap()
+/// Store path to the gateway, read path to the query service (one server when embedded).
+async fn client(s: &Deployment) -> GrpcClients {
+    GrpcClients::connect(s).await
 }
 
 /// A request carrying `key` as `authorization: Bearer KEY`.
@@ -99,9 +100,20 @@ fn http_turns(s: &Server, conversation: &str, key: &str) -> (u16, u64) {
 }
 
 #[test]
-fn store_recall_get_delete_round_trip_and_idempotent_retry() {
+fn store_recall_get_delete_round_trip_and_idempotent_retry_embedded() {
+    store_recall_get_delete_round_trip_and_idempotent_retry(Mode::Embedded);
+}
+
+#[test]
+fn store_recall_get_delete_round_trip_and_idempotent_retry_distributed() {
+    if Mode::distributed_available() {
+        store_recall_get_delete_round_trip_and_idempotent_retry(Mode::Distributed);
+    }
+}
+
+fn store_recall_get_delete_round_trip_and_idempotent_retry(mode: Mode) {
     let dir = tempfile::tempdir().unwrap();
-    let s = server(dir.path());
+    let s = server(mode, dir.path());
     runtime().block_on(async {
         let mut c = client(&s).await;
         let ka = Some("key-a");
@@ -206,9 +218,20 @@ fn store_recall_get_delete_round_trip_and_idempotent_retry() {
 }
 
 #[test]
-fn streaming_store_of_hundreds_of_turns() {
+fn streaming_store_of_hundreds_of_turns_embedded() {
+    streaming_store_of_hundreds_of_turns(Mode::Embedded);
+}
+
+#[test]
+fn streaming_store_of_hundreds_of_turns_distributed() {
+    if Mode::distributed_available() {
+        streaming_store_of_hundreds_of_turns(Mode::Distributed);
+    }
+}
+
+fn streaming_store_of_hundreds_of_turns(mode: Mode) {
     let dir = tempfile::tempdir().unwrap();
-    let s = server(dir.path());
+    let s = server(mode, dir.path());
     const BATCHES: usize = 6;
     const PER_BATCH: usize = 50;
     let batches: Vec<StoreRequest> = (0..BATCHES)
@@ -293,9 +316,20 @@ fn streaming_store_of_hundreds_of_turns() {
 }
 
 #[test]
-fn invalid_input_is_invalid_argument_naming_the_field_and_stores_nothing() {
+fn invalid_input_is_invalid_argument_naming_the_field_and_stores_nothing_embedded() {
+    invalid_input_is_invalid_argument_naming_the_field_and_stores_nothing(Mode::Embedded);
+}
+
+#[test]
+fn invalid_input_is_invalid_argument_naming_the_field_and_stores_nothing_distributed() {
+    if Mode::distributed_available() {
+        invalid_input_is_invalid_argument_naming_the_field_and_stores_nothing(Mode::Distributed);
+    }
+}
+
+fn invalid_input_is_invalid_argument_naming_the_field_and_stores_nothing(mode: Mode) {
     let dir = tempfile::tempdir().unwrap();
-    let s = server(dir.path());
+    let s = server(mode, dir.path());
     runtime().block_on(async {
         let mut c = client(&s).await;
         let ka = Some("key-a");
@@ -384,9 +418,20 @@ fn invalid_input_is_invalid_argument_naming_the_field_and_stores_nothing() {
 }
 
 #[test]
-fn one_tenant_cannot_see_or_delete_another_tenants_data() {
+fn one_tenant_cannot_see_or_delete_another_tenants_data_embedded() {
+    one_tenant_cannot_see_or_delete_another_tenants_data(Mode::Embedded);
+}
+
+#[test]
+fn one_tenant_cannot_see_or_delete_another_tenants_data_distributed() {
+    if Mode::distributed_available() {
+        one_tenant_cannot_see_or_delete_another_tenants_data(Mode::Distributed);
+    }
+}
+
+fn one_tenant_cannot_see_or_delete_another_tenants_data(mode: Mode) {
     let dir = tempfile::tempdir().unwrap();
-    let s = server(dir.path());
+    let s = server(mode, dir.path());
     runtime().block_on(async {
         let mut c = client(&s).await;
         let (ka, kb) = (Some("key-a"), Some("key-b"));
@@ -480,9 +525,20 @@ fn one_tenant_cannot_see_or_delete_another_tenants_data() {
 }
 
 #[test]
-fn missing_or_unknown_key_is_unauthenticated() {
+fn missing_or_unknown_key_is_unauthenticated_embedded() {
+    missing_or_unknown_key_is_unauthenticated(Mode::Embedded);
+}
+
+#[test]
+fn missing_or_unknown_key_is_unauthenticated_distributed() {
+    if Mode::distributed_available() {
+        missing_or_unknown_key_is_unauthenticated(Mode::Distributed);
+    }
+}
+
+fn missing_or_unknown_key_is_unauthenticated(mode: Mode) {
     let dir = tempfile::tempdir().unwrap();
-    let s = server(dir.path());
+    let s = server(mode, dir.path());
     runtime().block_on(async {
         let mut c = client(&s).await;
         for key in [None, Some("not-a-key")] {
@@ -525,5 +581,96 @@ fn missing_or_unknown_key_is_unauthenticated() {
             .insert("authorization", "key-a".parse().unwrap());
         assert_eq!(c.store(r).await.unwrap_err().code(), Code::Unauthenticated);
         assert_eq!(http_turns(&s, "x", "key-a").0, 404, "nothing stored");
+    });
+}
+
+/// Distributed: each service answers the other's operations with a clear 404 / UNIMPLEMENTED
+/// naming the service that serves them, over HTTP and gRPC alike.
+#[test]
+fn each_service_names_the_one_that_serves_an_operation() {
+    if !Mode::distributed_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(Mode::Distributed, dir.path());
+    let p = s.pipeline.as_ref().unwrap();
+    let direct = |url: &str, method: &str, path: &str| -> (u16, serde_json::Value) {
+        let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let r = s
+            .client
+            .request(m, format!("{url}{path}"))
+            .bearer_auth("key-a")
+            .header("content-type", "application/json")
+            .body(r#"{"query": "x", "turns": []}"#)
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.json().unwrap_or_default())
+    };
+    let query_url = p.query_direct_url.clone();
+    for (url, method, path, served_by) in [
+        (
+            &query_url,
+            "POST",
+            "/v1/conversations/c/turns",
+            "recollect-gateway",
+        ),
+        (
+            &query_url,
+            "DELETE",
+            "/v1/conversations/c",
+            "recollect-gateway",
+        ),
+        (&query_url, "DELETE", "/v1/tenant", "recollect-gateway"),
+        (&p.gateway.url, "POST", "/v1/recall", "recollect-query"),
+        (&p.gateway.url, "GET", "/v1/memories/x", "recollect-query"),
+        (
+            &p.gateway.url,
+            "GET",
+            "/v1/conversations/c",
+            "recollect-query",
+        ),
+    ] {
+        let (st, body) = direct(url, method, path);
+        assert_eq!(st, 404, "{method} {path}: {body}");
+        let msg = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains(served_by),
+            "{method} {path} should name {served_by}: {body}"
+        );
+    }
+    runtime().block_on(async {
+        use recollect_proto::v1::memory_client::MemoryClient;
+        let mut gateway = MemoryClient::connect(s.grpc_store_url()).await.unwrap();
+        let mut query = MemoryClient::connect(s.grpc_url.clone()).await.unwrap();
+        let ka = Some("key-a");
+        let e = query.store(authed(two_turns("c"), ka)).await.unwrap_err();
+        assert_eq!(e.code(), Code::Unimplemented);
+        assert!(e.message().contains("recollect-gateway"), "{e:?}");
+        let e = query
+            .delete(authed(
+                DeleteRequest {
+                    conversation_id: "c".into(),
+                },
+                ka,
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Unimplemented);
+        let e = gateway
+            .recall(authed(recall_req("x", &[], 5), ka))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Unimplemented);
+        assert!(e.message().contains("recollect-query"), "{e:?}");
+        let e = gateway
+            .get(authed(
+                GetRequest {
+                    memory_id: "x".into(),
+                },
+                ka,
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Unimplemented);
     });
 }

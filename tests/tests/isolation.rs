@@ -3,6 +3,7 @@
 //! before and after, and must be identical.
 
 use recollect_model::{MemoryId, TenantId};
+use recollect_tests::distributed::{Deployment, Mode};
 use recollect_tests::{env_refs, hash_env, Server};
 use serde_json::{json, Value};
 
@@ -67,11 +68,22 @@ fn shape(st: u16, body: &Value, name: &str) -> String {
 }
 
 #[test]
-fn tenant_a_cannot_reach_tenant_b() {
+fn tenant_a_cannot_reach_tenant_b_embedded() {
+    tenant_a_cannot_reach_tenant_b(Mode::Embedded);
+}
+
+#[test]
+fn tenant_a_cannot_reach_tenant_b_distributed() {
+    if Mode::distributed_available() {
+        tenant_a_cannot_reach_tenant_b(Mode::Distributed);
+    }
+}
+
+fn tenant_a_cannot_reach_tenant_b(mode: Mode) {
     let dir = tempfile::tempdir().unwrap();
     let mut env = hash_env();
     env.push(("RECOLLECT_API_KEYS", format!("{A}:tenant-a,{B}:tenant-b")));
-    let s = Server::start(dir.path(), &env_refs(&env));
+    let s = Deployment::start(mode, dir.path(), &env_refs(&env));
 
     // B owns "b-private" and "shared"; A owns only its own "shared" (same id, another tenant).
     let (st, r) = s.post("/v1/conversations/b-private/turns", Some(B), &turns("Bee"));
@@ -274,5 +286,5 @@ fn tenant_a_cannot_reach_tenant_b() {
 
     let after = snapshot(&s, &b_convs, &b_ids);
     assert_eq!(before, after, "B's data changed");
-    println!("isolation: {probes} cross-tenant probes, 0 leaks, tenant B unchanged");
+    println!("isolation ({mode:?}): {probes} cross-tenant probes, 0 leaks, tenant B unchanged");
 }

@@ -4,13 +4,25 @@
 
 use std::sync::Arc;
 
-use recollect_tests::{env_refs, Server};
+use recollect_tests::distributed::{Deployment, Mode};
+use recollect_tests::env_refs;
 use serde_json::{json, Value};
 
 const TS: &str = "2023-05-08T13:56:00Z";
 
 #[test]
-fn rate_limit_is_per_tenant_with_retry_after() {
+fn rate_limit_is_per_tenant_with_retry_after_embedded() {
+    rate_limit_is_per_tenant_with_retry_after(Mode::Embedded);
+}
+
+#[test]
+fn rate_limit_is_per_tenant_with_retry_after_distributed() {
+    if Mode::distributed_available() {
+        rate_limit_is_per_tenant_with_retry_after(Mode::Distributed);
+    }
+}
+
+fn rate_limit_is_per_tenant_with_retry_after(mode: Mode) {
     let dir = tempfile::tempdir().unwrap();
     let env: Vec<(&'static str, String)> = vec![
         ("RECOLLECT__EMBEDDER__KIND", "hash".into()),
@@ -19,7 +31,7 @@ fn rate_limit_is_per_tenant_with_retry_after() {
         ("RECOLLECT__SERVER__MAX_TEXT_BYTES", "100".into()),
         ("RECOLLECT_API_KEYS", "key-a:tenant-a,key-b:tenant-b".into()),
     ];
-    let s = Server::start(dir.path(), &env_refs(&env));
+    let s = Deployment::start(mode, dir.path(), &env_refs(&env));
     let recall = br#"{"query": "anything"}"#.to_vec();
     let headers = [
         ("authorization", "Bearer key-a"),
@@ -81,14 +93,25 @@ fn rate_limit_is_per_tenant_with_retry_after() {
 }
 
 #[test]
-fn in_flight_bound_sheds_with_503() {
+fn in_flight_bound_sheds_with_503_embedded() {
+    in_flight_bound_sheds_with_503(Mode::Embedded);
+}
+
+#[test]
+fn in_flight_bound_sheds_with_503_distributed() {
+    if Mode::distributed_available() {
+        in_flight_bound_sheds_with_503(Mode::Distributed);
+    }
+}
+
+fn in_flight_bound_sheds_with_503(mode: Mode) {
     let dir = tempfile::tempdir().unwrap();
     let env: Vec<(&'static str, String)> = vec![
         ("RECOLLECT__EMBEDDER__KIND", "hash".into()),
         ("RECOLLECT__SERVER__RATE_LIMIT_PER_SEC", "0".into()),
         ("RECOLLECT__SERVER__MAX_IN_FLIGHT", "1".into()),
     ];
-    let s = Arc::new(Server::start(dir.path(), &env_refs(&env)));
+    let s = Arc::new(Deployment::start(mode, dir.path(), &env_refs(&env)));
     // A long request holds the only slot while others arrive.
     let turns: Vec<Value> = (0..400)
         .map(|i| json!({"turn_id": i.to_string(), "user": format!("turn number {i} about hiking and bread"), "timestamp": TS}))
@@ -150,7 +173,7 @@ fn in_flight_bound_sheds_with_503() {
         "no request was shed with max_in_flight = 1"
     );
     println!(
-        "in-flight bound: {} requests, {} shed with 503",
+        "in-flight bound ({mode:?}): {} requests, {} shed with 503",
         results.len(),
         shed.len()
     );

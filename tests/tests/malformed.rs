@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use recollect_store::RawStore;
-use recollect_tests::{env_refs, hash_env, Server};
+use recollect_tests::distributed::{Deployment, Mode};
+use recollect_tests::{env_refs, hash_env};
 use serde_json::{json, Value};
 
 struct Case {
@@ -631,10 +631,21 @@ fn cases() -> Vec<Case> {
 }
 
 #[test]
-fn malformed_requests_get_4xx_and_store_nothing() {
+fn malformed_requests_get_4xx_and_store_nothing_embedded() {
+    malformed_requests_get_4xx_and_store_nothing(Mode::Embedded);
+}
+
+#[test]
+fn malformed_requests_get_4xx_and_store_nothing_distributed() {
+    if Mode::distributed_available() {
+        malformed_requests_get_4xx_and_store_nothing(Mode::Distributed);
+    }
+}
+
+fn malformed_requests_get_4xx_and_store_nothing(mode: Mode) {
     let dir = tempfile::tempdir().unwrap();
     let env = hash_env();
-    let mut s = Server::start(dir.path(), &env_refs(&env));
+    let mut s = Deployment::start(mode, dir.path(), &env_refs(&env));
     let client = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()
@@ -700,7 +711,7 @@ fn malformed_requests_get_4xx_and_store_nothing() {
         }
     }
     let elapsed = started.elapsed();
-    let crashed = !matches!(s.child.try_wait(), Ok(None));
+    let crashed = !s.all_alive();
 
     // Still healthy, and a valid request still works.
     assert_eq!(s.get("/healthz", None).0, 200);
@@ -726,14 +737,13 @@ fn malformed_requests_get_4xx_and_store_nothing() {
     );
     assert_eq!(st, 202, "{r}");
     s.stop();
-    let raw = RawStore::open(&dir.path().join("raw.redb")).unwrap();
     // Residue: anything stored besides the seed turn and the final valid one.
-    let residue = raw.count().unwrap() as i64 - 2
+    let residue = s.stored_turns(dir.path(), "default") as i64 - 2
         + i64::from(fresh != 404)
         + (info["turns"].as_u64().unwrap_or(0) as i64 - 1).abs()
         + (recalled.len() as i64 - 1).abs();
     println!(
-        "malformed requests: tried {tried}, 4xx {four}, 5xx {five}, accepted {other}, no answer {hangs}, \
+        "malformed requests ({mode:?}): tried {tried}, 4xx {four}, 5xx {five}, accepted {other}, no answer {hangs}, \
          crashes {}, residue {residue}; {:.1}s total, slowest {:?}",
         u8::from(crashed),
         elapsed.as_secs_f64(),

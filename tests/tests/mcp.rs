@@ -1,6 +1,7 @@
 //! `recollect mcp` end to end: an MCP client's handshake over stdio, the tool list, storing a
-//! turn and searching it back, tenant isolation (embedded and against a running server), and
-//! errors for bad arguments, unknown tools and unknown methods.
+//! turn and searching it back, tenant isolation (embedded and against a running server, embedded
+//! or distributed), and errors for bad arguments, unknown tools and unknown methods; and the
+//! Streamable HTTP transport at `/mcp` of `recollect serve` and `recollect-query`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -8,7 +9,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
 
-use recollect_tests::{binary, Server};
+use recollect_tests::binary;
+use recollect_tests::distributed::{Deployment, Mode};
 use serde_json::{json, Value};
 
 const KEYS: &str = "key-a:tenant-a,key-b:tenant-b";
@@ -227,8 +229,9 @@ fn handshake_tools_store_search_isolation_and_errors_embedded() {
         .contains("forget_everything"));
     let unknown = a.request("resources/list", json!({}));
     assert_eq!(unknown["error"]["code"], -32601, "{unknown}");
+    // A line that is not JSON has no id to answer: ignored (as the official SDKs do), so the
+    // next answer is the ping's.
     a.send_line("{not json");
-    assert_eq!(a.read()["error"]["code"], -32700);
     // Still serving after all that.
     assert_eq!(a.request("ping", json!({}))["result"], json!({}));
     a.finish();
@@ -267,9 +270,21 @@ fn handshake_tools_store_search_isolation_and_errors_embedded() {
 }
 
 #[test]
-fn against_a_running_server_the_key_decides_the_tenant() {
+fn against_a_running_server_the_key_decides_the_tenant_embedded() {
+    against_a_running_server_the_key_decides_the_tenant(Mode::Embedded);
+}
+
+#[test]
+fn against_a_running_server_the_key_decides_the_tenant_distributed() {
+    if Mode::distributed_available() {
+        against_a_running_server_the_key_decides_the_tenant(Mode::Distributed);
+    }
+}
+
+fn against_a_running_server_the_key_decides_the_tenant(mode: Mode) {
     let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(
+    let s = Deployment::start(
+        mode,
         dir.path(),
         &[
             ("RECOLLECT_API_KEYS", KEYS),
@@ -309,4 +324,130 @@ fn against_a_running_server_the_key_decides_the_tenant() {
         .unwrap()
         .contains("unknown API key"));
     bad.finish();
+}
+
+/// One JSON-RPC call to `/mcp` over Streamable HTTP: (HTTP status, the JSON-RPC answer).
+fn mcp_http(url: &str, key: Option<&str>, id: i64, method: &str, params: Value) -> (u16, Value) {
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let mut r = client
+        .post(format!("{url}/mcp"))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-06-18")
+        .body(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string());
+    if let Some(k) = key {
+        r = r.bearer_auth(k);
+    }
+    let resp = r.send().unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().unwrap_or_default();
+    // JSON answers; an SSE answer carries the message on its data: line.
+    let body = serde_json::from_str(&text).unwrap_or_else(|_| {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find(|v| v.get("id").is_some())
+            .unwrap_or(Value::String(text.clone()))
+    });
+    (status, body)
+}
+
+#[test]
+fn streamable_http_tools_with_the_tenant_from_the_key_embedded() {
+    streamable_http_tools_with_the_tenant_from_the_key(Mode::Embedded);
+}
+
+#[test]
+fn streamable_http_tools_with_the_tenant_from_the_key_distributed() {
+    if Mode::distributed_available() {
+        streamable_http_tools_with_the_tenant_from_the_key(Mode::Distributed);
+    }
+}
+
+/// `/mcp` of `recollect serve` (both tools) and of `recollect-query` (search only: it cannot
+/// store); storing goes through the HTTP API so both modes search the same data.
+fn streamable_http_tools_with_the_tenant_from_the_key(mode: Mode) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Deployment::start(
+        mode,
+        dir.path(),
+        &[
+            ("RECOLLECT_API_KEYS", KEYS),
+            ("RECOLLECT__EMBEDDER__KIND", "hash"),
+        ],
+    );
+    // The MCP endpoint of the service that serves search: the front door in either mode.
+    let url = s.url.clone();
+    let (st, init) = mcp_http(
+        &url,
+        Some("key-a"),
+        1,
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {},
+               "clientInfo": {"name": "recollect-tests", "version": "1"}}),
+    );
+    assert_eq!(st, 200, "{init}");
+    assert_eq!(init["result"]["serverInfo"]["name"], "recollect", "{init}");
+    let (st, tools) = mcp_http(&url, Some("key-a"), 2, "tools/list", json!({}));
+    assert_eq!(st, 200, "{tools}");
+    let names: Vec<&str> = tools["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{tools}"))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    match mode {
+        Mode::Embedded => assert_eq!(names, ["search_memory", "store_turn"]),
+        Mode::Distributed => assert_eq!(names, ["search_memory"], "the query service cannot store"),
+    }
+    // Tenant A's turn, stored through the HTTP API (the gateway in distributed mode).
+    let (st, r) = s.post(
+        "/v1/conversations/chat-1/turns",
+        Some("key-a"),
+        &json!({"turns": [{"turn_id": "1", "user": "I painted a sunrise over the lake last week.",
+                 "user_speaker": "Melanie", "timestamp": "2023-05-08T14:01:00Z"}], "wait": true}),
+    );
+    assert_eq!(st, 202, "{r}");
+    let id = r["memory_ids"][0].clone();
+    let search =
+        json!({"name": "search_memory", "arguments": {"query": "What did Melanie paint?", "k": 5}});
+    let (st, a) = mcp_http(&url, Some("key-a"), 3, "tools/call", search.clone());
+    assert_eq!(st, 200, "{a}");
+    let ms = memories(&a);
+    assert_eq!(ms.len(), 1, "{a}");
+    assert_eq!(ms[0]["memory_id"], id);
+    // The key decides the tenant: B sees nothing, a bad key is refused before MCP.
+    let (_, b) = mcp_http(&url, Some("key-b"), 4, "tools/call", search.clone());
+    assert!(memories(&b).is_empty(), "{b}");
+    let (st, _) = mcp_http(&url, Some("nope"), 5, "tools/call", search.clone());
+    assert_eq!(st, 401);
+    let (st, _) = mcp_http(&url, None, 6, "tools/call", search);
+    assert_eq!(st, 401);
+    // Bad arguments: the protocol error names the problem, as on stdio.
+    let (_, bad) = mcp_http(
+        &url,
+        Some("key-a"),
+        7,
+        "tools/call",
+        json!({"name": "search_memory", "arguments": {"k": 5}}),
+    );
+    assert_eq!(bad["error"]["code"], -32602, "{bad}");
+    let store = json!({"name": "store_turn", "arguments": store_args()});
+    let (_, stored) = mcp_http(&url, Some("key-a"), 8, "tools/call", store);
+    match mode {
+        Mode::Embedded => assert_eq!(stored["result"]["isError"], false, "{stored}"),
+        Mode::Distributed => {
+            assert_eq!(stored["error"]["code"], -32602, "{stored}");
+            assert!(
+                stored["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("store_turn"),
+                "{stored}"
+            );
+        }
+    }
 }

@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use recollect_tests::distributed::{Deployment, Mode};
 use recollect_tests::Server;
 use serde_json::Value;
 
@@ -177,12 +178,75 @@ fn call(s: &Server, method: &str, path: &str, body: Option<&Value>) -> (u16, Str
     (resp.status().as_u16(), resp.text().unwrap_or_default())
 }
 
+/// The work operations (method, path) of a document.
+fn work_operations(doc: &Value) -> BTreeSet<(String, String)> {
+    let mut out = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for m in METHODS {
+            if path.starts_with("/v1/") && item.get(m).is_some() {
+                out.insert((m.to_string(), path.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// The API's document: the embedded server's, or in distributed mode the union of the
+/// gateway's and the query service's, each of which must list only its own operations.
+fn api_document(s: &Deployment) -> Value {
+    let fetch = |url: &str| -> Value {
+        let r = s.client.get(format!("{url}/openapi.json")).send().unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        r.json().unwrap()
+    };
+    let Some(p) = &s.pipeline else {
+        return fetch(&s.url);
+    };
+    let gateway = fetch(&p.gateway.url);
+    let query = fetch(&p.query_direct_url);
+    let (g_ops, q_ops) = (work_operations(&gateway), work_operations(&query));
+    assert!(g_ops.is_disjoint(&q_ops), "{g_ops:?} / {q_ops:?}");
+    for (m, path) in &g_ops {
+        assert!(
+            recollect_tests::distributed::is_store_path(
+                &m.to_uppercase().parse().unwrap(),
+                &path.replace("{id}", "probe")
+            ),
+            "the gateway documents {m} {path}, which the ingress sends to the query service"
+        );
+    }
+    let mut doc = query;
+    for (path, item) in gateway["paths"].as_object().unwrap() {
+        let slot = &mut doc["paths"][path];
+        if slot.is_null() {
+            *slot = serde_json::json!({});
+        }
+        for (k, v) in item.as_object().unwrap() {
+            slot[k] = v.clone();
+        }
+    }
+    for (name, schema) in gateway["components"]["schemas"].as_object().unwrap() {
+        doc["components"]["schemas"][name] = schema.clone();
+    }
+    doc
+}
+
 #[test]
-fn openapi_document_matches_the_served_api() {
+fn openapi_document_matches_the_served_api_embedded() {
+    openapi_document_matches_the_served_api(Mode::Embedded);
+}
+
+#[test]
+fn openapi_document_matches_the_served_api_distributed() {
+    if Mode::distributed_available() {
+        openapi_document_matches_the_served_api(Mode::Distributed);
+    }
+}
+
+fn openapi_document_matches_the_served_api(mode: Mode) {
     let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(dir.path(), &[("RECOLLECT__EMBEDDER__KIND", "hash")]);
-    let (st, doc) = s.get("/openapi.json", None);
-    assert_eq!(st, 200);
+    let s = Deployment::start(mode, dir.path(), &[("RECOLLECT__EMBEDDER__KIND", "hash")]);
+    let doc = api_document(&s);
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."), "{doc}");
 
     let mut documented: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();

@@ -517,6 +517,57 @@ pub mod http {
             .route("/v1/tenant", delete(delete_tenant))
             .with_state(state)
     }
+
+    /// The OpenAPI paths of the store path.
+    #[derive(utoipa::OpenApi)]
+    #[openapi(paths(store_turns, delete_conversation, delete_tenant))]
+    pub struct GatewayApi;
+
+    /// The gateway as the shared serving layer (HTTP, gRPC) calls it.
+    #[async_trait::async_trait]
+    impl recollect_serve::StoreRole for GatewayState {
+        fn router(&self) -> Router {
+            router(self.clone())
+        }
+
+        fn openapi(&self) -> utoipa::openapi::OpenApi {
+            <GatewayApi as utoipa::OpenApi>::openapi()
+        }
+
+        async fn store(
+            &self,
+            tenant: &recollect_model::TenantId,
+            conversation: &str,
+            req: StoreRequest,
+            trace_id: &str,
+        ) -> Result<Vec<recollect_model::MemoryId>, RecollectError> {
+            Ok(self
+                .gateway
+                .store(tenant, conversation, req, trace_id)
+                .await?
+                .memory_ids)
+        }
+
+        async fn wait_stored(
+            &self,
+            tenant: &recollect_model::TenantId,
+            ids: &[recollect_model::MemoryId],
+        ) -> Result<(), RecollectError> {
+            self.gateway.wait_stored(tenant, ids).await
+        }
+
+        async fn delete_conversation(
+            &self,
+            tenant: &recollect_model::TenantId,
+            conversation: &str,
+        ) -> Result<u64, RecollectError> {
+            Ok(
+                super::delete_conversation(self.eraser.as_ref(), tenant, conversation)
+                    .await?
+                    .turns_erased,
+            )
+        }
+    }
 }
 
 /// Erasure of a conversation from every store (raw turns, graph, vectors).

@@ -1,14 +1,14 @@
-//! `recollect-gateway`: the HTTP front door of the store path in a distributed deployment.
-//! Validates turns and produces them to `recollect.turns.raw` (acks=all); stateless.
+//! `recollect-gateway`: the front door of the store path in a distributed deployment (HTTP and
+//! gRPC on the shared serving layer). Validates turns and produces them to
+//! `recollect.turns.raw` (acks=all); stateless.
 
 use std::sync::Arc;
 
 use recollect_api::Auth;
-use recollect_gateway::http::{router, GatewayState};
+use recollect_gateway::http::GatewayState;
 use recollect_gateway::{Gateway, Limits, StoreEraser};
-use recollect_runtime::{
-    bus_check, graph_check, open_bus, ops_router, serve_http, shutdown_signal, start,
-};
+use recollect_runtime::{bus_check, graph_check, open_bus, start};
+use recollect_serve::Roles;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -20,19 +20,17 @@ async fn main() -> anyhow::Result<()> {
     let checks = vec![bus_check(bus.clone()), graph_check(graph.clone())];
     let limits = Limits {
         max_turns_per_request: settings.server.max_turns_per_request,
+        max_text_bytes: settings.server.max_text_bytes,
         wait_timeout: std::time::Duration::from_secs(settings.server.wait_timeout_secs),
-        ..Limits::default()
     };
-    let state = GatewayState {
-        gateway: Arc::new(Gateway::distributed(bus, graph.clone(), limits)),
-        eraser: Arc::new(StoreEraser { graph, vectors }),
-        auth: Auth::new(settings.api_keys()),
+    let roles = Roles {
+        gateway: Some(Arc::new(GatewayState {
+            gateway: Arc::new(Gateway::distributed(bus, graph.clone(), limits)),
+            eraser: Arc::new(StoreEraser { graph, vectors }),
+            auth: Auth::new(settings.api_keys()),
+        })),
+        query: None,
     };
-    let app = router(state)
-        .merge(ops_router(checks))
-        .layer(axum::extract::DefaultBodyLimit::max(
-            settings.server.max_body_bytes,
-        ));
-    serve_http(&settings, app, true, shutdown_signal()).await?;
+    recollect_serve::serve(&settings, roles, checks).await?;
     Ok(())
 }

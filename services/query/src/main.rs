@@ -1,15 +1,14 @@
-//! `recollect-query`: the stateless recall service (`POST /v1/recall`, `GET /v1/memories/{id}`).
-//! Any number of replicas behind a load balancer.
+//! `recollect-query`: the stateless read path (recall, memories by id, conversation info) over
+//! HTTP and gRPC on the shared serving layer. Any number of replicas behind a load balancer.
 
 use std::sync::Arc;
 
 use recollect_api::Auth;
 use recollect_embed::CachedEmbedder;
-use recollect_query::{router, QueryState};
+use recollect_query::QueryState;
 use recollect_recall::{Recall, RecallConfig};
-use recollect_runtime::{
-    graph_check, load_embedder, ops_router, serve_http, shutdown_signal, start, vectors_check,
-};
+use recollect_runtime::{graph_check, load_embedder, start, vectors_check};
+use recollect_serve::Roles;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -31,12 +30,14 @@ async fn main() -> anyhow::Result<()> {
         Arc::new(CachedEmbedder::new(embedder)),
         cfg,
     ));
-    let state = QueryState {
-        recall,
-        auth: Auth::new(settings.api_keys()),
-        raw: None,
+    let roles = Roles {
+        gateway: None,
+        query: Some(Arc::new(QueryState {
+            recall,
+            auth: Auth::new(settings.api_keys()),
+            raw: None,
+        })),
     };
-    let app = router(state).merge(ops_router(checks));
-    serve_http(&settings, app, true, shutdown_signal()).await?;
+    recollect_serve::serve(&settings, roles, checks).await?;
     Ok(())
 }

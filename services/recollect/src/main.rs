@@ -4,7 +4,6 @@ mod app;
 mod bench;
 mod cli;
 mod eval;
-mod grpc;
 mod mcp;
 mod server;
 
@@ -47,7 +46,7 @@ enum Command {
         #[arg(long)]
         grpc_listen: Option<String>,
     },
-    /// An MCP server on stdin/stdout (JSON-RPC 2.0, one message per line): memory as agent tools.
+    /// An MCP server on stdin/stdout (the official SDK, rmcp): memory as agent tools.
     Mcp(mcp::McpArgs),
     /// Store turns from a JSONL file: one {"conversation_id", "user", "assistant"?, "timestamp", ...} per line.
     Ingest(cli::IngestArgs),

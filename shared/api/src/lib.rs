@@ -14,7 +14,7 @@ use recollect_model::{Classify, ErrorKind, RecollectError, TenantId};
 use serde::de::DeserializeOwned;
 
 pub mod limits;
-pub use limits::{guard, Guard, RateLimiter};
+pub use limits::{guard, Guard, RateLimiter, Shed};
 
 /// An error as the HTTP edge returns it: `{"error": {"code", "message"}}` with the status for its kind.
 #[derive(Debug)]

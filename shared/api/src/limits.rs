@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use parking_lot::Mutex;
 use recollect_model::TenantId;
 use recollect_telemetry as metrics;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::{error_response, ApiError, Auth};
 
@@ -127,6 +127,82 @@ pub fn shed_response(
     r
 }
 
+/// Why a request was refused before any work: the tenant's bucket is empty (retry after the
+/// wait) or the in-flight bound is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shed {
+    RateLimited(Duration),
+    Overloaded,
+}
+
+impl Shed {
+    pub const RATE_LIMITED_MESSAGE: &'static str =
+        "too many requests for this tenant; retry after the Retry-After delay";
+    pub const OVERLOADED_MESSAGE: &'static str =
+        "the server is at its in-flight request limit; retry after the Retry-After delay";
+
+    /// The HTTP answer: 429 or 503 with Retry-After, in the shared error shape.
+    pub fn response(self) -> Response {
+        match self {
+            Shed::RateLimited(wait) => shed_response(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                Self::RATE_LIMITED_MESSAGE,
+                wait,
+            ),
+            Shed::Overloaded => shed_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                Self::OVERLOADED_MESSAGE,
+                Duration::from_secs(1),
+            ),
+        }
+    }
+
+    /// The gRPC answer: RESOURCE_EXHAUSTED or UNAVAILABLE with the same retry-after hint.
+    pub fn status(self) -> tonic::Status {
+        let (mut status, wait) = match self {
+            Shed::RateLimited(wait) => (
+                tonic::Status::resource_exhausted(Self::RATE_LIMITED_MESSAGE),
+                wait,
+            ),
+            Shed::Overloaded => (
+                tonic::Status::unavailable(Self::OVERLOADED_MESSAGE),
+                Duration::from_secs(1),
+            ),
+        };
+        let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+        status.metadata_mut().insert(
+            "retry-after",
+            secs.to_string().parse().expect("digits are valid metadata"),
+        );
+        status
+    }
+}
+
+impl Guard {
+    pub fn auth(&self) -> &Auth {
+        &self.auth
+    }
+
+    /// Admits one request of `tenant`: a token from its bucket, then a slot under the in-flight
+    /// bound, held until the returned permit drops.
+    pub fn admit(&self, tenant: &TenantId) -> Result<OwnedSemaphorePermit, Shed> {
+        if let Some(rate) = &self.rate {
+            if let Err(wait) = rate.check(tenant) {
+                metrics::HTTP_SHED
+                    .with_label_values(&["rate_limited"])
+                    .inc();
+                return Err(Shed::RateLimited(wait));
+            }
+        }
+        self.in_flight.clone().try_acquire_owned().map_err(|_| {
+            metrics::HTTP_SHED.with_label_values(&["overloaded"]).inc();
+            Shed::Overloaded
+        })
+    }
+}
+
 /// Middleware for the work routes: unknown credentials are refused here (401), then the
 /// tenant's rate limit (429), then the in-flight bound (503); the permit is held until the
 /// response is ready.
@@ -139,29 +215,10 @@ pub async fn guard(State(g): State<Arc<Guard>>, req: Request, next: Next) -> Res
         Ok(t) => t,
         Err(e) => return ApiError(e).into_response(),
     };
-    if let Some(rate) = &g.rate {
-        if let Err(wait) = rate.check(&tenant) {
-            metrics::HTTP_SHED
-                .with_label_values(&["rate_limited"])
-                .inc();
-            return shed_response(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limited",
-                "too many requests for this tenant; retry after the Retry-After delay",
-                wait,
-            );
-        }
+    match g.admit(&tenant) {
+        Ok(_permit) => next.run(req).await,
+        Err(shed) => shed.response(),
     }
-    let Ok(_permit) = g.in_flight.clone().try_acquire_owned() else {
-        metrics::HTTP_SHED.with_label_values(&["overloaded"]).inc();
-        return shed_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "overloaded",
-            "the server is at its in-flight request limit; retry after the Retry-After delay",
-            Duration::from_secs(1),
-        );
-    };
-    next.run(req).await
 }
 
 #[cfg(test)]

@@ -1,31 +1,29 @@
 //! The gRPC `Memory` service (proto/recollect/v1/recollect.proto): the same library calls as
 //! the HTTP handlers (gateway store and erase, query recall and get), the tenant from the
-//! `authorization` metadata, errors through the one mapping in `recollect_api`.
+//! `authorization` metadata, errors through the one mapping in `recollect_api`, and the same
+//! rate limit and in-flight bound as HTTP. A method of a role this process lacks answers
+//! UNIMPLEMENTED naming the service that has it.
 
-use recollect_api::{grpc_status, Auth};
-use recollect_gateway::http::GatewayState;
-use recollect_gateway::StoreRequest;
+use std::sync::Arc;
+
+use recollect_api::{grpc_status, Guard};
 use recollect_model::{RecollectError, ReferenceState, TenantId};
 use recollect_proto::v1::memory_server::{Memory, MemoryServer};
 use recollect_proto::{parse_time, v1};
-use recollect_query::QueryState;
 use recollect_recall::RecallRequest;
 use recollect_telemetry as metrics;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::{QueryRole, Role, Roles, StoreRequest, StoreRole};
+
 pub struct MemoryService {
-    gateway: GatewayState,
-    query: QueryState,
-    auth: Auth,
+    roles: Roles,
+    guard: Arc<Guard>,
 }
 
 impl MemoryService {
-    pub fn new(gateway: GatewayState, query: QueryState, auth: Auth) -> Self {
-        Self {
-            gateway,
-            query,
-            auth,
-        }
+    pub fn new(roles: Roles, guard: Arc<Guard>) -> Self {
+        Self { roles, guard }
     }
 
     /// The tonic server for this service, accepting messages as large as an HTTP body.
@@ -36,7 +34,40 @@ impl MemoryService {
     }
 
     fn tenant<T>(&self, req: &Request<T>) -> Result<TenantId, Status> {
-        self.auth.tenant_for_grpc(req.metadata())
+        self.guard.auth().tenant_for_grpc(req.metadata())
+    }
+
+    /// The caller's tenant and a slot under the limits, for a method of `role`.
+    fn admit<T>(
+        &self,
+        method: &str,
+        role: Role,
+        req: &Request<T>,
+    ) -> Result<(TenantId, tokio::sync::OwnedSemaphorePermit), Status> {
+        if !self.roles.has(role) {
+            return Err(Status::unimplemented(format!(
+                "{method} is served by {}, not by {}",
+                role.service(),
+                self.roles.service()
+            )));
+        }
+        let tenant = self.tenant(req)?;
+        let permit = self.guard.admit(&tenant).map_err(|s| s.status())?;
+        Ok((tenant, permit))
+    }
+
+    fn gateway(&self) -> &dyn StoreRole {
+        self.roles
+            .gateway
+            .as_deref()
+            .expect("admitted for the gateway role")
+    }
+
+    fn query(&self) -> &dyn QueryRole {
+        self.roles
+            .query
+            .as_deref()
+            .expect("admitted for the query role")
     }
 
     async fn store_batch(
@@ -47,12 +78,11 @@ impl MemoryService {
     ) -> Result<Vec<String>, RecollectError> {
         let (conversation, req) = store_request(batch, wait)?;
         let trace_id = uuid::Uuid::new_v4().to_string();
-        let r = self
-            .gateway
-            .gateway
+        let ids = self
+            .gateway()
             .store(tenant, &conversation, req, &trace_id)
             .await?;
-        Ok(r.memory_ids.iter().map(ToString::to_string).collect())
+        Ok(ids.iter().map(ToString::to_string).collect())
     }
 }
 
@@ -116,7 +146,7 @@ impl Memory for MemoryService {
         request: Request<v1::StoreRequest>,
     ) -> Result<Response<v1::StoreResponse>, Status> {
         let r: Result<Response<v1::StoreResponse>, Status> = async {
-            let tenant = self.tenant(&request)?;
+            let (tenant, _permit) = self.admit("Store", Role::Gateway, &request)?;
             let batch = request.into_inner();
             let wait = batch.wait;
             let memory_ids = self
@@ -134,7 +164,7 @@ impl Memory for MemoryService {
         request: Request<Streaming<v1::StoreRequest>>,
     ) -> Result<Response<v1::StoreResponse>, Status> {
         let r: Result<Response<v1::StoreResponse>, Status> = async {
-            let tenant = self.tenant(&request)?;
+            let (tenant, _permit) = self.admit("StoreStream", Role::Gateway, &request)?;
             let mut stream = request.into_inner();
             let mut memory_ids = Vec::new();
             let mut wait = false;
@@ -166,8 +196,7 @@ impl Memory for MemoryService {
                     .iter()
                     .filter_map(|s| recollect_model::MemoryId::parse(s))
                     .collect();
-                self.gateway
-                    .gateway
+                self.gateway()
                     .wait_stored(&tenant, &ids)
                     .await
                     .map_err(grpc_status)?;
@@ -184,11 +213,11 @@ impl Memory for MemoryService {
     ) -> Result<Response<v1::RecallResponse>, Status> {
         let started = std::time::Instant::now();
         let r: Result<Response<v1::RecallResponse>, Status> = async {
-            let tenant = self.tenant(&request)?;
+            let (tenant, _permit) = self.admit("Recall", Role::Query, &request)?;
             let req = recall_request(request.into_inner()).map_err(grpc_status)?;
             let resp = self
-                .query
-                .recall_for(&tenant, &req)
+                .query()
+                .recall(&tenant, &req)
                 .await
                 .map_err(grpc_status)?;
             Ok(Response::new(v1::RecallResponse {
@@ -204,9 +233,13 @@ impl Memory for MemoryService {
 
     async fn get(&self, request: Request<v1::GetRequest>) -> Result<Response<v1::Turn>, Status> {
         let r: Result<Response<v1::Turn>, Status> = async {
-            let tenant = self.tenant(&request)?;
+            let (tenant, _permit) = self.admit("Get", Role::Query, &request)?;
             let id = request.into_inner().memory_id;
-            let turn = self.query.memory(&tenant, &id).await.map_err(grpc_status)?;
+            let turn = self
+                .query()
+                .memory(&tenant, &id)
+                .await
+                .map_err(grpc_status)?;
             Ok(Response::new(turn.into()))
         }
         .await;
@@ -218,18 +251,16 @@ impl Memory for MemoryService {
         request: Request<v1::DeleteRequest>,
     ) -> Result<Response<v1::DeleteResponse>, Status> {
         let r: Result<Response<v1::DeleteResponse>, Status> = async {
-            let tenant = self.tenant(&request)?;
+            let (tenant, _permit) = self.admit("Delete", Role::Gateway, &request)?;
             let conversation = request.into_inner().conversation_id;
-            let e = recollect_gateway::delete_conversation(
-                self.gateway.eraser.as_ref(),
-                &tenant,
-                &conversation,
-            )
-            .await
-            .map_err(grpc_status)?;
+            let turns_erased = self
+                .gateway()
+                .delete_conversation(&tenant, &conversation)
+                .await
+                .map_err(grpc_status)?;
             Ok(Response::new(v1::DeleteResponse {
-                conversation_id: e.conversation_id,
-                turns_erased: e.turns_erased,
+                conversation_id: conversation,
+                turns_erased,
             }))
         }
         .await;
