@@ -135,6 +135,7 @@ fn kafka_pipeline_survives_kills_and_dead_letters_poison() {
         client_id: "e2e-test".into(),
         partitions: 4,
         replication: 1,
+        security: Default::default(),
     })
     .unwrap();
     rt.block_on(bus.publish(vec![Message {

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch, Mutex};
 
 pub mod kafka;
-pub use kafka::{KafkaBus, KafkaSettings};
+pub use kafka::{KafkaBus, KafkaSecurity, KafkaSettings};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
