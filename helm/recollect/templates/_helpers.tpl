@@ -94,6 +94,17 @@ gateway extractor embedder graph-writer consolidator query
 {{- if hasKey $llm "api_key" }}
 {{- fail "config.llm.api_key is a secret: use secrets.llmApiKey or secrets.existingSecret" }}
 {{- end }}
+{{- $bus := default dict .Values.config.bus }}
+{{- if hasKey $bus "sasl_password" }}
+{{- fail "config.bus.sasl_password is a secret: use secrets.kafkaSaslPassword or secrets.existingSecret" }}
+{{- end }}
+{{- $vectors := default dict .Values.config.vectors }}
+{{- if hasKey $vectors "api_key" }}
+{{- fail "config.vectors.api_key is a secret: use secrets.qdrantApiKey or secrets.existingSecret" }}
+{{- end }}
+{{- if and .Values.caCertificates.secret .Values.caCertificates.configMap }}
+{{- fail "caCertificates: set secret or configMap, not both" }}
+{{- end }}
 {{- if hasKey $server "listen" }}
 {{- fail "config.server.listen is set by the chart from .Values.port" }}
 {{- end }}

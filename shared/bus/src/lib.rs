@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch, Mutex};
 
 pub mod kafka;
-pub use kafka::{GroupOffsets, KafkaBus, KafkaSettings, PartitionOffsets};
+pub use kafka::{GroupOffsets, KafkaBus, KafkaSecurity, KafkaSettings, PartitionOffsets};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {

@@ -167,6 +167,9 @@ pub struct GraphSettings {
     /// Secret: redacted from `Debug`.
     pub password: String,
     pub database: String,
+    /// PEM CA certificate for `bolt+s://` / `neo4j+s://`; empty: the system roots.
+    #[serde(default)]
+    pub ca_file: String,
 }
 
 impl std::fmt::Debug for GraphSettings {
@@ -182,6 +185,7 @@ impl std::fmt::Debug for GraphSettings {
             .field("user", &self.user)
             .field("password", &password)
             .field("database", &self.database)
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }
@@ -195,10 +199,33 @@ pub enum VectorKind {
     Remote,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 pub struct VectorSettings {
     pub kind: VectorKind,
+    /// Qdrant's gRPC address; `https://` for TLS.
     pub url: String,
+    /// Qdrant API key. Secret: redacted from `Debug`.
+    #[serde(default)]
+    pub api_key: String,
+}
+
+/// "" when empty, a fixed marker otherwise: secrets never reach logs.
+fn redacted(secret: &str) -> &'static str {
+    if secret.is_empty() {
+        ""
+    } else {
+        "<redacted>"
+    }
+}
+
+impl std::fmt::Debug for VectorSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VectorSettings")
+            .field("kind", &self.kind)
+            .field("url", &self.url)
+            .field("api_key", &redacted(&self.api_key))
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -208,7 +235,7 @@ pub enum BusKind {
     Kafka,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 pub struct BusSettings {
     pub kind: BusKind,
     pub brokers: String,
@@ -216,6 +243,90 @@ pub struct BusSettings {
     /// Partitions per topic when the admin step creates them.
     pub partitions: i32,
     pub replication: i32,
+    #[serde(default)]
+    pub security_protocol: KafkaSecurityProtocol,
+    #[serde(default)]
+    pub sasl_mechanism: SaslMechanism,
+    #[serde(default)]
+    pub sasl_username: String,
+    /// Secret: redacted from `Debug`.
+    #[serde(default)]
+    pub sasl_password: String,
+    /// PEM CA certificate of the brokers (ssl, sasl_ssl); empty: the system roots.
+    #[serde(default)]
+    pub ssl_ca_file: String,
+}
+
+impl std::fmt::Debug for BusSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BusSettings")
+            .field("kind", &self.kind)
+            .field("brokers", &self.brokers)
+            .field("group_prefix", &self.group_prefix)
+            .field("partitions", &self.partitions)
+            .field("replication", &self.replication)
+            .field("security_protocol", &self.security_protocol)
+            .field("sasl_mechanism", &self.sasl_mechanism)
+            .field("sasl_username", &self.sasl_username)
+            .field("sasl_password", &redacted(&self.sasl_password))
+            .field("ssl_ca_file", &self.ssl_ca_file)
+            .finish()
+    }
+}
+
+/// librdkafka's `security.protocol`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KafkaSecurityProtocol {
+    #[default]
+    Plaintext,
+    Ssl,
+    SaslPlaintext,
+    SaslSsl,
+}
+
+impl KafkaSecurityProtocol {
+    /// The value librdkafka takes.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Plaintext => "plaintext",
+            Self::Ssl => "ssl",
+            Self::SaslPlaintext => "sasl_plaintext",
+            Self::SaslSsl => "sasl_ssl",
+        }
+    }
+
+    pub fn sasl(&self) -> bool {
+        matches!(self, Self::SaslPlaintext | Self::SaslSsl)
+    }
+
+    pub fn tls(&self) -> bool {
+        matches!(self, Self::Ssl | Self::SaslSsl)
+    }
+}
+
+/// librdkafka's `sasl.mechanism`: the username/password ones this build supports (GSSAPI and
+/// OAUTHBEARER need callbacks or libraries it does not have).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SaslMechanism {
+    #[default]
+    #[serde(rename = "PLAIN")]
+    Plain,
+    #[serde(rename = "SCRAM-SHA-256")]
+    ScramSha256,
+    #[serde(rename = "SCRAM-SHA-512")]
+    ScramSha512,
+}
+
+impl SaslMechanism {
+    /// The value librdkafka takes.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Plain => "PLAIN",
+            Self::ScramSha256 => "SCRAM-SHA-256",
+            Self::ScramSha512 => "SCRAM-SHA-512",
+        }
+    }
 }
 
 /// A `recollect-store` service: the embedded graph and vector engine behind HTTP, for
@@ -384,6 +495,7 @@ impl Settings {
         if self.bus.replication < 1 {
             return invalid("bus.replication", "must be at least 1".into());
         }
+        self.validate_managed_services()?;
         let remote =
             self.graph.kind == GraphKind::Remote || self.vectors.kind == VectorKind::Remote;
         if remote && !self.remote.url.starts_with("http") {
@@ -400,6 +512,85 @@ impl Settings {
         }
         if self.storage.data_dir.as_os_str().is_empty() {
             return invalid("storage.data_dir", "must not be empty".into());
+        }
+        Ok(())
+    }
+
+    /// Kafka security, the Bolt URI and the Qdrant URL, checked where they are used.
+    fn validate_managed_services(&self) -> Result<(), ConfigError> {
+        let invalid = |key, message: String| Err(ConfigError::Invalid { key, message });
+        let bus = &self.bus;
+        if bus.kind == BusKind::Kafka {
+            if bus.security_protocol.sasl() {
+                if bus.sasl_username.trim().is_empty() {
+                    return invalid(
+                        "bus.sasl_username",
+                        format!(
+                            "must be set when bus.security_protocol = {}",
+                            bus.security_protocol.as_str()
+                        ),
+                    );
+                }
+                if bus.sasl_password.is_empty() {
+                    return invalid(
+                        "bus.sasl_password",
+                        format!(
+                            "must be set (RECOLLECT__BUS__SASL_PASSWORD) when \
+                             bus.security_protocol = {}",
+                            bus.security_protocol.as_str()
+                        ),
+                    );
+                }
+            } else if !bus.sasl_username.is_empty() || !bus.sasl_password.is_empty() {
+                return invalid(
+                    "bus.security_protocol",
+                    format!(
+                        "is {} but SASL credentials are set: use sasl_ssl (or sasl_plaintext) \
+                         so they are sent",
+                        bus.security_protocol.as_str()
+                    ),
+                );
+            }
+            if !bus.ssl_ca_file.is_empty() && !bus.security_protocol.tls() {
+                return invalid(
+                    "bus.ssl_ca_file",
+                    format!(
+                        "is set but bus.security_protocol = {} does not use TLS",
+                        bus.security_protocol.as_str()
+                    ),
+                );
+            }
+        }
+        if self.graph.kind == GraphKind::Neo4j {
+            let scheme = self.graph.uri.split("://").next().unwrap_or_default();
+            if !self.graph.uri.contains("://") || !BOLT_SCHEMES.contains(&scheme) {
+                return invalid(
+                    "graph.uri",
+                    format!(
+                        "{:?} must start with one of {}://",
+                        self.graph.uri,
+                        BOLT_SCHEMES.join("://, ")
+                    ),
+                );
+            }
+            if !self.graph.ca_file.is_empty() && !scheme.ends_with("+s") {
+                return invalid(
+                    "graph.ca_file",
+                    format!("is set but graph.uri uses {scheme}://, not bolt+s:// or neo4j+s://"),
+                );
+            }
+        }
+        if self.vectors.kind == VectorKind::Qdrant
+            && !(self.vectors.url.starts_with("http://")
+                || self.vectors.url.starts_with("https://"))
+        {
+            return invalid(
+                "vectors.url",
+                format!(
+                    "{:?} must be Qdrant's gRPC address, http:// or https://",
+                    self.vectors.url
+                ),
+            );
         }
         Ok(())
     }
@@ -430,6 +621,17 @@ impl Settings {
             .then(|| self.server.grpc_listen.parse().expect("validated at load"))
     }
 }
+
+/// URI schemes neo4rs speaks: plain, TLS, TLS accepting any certificate; bolt (one server) or
+/// neo4j (routing).
+pub const BOLT_SCHEMES: [&str; 6] = [
+    "bolt",
+    "bolt+s",
+    "bolt+ssc",
+    "neo4j",
+    "neo4j+s",
+    "neo4j+ssc",
+];
 
 /// Tenants are path-safe names: they end up in keys and file names.
 pub fn valid_tenant(t: &str) -> bool {
@@ -519,13 +721,20 @@ mod tests {
         ];
         s.graph.password = "hunter2-graph-password".into();
         s.llm.api_key = "sk-llm-secret-3".into();
+        s.vectors.api_key = "qdrant-key-4".into();
+        s.bus.sasl_password = "kafka-password-5".into();
         s.validate().unwrap();
-        let out = format!("{s:?} {s:#?} {:?} {:?} {:?}", s.server, s.graph, s.llm);
+        let out = format!(
+            "{s:?} {s:#?} {:?} {:?} {:?} {:?} {:?}",
+            s.server, s.graph, s.llm, s.vectors, s.bus
+        );
         for secret in [
             "sk-very-secret-1",
             "sk-other-2",
             "hunter2-graph-password",
             "sk-llm-secret-3",
+            "qdrant-key-4",
+            "kafka-password-5",
         ] {
             assert!(!out.contains(secret), "{secret} leaked into Debug output");
         }
@@ -533,6 +742,87 @@ mod tests {
             out.contains("tenant-a") && out.contains("<redacted>"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn kafka_security_is_validated() {
+        let mut s = Settings::defaults();
+        s.bus.kind = BusKind::Kafka;
+        s.validate().unwrap();
+        s.bus.security_protocol = KafkaSecurityProtocol::SaslSsl;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("bus.sasl_username"), "{e}");
+        s.bus.sasl_username = "recollect".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("bus.sasl_password") && e.contains("RECOLLECT__BUS__SASL_PASSWORD"),
+            "{e}"
+        );
+        s.bus.sasl_password = "pw".into();
+        s.bus.ssl_ca_file = "/etc/recollect/ca/ca.crt".into();
+        s.validate().unwrap();
+        s.bus.security_protocol = KafkaSecurityProtocol::SaslPlaintext;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("bus.ssl_ca_file"), "{e}");
+        s.bus.ssl_ca_file.clear();
+        s.validate().unwrap();
+        s.bus.security_protocol = KafkaSecurityProtocol::Ssl;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("bus.security_protocol"),
+            "credentials never dropped: {e}"
+        );
+        // The in-process bus ignores all of it.
+        s.bus.kind = BusKind::InProcess;
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn kafka_security_reads_from_files_and_names_bad_values() {
+        let dir = std::env::temp_dir().join(format!("recollect-sasl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("c.toml");
+        std::fs::write(
+            &f,
+            "[bus]\nkind = \"kafka\"\nsecurity_protocol = \"sasl_ssl\"\n\
+             sasl_mechanism = \"SCRAM-SHA-512\"\nsasl_username = \"u\"\nsasl_password = \"p\"\n",
+        )
+        .unwrap();
+        let s = Settings::load(Some(&f)).unwrap();
+        assert_eq!(s.bus.security_protocol, KafkaSecurityProtocol::SaslSsl);
+        assert_eq!(s.bus.sasl_mechanism, SaslMechanism::ScramSha512);
+        assert_eq!(s.bus.sasl_mechanism.as_str(), "SCRAM-SHA-512");
+        std::fs::write(&f, "[bus]\nsasl_mechanism = \"GSSAPI\"\n").unwrap();
+        let e = Settings::load(Some(&f)).unwrap_err().to_string();
+        assert!(e.contains("GSSAPI") && e.contains("sasl_mechanism"), "{e}");
+    }
+
+    #[test]
+    fn store_uris_are_validated_where_used() {
+        let mut s = Settings::defaults();
+        s.graph.uri = "http://neo4j:7474".into();
+        s.vectors.url = "qdrant:6334".into();
+        s.validate().unwrap();
+        s.graph.kind = GraphKind::Neo4j;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("graph.uri"), "{e}");
+        for ok in BOLT_SCHEMES {
+            s.graph.uri = format!("{ok}://neo4j.example:7687");
+            s.validate().unwrap();
+        }
+        s.graph.ca_file = "/ca.pem".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("graph.ca_file"),
+            "ssc accepts any certificate: {e}"
+        );
+        s.graph.uri = "bolt+s://neo4j.example:7687".into();
+        s.validate().unwrap();
+        s.vectors.kind = VectorKind::Qdrant;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("vectors.url"), "{e}");
+        s.vectors.url = "https://qdrant.example:6334".into();
+        s.validate().unwrap();
     }
 
     #[test]

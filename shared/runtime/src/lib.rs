@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use clap::Parser;
-use recollect_bus::{run_stage, Bus, BusError, KafkaBus, KafkaSettings, Stage};
+use recollect_bus::{run_stage, Bus, BusError, KafkaBus, KafkaSecurity, KafkaSettings, Stage};
 use recollect_config::{BusKind, ConfigError, EmbedderKind, Settings};
 use recollect_embed::{default_model_dir, Embedder, HashEmbedder, MiniLmEmbedder};
 use recollect_model::{topics, TenantId};
@@ -75,6 +75,7 @@ pub async fn open_bus(settings: &Settings, service: &str) -> Result<Arc<KafkaBus
         client_id: format!("recollect-{service}"),
         partitions: settings.bus.partitions,
         replication: settings.bus.replication,
+        security: kafka_security(&settings.bus),
     })?;
     // The broker may still be starting (compose, Kubernetes): wait for it rather than crash-loop.
     let mut waited = 0;
@@ -93,6 +94,17 @@ pub async fn open_bus(settings: &Settings, service: &str) -> Result<Arc<KafkaBus
         .with_label_values(&["bus", "kafka"])
         .set(1);
     Ok(bus)
+}
+
+/// The bus settings' TLS and SASL part, as the Kafka client takes it.
+pub fn kafka_security(bus: &recollect_config::BusSettings) -> KafkaSecurity {
+    KafkaSecurity {
+        protocol: bus.security_protocol.as_str().into(),
+        sasl_mechanism: bus.sasl_mechanism.as_str().into(),
+        sasl_username: bus.sasl_username.clone(),
+        sasl_password: bus.sasl_password.clone(),
+        ssl_ca_file: bus.ssl_ca_file.clone(),
+    }
 }
 
 /// The embedder the config names (the model is loaded once per process).
@@ -282,4 +294,36 @@ pub async fn run_workers(
     http.abort();
     tracing::info!("stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod kafka_security_tests {
+    use super::*;
+    use recollect_config::{KafkaSecurityProtocol, SaslMechanism};
+
+    #[test]
+    fn bus_settings_become_librdkafka_properties() {
+        let mut s = Settings::defaults();
+        assert_eq!(
+            kafka_security(&s.bus).client_entries(),
+            vec![("security.protocol", "plaintext".to_string())]
+        );
+        s.bus.security_protocol = KafkaSecurityProtocol::SaslSsl;
+        s.bus.sasl_mechanism = SaslMechanism::ScramSha256;
+        s.bus.sasl_username = "svc-recollect".into();
+        s.bus.sasl_password = "pw".into();
+        s.bus.ssl_ca_file = "/etc/recollect/ca/ca.crt".into();
+        let entries = kafka_security(&s.bus).client_entries();
+        let get = |k: &str| {
+            entries
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(get("security.protocol"), Some("sasl_ssl"));
+        assert_eq!(get("sasl.mechanism"), Some("SCRAM-SHA-256"));
+        assert_eq!(get("sasl.username"), Some("svc-recollect"));
+        assert_eq!(get("sasl.password"), Some("pw"));
+        assert_eq!(get("ssl.ca.location"), Some("/etc/recollect/ca/ca.crt"));
+    }
 }

@@ -621,6 +621,7 @@ mod tests {
                 user: var("USER").unwrap_or_else(|| "root".into()),
                 password: var("PASSWORD").unwrap_or_default(),
                 database: var("DATABASE").unwrap_or_else(|| "recollect".into()),
+                ca_file: var("CA_FILE").unwrap_or_default(),
             }),
             None => {
                 assert!(
@@ -653,10 +654,17 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn qdrant_vectors_pass_the_contract() {
+        // QDRANT_URL is set by scripts/test.sh after it starts Qdrant. Missing: a failure when
+        // REQUIRE_QDRANT=1 (the test script said the server is there), a printed skip otherwise.
         let Ok(url) = std::env::var("QDRANT_URL") else {
+            assert!(
+                std::env::var("REQUIRE_QDRANT").as_deref() != Ok("1"),
+                "REQUIRE_QDRANT=1 but QDRANT_URL is unset: the Qdrant server did not start"
+            );
             eprintln!(
-                "SKIPPED: Qdrant adapter contract needs a server; set QDRANT_URL \
-                 (e.g. http://127.0.0.1:6334, gRPC) to run it"
+                "SKIPPED: Qdrant adapter contract skipped because QDRANT_URL is unset; run \
+                 scripts/test.sh (starts Qdrant when scripts/qdrant.sh installed it) or set \
+                 QDRANT_URL to a server's gRPC address (e.g. http://127.0.0.1:6334)"
             );
             return;
         };
@@ -670,6 +678,161 @@ mod tests {
         vector_contract(v.clone(), 32).await;
         let a = TenantId("tenant-a".into());
         assert_eq!(v.keyword_count(&a, &Scope::of(&["c1"])).await.unwrap(), 0);
+    }
+
+    /// A Qdrant server of scripts/qdrant.sh with its own state, stopped (by PID) on drop.
+    struct QdrantServer {
+        dir: tempfile::TempDir,
+        url: String,
+    }
+
+    fn qdrant_script() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/qdrant.sh")
+    }
+
+    impl QdrantServer {
+        /// None (with the reason printed) when scripts/qdrant.sh has no server installed; a
+        /// failure then if REQUIRE_QDRANT=1.
+        fn start(env: &[(&str, &str)]) -> Option<Self> {
+            let installed = std::process::Command::new("bash")
+                .arg(qdrant_script())
+                .arg("installed")
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if !installed {
+                assert!(
+                    std::env::var("REQUIRE_QDRANT").as_deref() != Ok("1"),
+                    "REQUIRE_QDRANT=1 but scripts/qdrant.sh has no server installed"
+                );
+                eprintln!(
+                    "SKIPPED: needs the Qdrant server of scripts/qdrant.sh, which is not \
+                     installed (scripts/qdrant.sh install)"
+                );
+                return None;
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let out = std::process::Command::new("bash")
+                .arg(qdrant_script())
+                .arg("start")
+                .arg(dir.path())
+                .envs(env.iter().copied())
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "scripts/qdrant.sh start: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let vars = std::fs::read_to_string(dir.path().join("env")).unwrap();
+            let url = vars
+                .lines()
+                .find_map(|l| l.strip_prefix("QDRANT_URL="))
+                .expect("QDRANT_URL in the server's env file")
+                .to_string();
+            Some(Self { dir, url })
+        }
+    }
+
+    impl Drop for QdrantServer {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("bash")
+                .arg(qdrant_script())
+                .arg("stop")
+                .arg(self.dir.path())
+                .status();
+        }
+    }
+
+    /// The API key for real: a server started with QDRANT__SERVICE__API_KEY refuses a client
+    /// without the key or with another one, and serves the client that sends it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn qdrant_api_key_is_sent_and_required() {
+        let key = format!("key-{}", uuid::Uuid::new_v4().simple());
+        let Some(server) = QdrantServer::start(&[("QDRANT__SERVICE__API_KEY", key.as_str())])
+        else {
+            return;
+        };
+        let with = |api_key: &str| crate::QdrantSettings {
+            url: server.url.clone(),
+            api_key: api_key.into(),
+        };
+        for (what, settings) in [("no key", with("")), ("a wrong key", with("not-the-key"))] {
+            let refused = crate::QdrantVectorIndex::connect_with(&settings, "keyed", 8).await;
+            let Err(e) = refused else {
+                panic!("a client with {what} was served");
+            };
+            assert!(
+                e.to_string().to_lowercase().contains("unauthenticated")
+                    || e.to_string().to_lowercase().contains("api key"),
+                "{what}: {e}"
+            );
+        }
+        let v = crate::QdrantVectorIndex::connect_with(&with(&key), "keyed", 8)
+            .await
+            .unwrap();
+        let t = TenantId("t".into());
+        v.upsert_turns(vec![TurnPoint {
+            memory_id: MemoryId::derive(&t, "c", "0"),
+            tenant: t.clone(),
+            conversation_id: "c".into(),
+            turn_id: "0".into(),
+            position: 0,
+            timestamp: Utc::now(),
+            user_speaker: None,
+            assistant_speaker: None,
+            user: vector(8, 1),
+            assistant: None,
+            lexical: SparseVector::default(),
+        }])
+        .await
+        .unwrap();
+        assert_eq!(v.count(&t, &Scope::all()).await.unwrap(), 1);
+    }
+
+    /// TLS for real: a server with a certificate from a private CA (scripts/test-ca.sh) is
+    /// refused while the CA is unknown and served once SSL_CERT_FILE names it, the one way to
+    /// trust a private CA that qdrant-client (platform roots only) leaves.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn qdrant_over_tls_with_a_private_ca() {
+        let ca = tempfile::tempdir().unwrap();
+        let made = std::process::Command::new("bash")
+            .arg(qdrant_script().with_file_name("test-ca.sh"))
+            .arg(ca.path())
+            .output()
+            .unwrap();
+        assert!(
+            made.status.success(),
+            "scripts/test-ca.sh: {}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+        let cert = ca.path().join("server.pem");
+        let key = ca.path().join("server.key");
+        let Some(server) = QdrantServer::start(&[
+            ("QDRANT__SERVICE__ENABLE_TLS", "true"),
+            ("QDRANT__TLS__CERT", cert.to_str().unwrap()),
+            ("QDRANT__TLS__KEY", key.to_str().unwrap()),
+        ]) else {
+            return;
+        };
+        assert!(server.url.starts_with("https://"), "{}", server.url);
+        let settings = crate::QdrantSettings {
+            url: server.url.clone(),
+            api_key: String::new(),
+        };
+        let refused = crate::QdrantVectorIndex::connect_with(&settings, "tls", 8).await;
+        assert!(
+            refused.is_err(),
+            "a certificate of an unknown CA was accepted"
+        );
+        // The variable is read when a client builds its TLS configuration; no other test in this
+        // process connects over TLS, so setting it here changes nothing for them.
+        std::env::set_var("SSL_CERT_FILE", ca.path().join("ca.pem"));
+        let served = crate::QdrantVectorIndex::connect_with(&settings, "tls", 8).await;
+        std::env::remove_var("SSL_CERT_FILE");
+        let v = served.unwrap();
+        let t = TenantId("t".into());
+        assert_eq!(v.count(&t, &Scope::all()).await.unwrap(), 0);
     }
 
     /// Writes/s per graph adapter: 10,000 turns in batches of 256 (the graph writer's batch),

@@ -30,15 +30,59 @@ const ADAPTER: &str = "neo4j";
 /// Rows per UNWIND statement: large enough to amortise a round trip, small enough that one
 /// server transaction stays short.
 const BATCH: usize = 1000;
+/// Turn keys per stored-turn lookup: 128 ids of 36 characters stay under 8 KiB.
+const STORED_LOOKUP: usize = 128;
 
-/// Connection settings (graph.uri, graph.user, graph.password, graph.database).
-#[derive(Debug, Clone)]
+/// Connection settings (graph.uri, graph.user, graph.password, graph.database, graph.ca_file).
+#[derive(Clone)]
 pub struct Neo4jSettings {
+    /// `bolt://`, `neo4j://` (routing); `+s` for TLS checked against the system roots or
+    /// `ca_file`, `+ssc` for TLS accepting any certificate.
     pub uri: String,
     pub user: String,
+    /// Secret: redacted from `Debug`.
     pub password: String,
     /// Always sent on the connection: servers disagree on what the default database is.
     pub database: String,
+    /// PEM CA certificate(s) the server's certificate must chain to (`+s` schemes); empty: the
+    /// platform's roots.
+    pub ca_file: String,
+}
+
+impl std::fmt::Debug for Neo4jSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Neo4jSettings")
+            .field("uri", &self.uri)
+            .field("user", &self.user)
+            .field(
+                "password",
+                &if self.password.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
+            .field("database", &self.database)
+            .field("ca_file", &self.ca_file)
+            .finish()
+    }
+}
+
+/// The neo4rs configuration for `s`. neo4rs reads the scheme: `+s` verifies the server's
+/// certificate (against `ca_file` when given, which then replaces the platform roots), `+ssc`
+/// does not.
+fn neo4rs_config(s: &Neo4jSettings) -> Result<neo4rs::Config, StoreError> {
+    let mut b = ConfigBuilder::default()
+        .uri(s.uri.as_str())
+        .user(s.user.as_str())
+        .password(s.password.as_str())
+        .db(s.database.as_str())
+        .fetch_size(2000)
+        .max_connections(16);
+    if !s.ca_file.is_empty() {
+        b = b.with_client_certificate(&s.ca_file);
+    }
+    b.build().map_err(backend)
 }
 
 pub struct Neo4jGraph {
@@ -84,6 +128,8 @@ fn transient(e: &StoreError) -> bool {
     };
     [
         "TransientError",
+        // Neo4j: a concurrent writer created the same unique key first (MERGE or CREATE).
+        "ConstraintValidationFailed",
         "ConcurrentModification",
         "DuplicatedKey",
         "Duplicated key",
@@ -119,16 +165,7 @@ fn get<'r, T: serde::Deserialize<'r>>(row: &'r Row, key: &str) -> Result<T, Stor
 impl Neo4jGraph {
     /// Connects, names the database on every session, and creates the schema idempotently.
     pub async fn connect(s: &Neo4jSettings) -> Result<Self, StoreError> {
-        let config = ConfigBuilder::default()
-            .uri(s.uri.as_str())
-            .user(s.user.as_str())
-            .password(s.password.as_str())
-            .db(s.database.as_str())
-            .fetch_size(2000)
-            .max_connections(16)
-            .build()
-            .map_err(backend)?;
-        let graph = neo4rs::Graph::connect(config).map_err(backend)?;
+        let graph = neo4rs::Graph::connect(neo4rs_config(s)?).map_err(backend)?;
         let g = Self { graph };
         g.ensure_schema().await?;
         Ok(g)
@@ -256,98 +293,95 @@ impl Neo4jGraph {
         Ok(out)
     }
 
-    async fn write_turn_batch(&self, turns: &[(Turn, Extraction)]) -> Result<(), StoreError> {
-        let now = micros(Utc::now());
-        let mut rows = Vec::with_capacity(turns.len());
-        let mut links: HashMap<NodeKind, Vec<Value>> = HashMap::new();
-        let mut keep: HashMap<NodeKind, Vec<Value>> = HashMap::new();
-        for (t, x) in turns {
-            let id = t.memory_id.to_string();
-            let tenant = t.tenant.as_str();
-            let conv = t.conversation_id.as_str();
-            rows.push(json!({
-                "key": id,
-                "tenant": tenant,
-                "conversation": conv,
-                "turn_id": t.turn_id,
-                "position": i64::try_from(t.position).unwrap_or(i64::MAX),
-                "timestamp": t.timestamp.to_rfc3339(),
-                "user": t.user,
-                "assistant": t.assistant,
-                "turn_json": serde_json::to_string(t)?,
-                "extraction_json": serde_json::to_string(x)?,
-            }));
-            let valid_from = micros(x.event_time.unwrap_or(t.timestamp));
-            for kind in NodeKind::ALL {
-                let names = kind.names(x);
-                let node_keys: Vec<String> = names
-                    .iter()
-                    .map(|n| structural_key(kind, tenant, conv, n))
-                    .collect();
-                keep.entry(kind)
-                    .or_default()
-                    .push(json!({"turn": id, "keep": node_keys}));
-                for (name, key) in names.iter().zip(node_keys) {
-                    links.entry(kind).or_default().push(json!({
-                        "turn": id,
-                        "key": key,
-                        "tenant": tenant,
-                        "conversation": conv,
-                        "name": name,
-                        "valid_from": valid_from,
-                    }));
-                }
+    /// Statements in one server transaction: all or nothing. Not retried here: the caller
+    /// retries what the statements were derived from.
+    async fn run_in_transaction(&self, statements: &[Query]) -> Result<(), StoreError> {
+        let mut txn = self.graph.start_txn().await.map_err(backend)?;
+        for q in statements {
+            if let Err(e) = txn.run(q.clone()).await {
+                // Best effort: the pool resets a connection it gets back anyway.
+                let _ = txn.rollback().await;
+                return Err(backend(e));
             }
         }
-        self.run(
-            query(
-                "UNWIND $rows AS r MERGE (t:Turn {key: r.key}) \
-                 SET t.tenant = r.tenant, t.conversation = r.conversation, t.turn_id = r.turn_id, \
-                 t.position = r.position, t.timestamp = r.timestamp, t.user = r.user, \
-                 t.assistant = r.assistant, t.turn_json = r.turn_json, \
-                 t.extraction_json = r.extraction_json",
-            )
-            .param("rows", bolt(Value::Array(rows))?),
-        )
-        .await?;
-        for kind in NodeKind::ALL {
-            let (label, edge) = (kind.label(), kind.edge());
-            // A re-derived extraction replaces its own links; nothing else is touched.
-            if let Some(k) = keep.remove(&kind) {
-                self.run(
+        txn.commit().await.map_err(backend)
+    }
+
+    /// One graph-writer batch in one transaction, retried whole (stored-turn check included) on
+    /// transient errors.
+    async fn write_turn_batch(&self, turns: &[(Turn, Extraction)]) -> Result<(), StoreError> {
+        (|| async { self.try_write_turn_batch(turns).await })
+            .retry(retry_policy())
+            .when(transient)
+            .await
+    }
+
+    /// Server round trips and MERGE's existence checks, not rows, bound the write rate, so a
+    /// batch is one UNWIND statement per path: turns not stored yet are CREATEd with their edges
+    /// (their nodes MERGEd), turns already stored go through MERGE. CREATE stays idempotent: the
+    /// unique key on Turn makes a concurrent writer of the same new turn fail its whole
+    /// transaction, and the retry then finds the turn stored. Links a re-derived extraction no
+    /// longer has are deleted first, for the stored turns whose extraction differs (none on a
+    /// replay).
+    async fn try_write_turn_batch(&self, turns: &[(Turn, Extraction)]) -> Result<(), StoreError> {
+        let mut rows = turn_rows(turns)?;
+        let ids: Vec<String> = turns.iter().map(|(t, _)| t.memory_id.to_string()).collect();
+        let mut previous: HashMap<String, String> = HashMap::new();
+        // neo4rs sends a request in one TCP segment while it fits its 8 KiB write buffer; a
+        // larger one ends with a segment Nagle's algorithm holds until the server's delayed ACK
+        // (~40 ms: neo4rs does not set TCP_NODELAY). Small lookups stay under it.
+        for chunk in ids.chunks(STORED_LOOKUP) {
+            let stored = self
+                .rows(
+                    query(
+                        "MATCH (t:Turn) WHERE t.key IN $ids \
+                         RETURN t.key AS id, t.extraction_json AS extraction_json",
+                    )
+                    .param("ids", chunk.to_vec()),
+                )
+                .await?;
+            for r in &stored {
+                previous.insert(get(r, "id")?, get(r, "extraction_json")?);
+            }
+        }
+        let stale = stale_rows(&rows, &previous);
+        // `keep` served the stale check; the batch statement does not read it.
+        for r in &mut rows {
+            if let Some(o) = r.as_object_mut() {
+                o.remove("keep");
+            }
+        }
+        let mut statements = Vec::new();
+        if !stale.is_empty() {
+            let stale = bolt(Value::Array(stale))?;
+            for kind in NodeKind::ALL {
+                let (label, edge) = (kind.label(), kind.edge());
+                statements.push(
                     query(&format!(
                         "UNWIND $rows AS r MATCH (t:Turn {{key: r.turn}})-[e:{edge}]->(n:{label}) \
                          WHERE NOT n.key IN r.keep DELETE e"
                     ))
-                    .param("rows", bolt(Value::Array(k))?),
-                )
-                .await?;
+                    .param("rows", stale.clone()),
+                );
             }
-            let Some(l) = links.remove(&kind) else {
-                continue;
-            };
-            // Nodes first, then edges: two short statements keep the unique-key conflicts of
-            // concurrent writers on the node MERGE, where a retry resolves them.
-            self.run(
-                query(&format!(
-                    "UNWIND $rows AS r MERGE (n:{label} {{key: r.key}}) \
-                     ON CREATE SET n.tenant = r.tenant, n.conversation = r.conversation, n.name = r.name"
-                ))
-                .param("rows", bolt(Value::Array(l.clone()))?),
-            )
-            .await?;
-            self.run(
-                query(&format!(
-                    "UNWIND $rows AS r MATCH (t:Turn {{key: r.turn}}) MATCH (n:{label} {{key: r.key}}) \
-                     MERGE (t)-[e:{edge}]->(n) \
-                     ON CREATE SET e.valid_from = r.valid_from, e.recorded_at = $now"
-                ))
-                .param("rows", bolt(Value::Array(l))?)
-                .param("now", now),
-            )
-            .await?;
         }
-        Ok(())
+        let now = micros(Utc::now());
+        let (stored_rows, new_rows): (Vec<Value>, Vec<Value>) = rows
+            .into_iter()
+            .partition(|r| previous.contains_key(r["key"].as_str().unwrap_or_default()));
+        for (rows, statement) in [
+            (stored_rows, write_turns_statement(false)),
+            (new_rows, write_turns_statement(true)),
+        ] {
+            if !rows.is_empty() {
+                statements.push(
+                    query(&statement)
+                        .param("rows", bolt(Value::Array(rows))?)
+                        .param("now", now),
+                );
+            }
+        }
+        self.run_in_transaction(&statements).await
     }
 
     /// Nodes of a tenant's conversation left in the server, by label (erasure checks).
@@ -374,6 +408,101 @@ impl Neo4jGraph {
         }
         Ok(out)
     }
+}
+
+/// The per-kind list of a turn row: `keyword`, `entity`, `location`, `timepoint`, `reference`.
+fn links_field(kind: NodeKind) -> String {
+    kind.label().to_lowercase()
+}
+
+/// The batch statement: each row writes its Turn node, then per kind (FOREACH, so a kind with
+/// no names leaves the row alone) MERGEs its structural nodes and writes the edges to them.
+/// `new_turns`: the turns are not stored, so the turn and its edges are CREATEd (no existence
+/// checks); otherwise both are MERGEd. Edges are stamped once, when created: valid from the
+/// turn's event time, recorded now.
+fn write_turns_statement(new_turns: bool) -> String {
+    let mut q = String::from(if new_turns {
+        "UNWIND $rows AS r CREATE (t:Turn {key: r.key, tenant: r.tenant, \
+         conversation: r.conversation, turn_id: r.turn_id, position: r.position, \
+         timestamp: r.timestamp, user: r.user, assistant: r.assistant, turn_json: r.turn_json, \
+         extraction_json: r.extraction_json})"
+    } else {
+        "UNWIND $rows AS r MERGE (t:Turn {key: r.key}) \
+         SET t.tenant = r.tenant, t.conversation = r.conversation, t.turn_id = r.turn_id, \
+         t.position = r.position, t.timestamp = r.timestamp, t.user = r.user, \
+         t.assistant = r.assistant, t.turn_json = r.turn_json, \
+         t.extraction_json = r.extraction_json"
+    });
+    for kind in NodeKind::ALL {
+        let (label, edge, field) = (kind.label(), kind.edge(), links_field(kind));
+        let link = if new_turns {
+            format!("CREATE (t)-[e:{edge} {{valid_from: r.valid_from, recorded_at: $now}}]->(n)")
+        } else {
+            format!(
+                "MERGE (t)-[e:{edge}]->(n) \
+                 ON CREATE SET e.valid_from = r.valid_from, e.recorded_at = $now"
+            )
+        };
+        q.push_str(&format!(
+            " FOREACH (l IN r.{field} | MERGE (n:{label} {{key: l.key}}) \
+             ON CREATE SET n.tenant = r.tenant, n.conversation = r.conversation, n.name = l.name \
+             {link})"
+        ));
+    }
+    q
+}
+
+/// One row per turn: its node's properties, its links by kind (node key and name) and the keys
+/// of every node it links to (`keep`, for the stale-link deletion).
+fn turn_rows(turns: &[(Turn, Extraction)]) -> Result<Vec<Value>, StoreError> {
+    let mut rows = Vec::with_capacity(turns.len());
+    for (t, x) in turns {
+        let tenant = t.tenant.as_str();
+        let conv = t.conversation_id.as_str();
+        let mut row = json!({
+            "key": t.memory_id.to_string(),
+            "tenant": tenant,
+            "conversation": conv,
+            "turn_id": t.turn_id,
+            "position": i64::try_from(t.position).unwrap_or(i64::MAX),
+            "timestamp": t.timestamp.to_rfc3339(),
+            "user": t.user,
+            "assistant": t.assistant,
+            "turn_json": serde_json::to_string(t)?,
+            "extraction_json": serde_json::to_string(x)?,
+            "valid_from": micros(x.event_time.unwrap_or(t.timestamp)),
+        });
+        let mut keep = Vec::new();
+        for kind in NodeKind::ALL {
+            let links: Vec<Value> = kind
+                .names(x)
+                .into_iter()
+                .map(|name| {
+                    let key = structural_key(kind, tenant, conv, &name);
+                    keep.push(Value::String(key.clone()));
+                    json!({"key": key, "name": name})
+                })
+                .collect();
+            row[links_field(kind)] = Value::Array(links);
+        }
+        row["keep"] = Value::Array(keep);
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// `{turn, keep}` for the rows whose turn is stored with another extraction: their links
+/// outside `keep` are stale.
+fn stale_rows(rows: &[Value], stored: &HashMap<String, String>) -> Vec<Value> {
+    rows.iter()
+        .filter(|r| {
+            let key = r["key"].as_str().unwrap_or_default();
+            stored
+                .get(key)
+                .is_some_and(|x| Some(x.as_str()) != r["extraction_json"].as_str())
+        })
+        .map(|r| json!({"turn": r["key"], "keep": r["keep"]}))
+        .collect()
 }
 
 fn retry_policy() -> ExponentialBuilder {
@@ -424,20 +553,21 @@ impl Graph for Neo4jGraph {
                     }));
                 }
             }
+            // Fragment nodes, then their member edges, in one transaction.
+            let mut statements = Vec::new();
             for chunk in nodes.chunks(BATCH) {
-                self.run(
+                statements.push(
                     query(
                         "UNWIND $rows AS r MERGE (f:Fragment {key: r.key}) \
                          SET f.fid = r.fid, f.tenant = r.tenant, f.conversation = r.conversation, \
                          f.json = r.json, f.created = r.created",
                     )
                     .param("rows", bolt(Value::Array(chunk.to_vec()))?),
-                )
-                .await?;
+                );
             }
             for chunk in members.chunks(BATCH) {
                 // Members of another tenant are never linked (the tenant check is in the MATCH).
-                self.run(
+                statements.push(
                     query(
                         "UNWIND $rows AS r MATCH (t:Turn {key: r.turn}) WHERE t.tenant = r.tenant \
                          MATCH (f:Fragment {key: r.key}) MERGE (t)-[e:PART_OF]->(f) \
@@ -445,10 +575,15 @@ impl Graph for Neo4jGraph {
                     )
                     .param("rows", bolt(Value::Array(chunk.to_vec()))?)
                     .param("now", now),
-                )
-                .await?;
+                );
             }
-            Ok(())
+            if statements.is_empty() {
+                return Ok(());
+            }
+            (|| async { self.run_in_transaction(&statements).await })
+                .retry(retry_policy())
+                .when(transient)
+                .await
         })
         .await
     }
@@ -806,5 +941,167 @@ impl Graph for Neo4jGraph {
             Ok(n)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod batch_tests {
+    use super::*;
+    use chrono::TimeZone;
+    use recollect_model::{Keyword, TimeRef};
+
+    fn pair(pos: u64, words: &[&str]) -> (Turn, Extraction) {
+        let tenant = TenantId("t \"q\"".into());
+        let turn = Turn {
+            memory_id: MemoryId::derive(&tenant, "c", &pos.to_string()),
+            tenant,
+            conversation_id: "c".into(),
+            turn_id: pos.to_string(),
+            position: pos,
+            user: "u".into(),
+            assistant: "a".into(),
+            user_speaker: None,
+            assistant_speaker: None,
+            timestamp: Utc.with_ymd_and_hms(2023, 5, 8, 12, 0, 0).unwrap(),
+            recorded_at: Utc::now(),
+            metadata: Default::default(),
+        };
+        let d = chrono::NaiveDate::from_ymd_opt(2023, 5, 1).unwrap();
+        let x = Extraction {
+            keywords: words
+                .iter()
+                .map(|w| Keyword {
+                    key: w.to_string(),
+                    text: w.to_string(),
+                })
+                .collect(),
+            entities: vec!["Zoë".into()],
+            times: vec![TimeRef {
+                text: "then".into(),
+                start: d,
+                end: d,
+                granularity: "day".into(),
+            }],
+            event_time: Some(Utc.with_ymd_and_hms(2023, 5, 1, 0, 0, 0).unwrap()),
+            ..Default::default()
+        };
+        (turn, x)
+    }
+
+    #[test]
+    fn rows_carry_each_kind_with_keys_names_and_event_time() {
+        let turns = vec![pair(0, &["dog", "park"]), pair(1, &[])];
+        let rows = turn_rows(&turns).unwrap();
+        assert_eq!(rows.len(), 2);
+        let r = &rows[0];
+        assert_eq!(r["key"], turns[0].0.memory_id.to_string());
+        assert_eq!(r["tenant"], "t \"q\"");
+        let kw = r["keyword"].as_array().unwrap();
+        assert_eq!(kw.len(), 2);
+        assert_eq!(kw[0]["name"], "dog");
+        assert_eq!(
+            kw[0]["key"],
+            structural_key(NodeKind::Keyword, "t \"q\"", "c", "dog")
+        );
+        assert_eq!(
+            r["entity"][0]["name"], "zoë",
+            "names normalised as nodes are"
+        );
+        assert_eq!(r["location"].as_array().unwrap().len(), 0);
+        assert_eq!(r["timepoint"].as_array().unwrap().len(), 1);
+        assert_eq!(r["reference"].as_array().unwrap().len(), 0);
+        assert_eq!(
+            r["valid_from"],
+            micros(turns[0].1.event_time.unwrap()),
+            "edges are valid from the event time"
+        );
+        assert_eq!(r["keep"].as_array().unwrap().len(), 4);
+        assert_eq!(rows[1]["keyword"].as_array().unwrap().len(), 0);
+        assert_eq!(rows[1]["keep"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn only_turns_stored_with_another_extraction_are_stale() {
+        let turns = vec![pair(0, &["dog"]), pair(1, &["cat"]), pair(2, &["owl"])];
+        let rows = turn_rows(&turns).unwrap();
+        let mut stored = HashMap::new();
+        // Turn 0 replayed as it was, turn 1 re-extracted, turn 2 new.
+        stored.insert(
+            rows[0]["key"].as_str().unwrap().to_string(),
+            rows[0]["extraction_json"].as_str().unwrap().to_string(),
+        );
+        stored.insert(
+            rows[1]["key"].as_str().unwrap().to_string(),
+            serde_json::to_string(&pair(1, &["bird"]).1).unwrap(),
+        );
+        let stale = stale_rows(&rows, &stored);
+        assert_eq!(stale.len(), 1);
+        assert_eq!(stale[0]["turn"], rows[1]["key"]);
+        assert_eq!(stale[0]["keep"], rows[1]["keep"]);
+    }
+
+    fn settings(uri: &str, ca_file: &str) -> Neo4jSettings {
+        Neo4jSettings {
+            uri: uri.into(),
+            user: "recollect".into(),
+            password: "pw-secret".into(),
+            database: "memory".into(),
+            ca_file: ca_file.into(),
+        }
+    }
+
+    #[test]
+    fn settings_map_to_the_neo4rs_config() {
+        // neo4rs keeps its config private; its Debug output is what there is to check.
+        let c = format!(
+            "{:?}",
+            neo4rs_config(&settings("neo4j+s://db.example:7687", "/etc/ca.pem")).unwrap()
+        );
+        assert!(c.contains("uri: \"neo4j+s://db.example:7687\""), "{c}");
+        assert!(c.contains("Database(\"memory\")"), "{c}");
+        assert!(c.contains("ClientCACertificate"), "{c}");
+        assert!(c.contains("/etc/ca.pem"), "{c}");
+        let c = format!(
+            "{:?}",
+            neo4rs_config(&settings("bolt+s://db.example:7687", "")).unwrap()
+        );
+        assert!(c.contains("tls_config: None"), "platform roots: {c}");
+        let out = format!("{:?}", settings("bolt://x:7687", ""));
+        assert!(
+            !out.contains("pw-secret") && out.contains("<redacted>"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn one_statement_writes_every_kind_and_stamps_new_edges() {
+        let stored = write_turns_statement(false);
+        let new = write_turns_statement(true);
+        assert!(stored.starts_with("UNWIND $rows AS r MERGE (t:Turn {key: r.key})"));
+        assert!(new.starts_with("UNWIND $rows AS r CREATE (t:Turn {key: r.key,"));
+        for kind in NodeKind::ALL {
+            for q in [&stored, &new] {
+                assert!(q.contains(&format!(
+                    "FOREACH (l IN r.{} | MERGE (n:{} {{key: l.key}})",
+                    links_field(kind),
+                    kind.label()
+                )));
+            }
+            assert!(stored.contains(&format!("MERGE (t)-[e:{}]->(n)", kind.edge())));
+            assert!(new.contains(&format!(
+                "CREATE (t)-[e:{} {{valid_from: r.valid_from, recorded_at: $now}}]->(n)",
+                kind.edge()
+            )));
+        }
+        assert_eq!(
+            stored
+                .matches("ON CREATE SET e.valid_from = r.valid_from, e.recorded_at = $now")
+                .count(),
+            NodeKind::ALL.len()
+        );
+        assert!(
+            !new.contains("MERGE (t)"),
+            "a new turn has no edges to look for"
+        );
     }
 }

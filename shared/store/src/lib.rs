@@ -30,4 +30,4 @@ pub use raw::RawStore;
 pub use remote::{RemoteGraph, RemoteVectorIndex};
 pub use vector::{TurnPoint, VectorField, VectorIndex, VectorQuery};
 pub use vector_edge::EdgeVectorIndex;
-pub use vector_qdrant::QdrantVectorIndex;
+pub use vector_qdrant::{QdrantSettings, QdrantVectorIndex};

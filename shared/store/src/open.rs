@@ -35,6 +35,7 @@ async fn open_neo4j(settings: &Settings) -> Result<Arc<dyn Graph>, StoreError> {
             user: settings.graph.user.clone(),
             password: settings.graph.password.clone(),
             database: settings.graph.database.clone(),
+            ca_file: settings.graph.ca_file.clone(),
         })
         .await?,
     ))
@@ -61,7 +62,14 @@ pub async fn open_vectors(
 
 async fn open_qdrant(settings: &Settings, dim: usize) -> Result<Arc<dyn VectorIndex>, StoreError> {
     Ok(Arc::new(
-        crate::QdrantVectorIndex::connect(&settings.vectors.url, QDRANT_COLLECTION_PREFIX, dim)
-            .await?,
+        crate::QdrantVectorIndex::connect_with(
+            &crate::QdrantSettings {
+                url: settings.vectors.url.clone(),
+                api_key: settings.vectors.api_key.clone(),
+            },
+            QDRANT_COLLECTION_PREFIX,
+            dim,
+        )
+        .await?,
     ))
 }

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use async_trait::async_trait;
+use qdrant_client::config::QdrantConfig;
 use qdrant_client::qdrant::r#match::MatchValue;
 use qdrant_client::qdrant::{
     point_id::PointIdOptions, value::Kind, Condition, CountPointsBuilder, CreateCollection,
@@ -35,6 +36,44 @@ use crate::{Scope, StoreError};
 const ADAPTER: &str = "qdrant";
 /// Points per upsert request (the server's default request limit is 32 MiB).
 const UPSERT_BATCH: usize = 512;
+
+/// How to reach the server (vectors.url, vectors.api_key).
+#[derive(Clone)]
+pub struct QdrantSettings {
+    /// The gRPC address. `https://` turns TLS on; qdrant-client (1.20, its TLS is always built in)
+    /// then checks the server's certificate against the platform's roots, read by
+    /// rustls-native-certs, which takes SSL_CERT_FILE / SSL_CERT_DIR instead when set: the way
+    /// to trust a private CA, since the client takes no CA file or client certificate itself.
+    pub url: String,
+    /// Sent as the `api-key` header on every request; empty sends none. Secret: redacted from
+    /// `Debug`.
+    pub api_key: String,
+}
+
+impl std::fmt::Debug for QdrantSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QdrantSettings")
+            .field("url", &self.url)
+            .field(
+                "api_key",
+                &if self.api_key.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
+            .finish()
+    }
+}
+
+/// The client configuration for `s`.
+pub fn client_config(s: &QdrantSettings) -> QdrantConfig {
+    let mut c = QdrantConfig::from_url(&s.url);
+    if !s.api_key.is_empty() {
+        c.set_api_key(&s.api_key);
+    }
+    c
+}
 
 pub struct QdrantVectorIndex {
     client: Qdrant,
@@ -285,7 +324,24 @@ impl QdrantVectorIndex {
     /// Connects to `url` (gRPC, e.g. http://127.0.0.1:6334) and creates `{prefix}_turns` and
     /// `{prefix}_keywords` if missing.
     pub async fn connect(url: &str, prefix: &str, dim: usize) -> Result<Self, StoreError> {
-        let client = Qdrant::from_url(url).build().map_err(err)?;
+        Self::connect_with(
+            &QdrantSettings {
+                url: url.into(),
+                api_key: String::new(),
+            },
+            prefix,
+            dim,
+        )
+        .await
+    }
+
+    /// As [`Self::connect`], with an API key and TLS (`https://`) as the settings say.
+    pub async fn connect_with(
+        settings: &QdrantSettings,
+        prefix: &str,
+        dim: usize,
+    ) -> Result<Self, StoreError> {
+        let client = client_config(settings).build().map_err(err)?;
         let index = Self {
             client,
             turns: format!("{prefix}_turns"),
@@ -841,6 +897,32 @@ mod tests {
             20,
         );
         assert_eq!(no_lex.prefetch.len(), 2);
+    }
+
+    #[test]
+    fn settings_map_to_the_client_config() {
+        let c = client_config(&QdrantSettings {
+            url: "https://qdrant.example:6334".into(),
+            api_key: "qk-secret".into(),
+        });
+        assert_eq!(c.uri, "https://qdrant.example:6334");
+        assert_eq!(c.api_key.as_deref(), Some("qk-secret"));
+        let c = client_config(&QdrantSettings {
+            url: "http://127.0.0.1:6334".into(),
+            api_key: String::new(),
+        });
+        assert_eq!(c.api_key, None, "no key, no header");
+        let out = format!(
+            "{:?}",
+            QdrantSettings {
+                url: "http://q:6334".into(),
+                api_key: "qk-secret".into()
+            }
+        );
+        assert!(
+            !out.contains("qk-secret") && out.contains("<redacted>"),
+            "{out}"
+        );
     }
 
     #[test]

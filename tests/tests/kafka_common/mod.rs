@@ -75,6 +75,7 @@ pub fn kafka_bus(brokers: &str, partitions: i32) -> Arc<KafkaBus> {
         client_id: "e2e-test".into(),
         partitions,
         replication: 1,
+        security: Default::default(),
     })
     .expect("kafka client")
 }
