@@ -23,7 +23,14 @@ const ERASED: usize = 10;
 const TURNS_PER_CONVERSATION: usize = 100;
 const BATCH: usize = 25;
 /// Words of every turn stored before the erase; none is in the turn stored after it.
-const ERASED_WORDS: [&str; 6] = ["lighthouse", "sister", "visit", "tuesday", "lovel", "caroline"];
+const ERASED_WORDS: [&str; 6] = [
+    "lighthouse",
+    "sister",
+    "visit",
+    "tuesday",
+    "lovel",
+    "caroline",
+];
 
 fn conv(c: usize) -> String {
     format!("conv-{c:02}")
@@ -51,7 +58,12 @@ fn stored_turns(store: &Server, c: &str) -> Vec<Value> {
 fn turn_ids(turns: &[Value]) -> Vec<String> {
     turns
         .iter()
-        .map(|t| t["turn"]["turn_id"].as_str().unwrap_or_default().to_string())
+        .map(|t| {
+            t["turn"]["turn_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
         .collect()
 }
 
@@ -183,7 +195,9 @@ fn erasure_wins_against_turns_in_flight() {
     let ingest = started.elapsed();
 
     // What the stores hold of the 10 just before their erase: the rest is in flight.
-    let stored_before: usize = (0..ERASED).map(|c| stored_turns(&store, &conv(c)).len()).sum();
+    let stored_before: usize = (0..ERASED)
+        .map(|c| stored_turns(&store, &conv(c)).len())
+        .sum();
     let erase_started = Instant::now();
     let mut statuses = Vec::new();
     for c in 0..ERASED {
@@ -307,6 +321,14 @@ fn erasure_wins_against_turns_in_flight() {
         residue.len(),
         broken.len()
     );
-    assert!(residue.is_empty(), "erased data left:\n{}", residue.join("\n"));
-    assert!(broken.is_empty(), "kept conversations damaged:\n{}", broken.join("\n"));
+    assert!(
+        residue.is_empty(),
+        "erased data left:\n{}",
+        residue.join("\n")
+    );
+    assert!(
+        broken.is_empty(),
+        "kept conversations damaged:\n{}",
+        broken.join("\n")
+    );
 }

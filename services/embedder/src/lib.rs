@@ -87,10 +87,12 @@ impl EmbedderStage {
         let Some(graph) = &self.graph else {
             return vec![false; decoded.len()];
         };
-        let pairs = decoded
-            .iter()
-            .flatten()
-            .map(|e| (e.body.turn.tenant.clone(), e.body.turn.conversation_id.clone()));
+        let pairs = decoded.iter().flatten().map(|e| {
+            (
+                e.body.turn.tenant.clone(),
+                e.body.turn.conversation_id.clone(),
+            )
+        });
         let m = match ErasureMap::read(graph.as_ref(), pairs).await {
             Ok(m) => m,
             Err(e) => {

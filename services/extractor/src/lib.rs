@@ -82,8 +82,7 @@ impl Stage for ExtractorStage {
         let mut states: HashMap<(String, String), ConversationState> = HashMap::new();
         let mut dirty: Vec<(String, String)> = Vec::new();
         let mut results = Vec::with_capacity(batch.len());
-        let mut kept: Vec<Option<(TenantId, String, Timestamp)>> =
-            Vec::with_capacity(batch.len());
+        let mut kept: Vec<Option<(TenantId, String, Timestamp)>> = Vec::with_capacity(batch.len());
         for env in decoded {
             let mut seen = None;
             let r: Result<Vec<Message>, StageError> = async {

@@ -262,7 +262,9 @@ mod tests {
 
     use recollect_model::{Extraction, Fragment, Timestamp, Turn};
     use recollect_store::graph::{ConversationState, Erasures};
-    use recollect_store::{EdgeVectorIndex, EmbeddedGraph, LinkedTurn, NodeKind, Scope, TurnRecord};
+    use recollect_store::{
+        EdgeVectorIndex, EmbeddedGraph, LinkedTurn, NodeKind, Scope, TurnRecord,
+    };
     use serde_json::json;
 
     use super::*;
@@ -299,7 +301,10 @@ mod tests {
                 .await
                 .unwrap();
             if delete {
-                self.vectors.delete_conversation(tenant, conv).await.unwrap();
+                self.vectors
+                    .delete_conversation(tenant, conv)
+                    .await
+                    .unwrap();
                 self.inner.delete_conversation(tenant, conv).await.unwrap();
             }
         }
@@ -314,7 +319,10 @@ mod tests {
             if turns.is_empty() || self.fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
                 return self.inner.write_turns(turns).await;
             }
-            let (tenant, conv) = (turns[0].0.tenant.clone(), turns[0].0.conversation_id.clone());
+            let (tenant, conv) = (
+                turns[0].0.tenant.clone(),
+                turns[0].0.conversation_id.clone(),
+            );
             match self.race {
                 Race::EraseBeforeWrite => self.erase(&tenant, &conv, true).await,
                 Race::MarkerBeforeWriteEraserGone => self.erase(&tenant, &conv, false).await,
@@ -329,7 +337,11 @@ mod tests {
         async fn write_fragments(&self, f: &[Fragment]) -> Result<(), StoreError> {
             self.inner.write_fragments(f).await
         }
-        async fn turns(&self, t: &TenantId, ids: &[MemoryId]) -> Result<Vec<TurnRecord>, StoreError> {
+        async fn turns(
+            &self,
+            t: &TenantId,
+            ids: &[MemoryId],
+        ) -> Result<Vec<TurnRecord>, StoreError> {
             self.inner.turns(t, ids).await
         }
         async fn conversation_turns(
@@ -372,7 +384,11 @@ mod tests {
         ) -> Result<(u64, Vec<u64>), StoreError> {
             self.inner.document_frequencies(t, s, k, n).await
         }
-        async fn fragments(&self, t: &TenantId, ids: &[String]) -> Result<Vec<Fragment>, StoreError> {
+        async fn fragments(
+            &self,
+            t: &TenantId,
+            ids: &[String],
+        ) -> Result<Vec<Fragment>, StoreError> {
             self.inner.fragments(t, ids).await
         }
         async fn conversation_state(
@@ -424,8 +440,10 @@ mod tests {
             message: Message {
                 topic: topics::EMBEDDED.into(),
                 key: "acme/c".into(),
-                payload: serde_json::to_vec(&json!({"schema_version": 3, "trace_id": "tr", "body": body}))
-                    .unwrap(),
+                payload: serde_json::to_vec(
+                    &json!({"schema_version": 3, "trace_id": "tr", "body": body}),
+                )
+                .unwrap(),
                 headers: vec![],
             },
             partition: 0,
@@ -457,9 +475,14 @@ mod tests {
             fired: Default::default(),
         });
         let stage = GraphWriterStage::new(graph, vectors.clone(), None);
-        let batch: Vec<Delivery> = (0..5).map(|i| delivery(i, "2024-12-31T00:00:00Z")).collect();
+        let batch: Vec<Delivery> = (0..5)
+            .map(|i| delivery(i, "2024-12-31T00:00:00Z"))
+            .collect();
         let out = stage.handle(&batch).await;
-        assert!(out.iter().all(|r| r.as_ref().is_ok_and(|m| m.is_empty())), "nothing goes on");
+        assert!(
+            out.iter().all(|r| r.as_ref().is_ok_and(|m| m.is_empty())),
+            "nothing goes on"
+        );
         let tenant = TenantId("acme".into());
         let left = inner.residue(&tenant, "c").unwrap();
         let points = vectors.count(&tenant, &Scope::all()).await.unwrap();

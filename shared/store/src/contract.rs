@@ -111,7 +111,10 @@ async fn graph_erasure(g: Arc<dyn Graph>, residue: Residue) {
     let before: Vec<(Turn, Extraction)> = (0..5)
         .map(|i| {
             (
-                recorded(turn(&t, "e1", i, "before the erase"), at - Duration::seconds(10)),
+                recorded(
+                    turn(&t, "e1", i, "before the erase"),
+                    at - Duration::seconds(10),
+                ),
                 extraction(&["secret"], "Zoë", 2),
             )
         })
@@ -126,7 +129,10 @@ async fn graph_erasure(g: Arc<dyn Graph>, residue: Residue) {
         keywords: vec!["secret".into()],
         created_at: Utc::now(),
     };
-    let f = frag("f-before", vec![before[0].0.memory_id, before[1].0.memory_id]);
+    let f = frag(
+        "f-before",
+        vec![before[0].0.memory_id, before[1].0.memory_id],
+    );
     g.write_fragments(std::slice::from_ref(&f)).await.unwrap();
     let mut st = crate::graph::ConversationState::default();
     st.derived_from(before[0].0.recorded_at);
@@ -168,7 +174,11 @@ async fn graph_erasure(g: Arc<dyn Graph>, residue: Residue) {
     // Purge: everything the marker covers goes; the fragment made before the erase with it.
     assert!(residue(t.clone(), "e1".into()).await > 0);
     assert_eq!(g.purge_erased(&t, "e1").await.unwrap(), 5);
-    assert_eq!(residue(t.clone(), "e1".into()).await, 0, "purge leaves nothing");
+    assert_eq!(
+        residue(t.clone(), "e1".into()).await,
+        0,
+        "purge leaves nothing"
+    );
     assert!(g.fragments(&t, &[f.id.clone()]).await.unwrap().is_empty());
     g.write_fragments(std::slice::from_ref(&f)).await.unwrap();
     assert!(
@@ -178,7 +188,10 @@ async fn graph_erasure(g: Arc<dyn Graph>, residue: Residue) {
 
     // Recorded after the erase: kept, with its state and fragment, and purge leaves it alone.
     let after = (
-        recorded(turn(&t, "e1", 0, "after the erase"), at + Duration::seconds(1)),
+        recorded(
+            turn(&t, "e1", 0, "after the erase"),
+            at + Duration::seconds(1),
+        ),
         extraction(&["fresh"], "Zoë", 4),
     );
     g.write_turns(std::slice::from_ref(&after)).await.unwrap();
@@ -191,12 +204,21 @@ async fn graph_erasure(g: Arc<dyn Graph>, residue: Residue) {
     g.write_fragments(std::slice::from_ref(&f3)).await.unwrap();
     assert_eq!(g.fragments(&t, &[f3.id.clone()]).await.unwrap(), vec![f3]);
     assert_eq!(g.purge_erased(&t, "e1").await.unwrap(), 0);
-    assert_eq!(g.conversation_turns(&t, "e1", 0, u64::MAX).await.unwrap().len(), 1);
+    assert_eq!(
+        g.conversation_turns(&t, "e1", 0, u64::MAX)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     assert_eq!(g.conversation_state(&t, "e1").await.unwrap(), st2);
 
     // A tenant-wide marker covers every conversation of the tenant, ones never stored too.
     g.write_turns(&[(
-        recorded(turn(&t, "e3", 0, "other conversation"), at + Duration::seconds(1)),
+        recorded(
+            turn(&t, "e3", 0, "other conversation"),
+            at + Duration::seconds(1),
+        ),
         extraction(&["other"], "Zoë", 5),
     )])
     .await
@@ -213,7 +235,11 @@ async fn graph_erasure(g: Arc<dyn Graph>, residue: Residue) {
     )])
     .await
     .unwrap();
-    assert!(!g.conversations(&t).await.unwrap().contains(&"e4".to_string()));
+    assert!(!g
+        .conversations(&t)
+        .await
+        .unwrap()
+        .contains(&"e4".to_string()));
     assert_eq!(g.purge_erased(&t, "e1").await.unwrap(), 1);
     assert_eq!(g.purge_erased(&t, "e3").await.unwrap(), 1);
     for c in ["e1", "e3", "e4"] {

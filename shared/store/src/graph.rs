@@ -182,7 +182,10 @@ impl ConversationState {
 
     /// Notes that a turn recorded at `recorded_at` went into this state.
     pub fn derived_from(&mut self, recorded_at: DateTime<Utc>) {
-        self.recorded_from = Some(self.recorded_from.map_or(recorded_at, |r| r.min(recorded_at)));
+        self.recorded_from = Some(
+            self.recorded_from
+                .map_or(recorded_at, |r| r.min(recorded_at)),
+        );
     }
 
     /// Whether an erasure at `marker` covers data in this state. A non-empty state of unknown
@@ -270,7 +273,12 @@ impl ErasureMap {
         self.0.get(tenant).and_then(|e| e.marker(conversation))
     }
 
-    pub fn covers(&self, tenant: &TenantId, conversation: &str, recorded_at: DateTime<Utc>) -> bool {
+    pub fn covers(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        recorded_at: DateTime<Utc>,
+    ) -> bool {
         self.marker(tenant, conversation)
             .is_some_and(|m| recorded_at <= m)
     }
@@ -375,8 +383,7 @@ pub trait Graph: Send + Sync + 'static {
     /// Removes what the markers cover in a conversation: turns recorded at or before the marker
     /// with their edges, structural nodes left without a turn, fragments with such a member,
     /// a covered state. A writer that lost a race with an eraser calls it; returns turns removed.
-    async fn purge_erased(&self, tenant: &TenantId, conversation: &str)
-        -> Result<u64, StoreError>;
+    async fn purge_erased(&self, tenant: &TenantId, conversation: &str) -> Result<u64, StoreError>;
 
     /// Removes every node, edge, fragment and state of a conversation; returns turns removed.
     async fn delete_conversation(

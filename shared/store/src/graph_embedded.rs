@@ -547,11 +547,7 @@ impl Graph for EmbeddedGraph {
         .await
     }
 
-    async fn purge_erased(
-        &self,
-        tenant: &TenantId,
-        conversation: &str,
-    ) -> Result<u64, StoreError> {
+    async fn purge_erased(&self, tenant: &TenantId, conversation: &str) -> Result<u64, StoreError> {
         let tenant = tenant.as_str().to_string();
         let conversation = conversation.to_string();
         self.blocking(move |db| {
@@ -629,8 +625,8 @@ impl EmbeddedGraph {
         tenant: &str,
         conversation: &str,
     ) -> Result<u64, StoreError> {
-        let Some(marker) = markers_in(&w.open_table(ERASURES)?, tenant, &[conversation])?
-            .marker(conversation)
+        let Some(marker) =
+            markers_in(&w.open_table(ERASURES)?, tenant, &[conversation])?.marker(conversation)
         else {
             return Ok(0);
         };

@@ -824,11 +824,7 @@ impl Graph for Neo4jGraph {
         .await
     }
 
-    async fn purge_erased(
-        &self,
-        tenant: &TenantId,
-        conversation: &str,
-    ) -> Result<u64, StoreError> {
+    async fn purge_erased(&self, tenant: &TenantId, conversation: &str) -> Result<u64, StoreError> {
         self.observed(true, self.purge(tenant, conversation)).await
     }
 
@@ -920,7 +916,10 @@ impl Neo4jGraph {
 
     /// The fragments of conversations without a marker, and those whose members all exist and
     /// were recorded after it.
-    async fn unerased_fragments(&self, fragments: &[Fragment]) -> Result<Vec<Fragment>, StoreError> {
+    async fn unerased_fragments(
+        &self,
+        fragments: &[Fragment],
+    ) -> Result<Vec<Fragment>, StoreError> {
         let m = ErasureMap::read(
             self,
             fragments

@@ -572,11 +572,7 @@ impl Graph for RemoteGraph {
         })
         .await
     }
-    async fn purge_erased(
-        &self,
-        tenant: &TenantId,
-        conversation: &str,
-    ) -> Result<u64, StoreError> {
+    async fn purge_erased(&self, tenant: &TenantId, conversation: &str) -> Result<u64, StoreError> {
         self.call(GraphCall::PurgeErased {
             tenant: tenant.clone(),
             conversation: conversation.into(),
