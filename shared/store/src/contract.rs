@@ -169,7 +169,11 @@ async fn graph_erasure(g: Arc<dyn Graph>, residue: Residue) {
     assert!(!g.save_conversation_state(&t, "e1", &legacy).await.unwrap());
     let f2 = frag("f-late", vec![before[2].0.memory_id]);
     g.write_fragments(std::slice::from_ref(&f2)).await.unwrap();
-    assert!(g.fragments(&t, &[f2.id.clone()]).await.unwrap().is_empty());
+    assert!(g
+        .fragments(&t, std::slice::from_ref(&f2.id))
+        .await
+        .unwrap()
+        .is_empty());
 
     // Purge: everything the marker covers goes; the fragment made before the erase with it.
     assert!(residue(t.clone(), "e1".into()).await > 0);
@@ -179,10 +183,17 @@ async fn graph_erasure(g: Arc<dyn Graph>, residue: Residue) {
         0,
         "purge leaves nothing"
     );
-    assert!(g.fragments(&t, &[f.id.clone()]).await.unwrap().is_empty());
+    assert!(g
+        .fragments(&t, std::slice::from_ref(&f.id))
+        .await
+        .unwrap()
+        .is_empty());
     g.write_fragments(std::slice::from_ref(&f)).await.unwrap();
     assert!(
-        g.fragments(&t, &[f.id.clone()]).await.unwrap().is_empty(),
+        g.fragments(&t, std::slice::from_ref(&f.id))
+            .await
+            .unwrap()
+            .is_empty(),
         "a fragment of erased turns is not written back"
     );
 
@@ -202,7 +213,10 @@ async fn graph_erasure(g: Arc<dyn Graph>, residue: Residue) {
     assert!(g.save_conversation_state(&t, "e1", &st2).await.unwrap());
     let f3 = frag("f-after", vec![after.0.memory_id]);
     g.write_fragments(std::slice::from_ref(&f3)).await.unwrap();
-    assert_eq!(g.fragments(&t, &[f3.id.clone()]).await.unwrap(), vec![f3]);
+    assert_eq!(
+        g.fragments(&t, std::slice::from_ref(&f3.id)).await.unwrap(),
+        vec![f3]
+    );
     assert_eq!(g.purge_erased(&t, "e1").await.unwrap(), 0);
     assert_eq!(
         g.conversation_turns(&t, "e1", 0, u64::MAX)

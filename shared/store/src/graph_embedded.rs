@@ -146,8 +146,8 @@ impl EmbeddedGraph {
             for (turn, x) in turns {
                 let tenant = turn.tenant.as_str();
                 let cid = turn.conversation_id.as_str();
-                if !markers.contains_key(&(tenant, cid)) {
-                    markers.insert((tenant, cid), markers_in(&erased, tenant, &[cid])?);
+                if let std::collections::hash_map::Entry::Vacant(v) = markers.entry((tenant, cid)) {
+                    v.insert(markers_in(&erased, tenant, &[cid])?);
                 }
                 if markers[&(tenant, cid)].covers(cid, turn.recorded_at) {
                     continue;

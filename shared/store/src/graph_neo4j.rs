@@ -873,7 +873,7 @@ fn erasure_key(tenant: &str, conversation: &str) -> String {
 /// in the same microsecond just before it would escape.
 fn micros_up(t: DateTime<Utc>) -> i64 {
     let m = t.timestamp_micros();
-    if t.timestamp_subsec_nanos() % 1000 == 0 {
+    if t.timestamp_subsec_nanos().is_multiple_of(1000) {
         m
     } else {
         m + 1
