@@ -428,3 +428,31 @@ impl Drop for Broker {
         let _ = self.child.wait();
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Distributed-mode checks on the stores themselves (kafka_erasure.rs).
+// ---------------------------------------------------------------------------------------------
+
+/// One call on a `recollect-store` service (`/v1/store/graph` or `/v1/store/vectors`), asserted
+/// successful: the stores' own answer, not the query path's.
+pub fn store_call(store: &Server, token: &str, path: &str, body: &Value) -> Value {
+    let resp = store
+        .client
+        .post(format!("{}{path}", store.url))
+        .bearer_auth(token)
+        .json(body)
+        .send()
+        .expect("store service call");
+    let status = resp.status();
+    let text = resp.text().unwrap_or_default();
+    assert!(status.is_success(), "store call failed: {status}: {text}");
+    serde_json::from_str(&text).expect("store reply")
+}
+
+/// The largest consumer lag any of `workers` reports.
+pub fn max_consumer_lag(workers: &[&Server]) -> f64 {
+    workers
+        .iter()
+        .flat_map(|w| w.metric_values("recollect_bus_consumer_lag_messages", ""))
+        .fold(0.0, f64::max)
+}

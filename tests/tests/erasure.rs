@@ -175,6 +175,82 @@ fn erased_conversations_and_tenants_leave_no_residue() {
     );
 }
 
+/// An erase that comes while its conversation's turns are still queued in the pipeline: none of
+/// them is written back after it, and a turn stored after the erase is kept.
+#[test]
+fn an_erase_wins_against_turns_still_in_the_pipeline() {
+    const PARTS: usize = 4;
+    const PER_PART: usize = 1000;
+    let dir = tempfile::tempdir().unwrap();
+    let mut env = hash_env();
+    env.push(("RECOLLECT_API_KEYS", format!("{A}:tenant-a")));
+    let mut s = Server::start(dir.path(), &env_refs(&env));
+    let marker = "inflightmarkerqq";
+    for part in 0..PARTS {
+        let turns: Vec<Value> = (0..PER_PART)
+            .map(|i| {
+                json!({"turn_id": format!("{part}-{i}"),
+                       "user": format!("{marker} part {part} turn {i}: my sister Ana moved to Porto"),
+                       "assistant": format!("Tell me more about {marker} {i}"),
+                       "timestamp": format!("2023-05-{:02}T10:00:00Z", 1 + i % 28)})
+            })
+            .collect();
+        let (st, r) = s.post(
+            "/v1/conversations/flight/turns",
+            Some(A),
+            &json!({"turns": turns}),
+        );
+        assert_eq!(st, 202, "{r}");
+    }
+    let (st, r) = s.get("/v1/conversations/flight", Some(A));
+    assert_eq!(st, 200, "{r}");
+    let recallable = r["recallable"].as_u64().unwrap();
+    let total = (PARTS * PER_PART) as u64;
+    assert!(
+        recallable < total,
+        "all {total} turns were enriched before the erase: the test did not race the pipeline"
+    );
+    let (st, r) = s.delete("/v1/conversations/flight", Some(A));
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["turns_erased"], total, "{r}");
+    // Published after every erased turn: once it is recallable, they have all passed the
+    // graph-writer (one ordered queue per stage).
+    let (st, r) = s.post(
+        "/v1/conversations/flight/turns",
+        Some(A),
+        &json!({"turns": [{"turn_id": "after", "user": "Zebras graze near the harbour",
+                           "timestamp": "2023-06-01T10:00:00Z"}], "wait": true}),
+    );
+    assert_eq!(st, 202, "{r}");
+    // The consolidator works behind the graph-writer: give it a moment to act on what it saw.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let (_, r) = s.get("/v1/conversations/flight", Some(A));
+    assert_eq!(r["recallable"], 1, "{r}");
+    s.stop();
+
+    let data = dir.path();
+    let a = TenantId("tenant-a".into());
+    let raw = RawStore::open(&data.join("raw.redb")).unwrap();
+    let graph = EmbeddedGraph::open(&data.join("graph.redb")).unwrap();
+    let vectors = EdgeVectorIndex::open(&data.join("vectors"), recollect_embed::HASH_DIM).unwrap();
+    let graph_rows = graph.rows_of(&a, Some("flight")).unwrap();
+    let raw_rows = raw.rows_of(&a, Some("flight")).unwrap();
+    let (points, _) = vectors.audit_counts(&a, &Scope::of(&["flight"])).unwrap();
+    let left = raw.rows_containing(marker.as_bytes()).unwrap()
+        + graph.rows_containing(marker.as_bytes()).unwrap();
+    println!(
+        "erase in flight (embedded): {} of {total} turns still in the pipeline at the erase; \
+         after it: graph {graph_rows:?}, raw {raw_rows:?}, {points} points, {left} rows with \
+         erased text",
+        total - recallable
+    );
+    assert_eq!(left, 0, "erased text left in the stores");
+    assert_eq!(graph_rows["turn_nodes"], 1, "{graph_rows:?}");
+    assert_eq!(graph_rows["fragments"], 0, "{graph_rows:?}");
+    assert_eq!(raw_rows["turns"], 1, "{raw_rows:?}");
+    assert_eq!(points, 1);
+}
+
 #[test]
 fn logs_never_contain_turn_text_or_keys() {
     let dir = tempfile::tempdir().unwrap();

@@ -76,6 +76,7 @@ fn kafka_pipeline_on_bolt_graph_and_qdrant() {
         user: var("RECOLLECT_TEST_BOLT_USER").unwrap_or_else(|| "root".into()),
         password: var("RECOLLECT_TEST_BOLT_PASSWORD").unwrap_or_default(),
         database: var("RECOLLECT_TEST_BOLT_DATABASE").unwrap_or_else(|| "recollect".into()),
+        ca_file: String::new(),
     };
     let qdrant = var("QDRANT_URL").unwrap();
     let minilm = std::env::var("RECOLLECT_E2E_EMBEDDER").as_deref() == Ok("minilm");

@@ -10,7 +10,7 @@ use chrono::Utc;
 use recollect_bus::{Delivery, Message, Stage, StageError};
 use recollect_llm::ChatModel;
 use recollect_model::{topics, Envelope, Fragment, MemoryId, StoredTurn, TenantId};
-use recollect_store::{Graph, TurnRecord, VectorIndex};
+use recollect_store::{ErasureMap, Graph, TurnRecord, VectorIndex};
 
 pub struct ConsolidatorStage {
     graph: Arc<dyn Graph>,
@@ -226,12 +226,24 @@ impl ConsolidatorStage {
         conversation: &str,
     ) -> Result<usize, StageError> {
         let mut made = 0;
+        let marker = |g: Arc<dyn Graph>| async move {
+            g.erasures(tenant, &[conversation.to_string()])
+                .await
+                .map(|e| e.marker(conversation))
+                .map_err(transient)
+        };
         loop {
+            // An erasure under way: what it covers is not consolidated (its eraser or the
+            // graph-writer removes it; turns recorded after it start a fresh state).
+            let erased = marker(self.graph.clone()).await?;
             let state = self
                 .graph
                 .conversation_state(tenant, conversation)
                 .await
                 .map_err(transient)?;
+            if erased.is_some_and(|m| state.covered_by(m)) {
+                return Ok(made);
+            }
             let from = state.consolidated_until;
             let records = self
                 .graph
@@ -239,6 +251,12 @@ impl ConsolidatorStage {
                 .await
                 .map_err(transient)?;
             if (records.len() as u64) < self.window {
+                return Ok(made);
+            }
+            let covers = |m: Option<chrono::DateTime<Utc>>| {
+                m.is_some_and(|m| records.iter().any(|r| r.turn.recorded_at <= m))
+            };
+            if covers(erased) {
                 return Ok(made);
             }
             let ids: Vec<MemoryId> = records.iter().map(|r| r.turn.memory_id).collect();
@@ -309,6 +327,16 @@ impl ConsolidatorStage {
                 .advance_consolidated_until(tenant, conversation, from + self.window)
                 .await
                 .map_err(transient)?;
+            // Erased while the window was read: remove what the fragments or the advance may
+            // have put back (purging what no marker covers removes nothing).
+            let now = marker(self.graph.clone()).await?;
+            if now != erased {
+                self.graph
+                    .purge_erased(tenant, conversation)
+                    .await
+                    .map_err(transient)?;
+                return Ok(made);
+            }
             made += fragments.len();
         }
     }
@@ -336,9 +364,24 @@ impl Stage for ConsolidatorStage {
                     .map_err(|e| StageError::Permanent(format!("undecodable stored turn: {e}")))
             })
             .collect();
+        let pairs = decoded
+            .iter()
+            .flatten()
+            .map(|e| (e.body.tenant.clone(), e.body.conversation_id.clone()));
+        let erased = match ErasureMap::read(self.graph.as_ref(), pairs).await {
+            Ok(m) => m,
+            Err(e) => return batch.iter().map(|_| Err(transient(&e))).collect(),
+        };
         let mut convs: Vec<(TenantId, String)> = Vec::new();
         for env in decoded.iter().flatten() {
-            let k = (env.body.tenant.clone(), env.body.conversation_id.clone());
+            let b = &env.body;
+            // Stored before its conversation was erased: nothing to consolidate.
+            if b.recorded_at
+                .is_some_and(|at| erased.covers(&b.tenant, &b.conversation_id, at))
+            {
+                continue;
+            }
+            let k = (b.tenant.clone(), b.conversation_id.clone());
             if !convs.contains(&k) {
                 convs.push(k);
             }

@@ -14,6 +14,7 @@ use recollect_model::{
     bus_key, topics, EmbeddedTurn, Embeddings, Envelope, ExtractedTurn, KeywordVector,
     SparseVector, Turn,
 };
+use recollect_store::{ErasureMap, Graph};
 use recollect_telemetry as metrics;
 
 /// BM25 term-frequency saturation; IDF is applied by the vector index (Qdrant's IDF modifier).
@@ -57,6 +58,9 @@ pub fn lexical_document_vector(turn: &Turn) -> SparseVector {
 
 pub struct EmbedderStage {
     embedder: Arc<dyn Embedder>,
+    /// Where erasure markers are read: turns of a conversation erased while they were queued
+    /// are not embedded (the graph-writer drops them in any case; this saves the model work).
+    graph: Option<Arc<dyn Graph>>,
     /// Keyword texts → vectors: each distinct keyword is embedded once.
     keyword_cache: parking_lot::Mutex<HashMap<String, Vec<f32>>>,
     cache_limit: usize,
@@ -66,9 +70,45 @@ impl EmbedderStage {
     pub fn new(embedder: Arc<dyn Embedder>) -> Self {
         Self {
             embedder,
+            graph: None,
             keyword_cache: Default::default(),
             cache_limit: 200_000,
         }
+    }
+
+    pub fn with_erasures(mut self, graph: Arc<dyn Graph>) -> Self {
+        self.graph = Some(graph);
+        self
+    }
+
+    /// Which turns of the batch an erasure marker covers (none when the markers are unreadable:
+    /// the graph-writer checks again).
+    async fn erased(&self, decoded: &[Result<Envelope<ExtractedTurn>, StageError>]) -> Vec<bool> {
+        let Some(graph) = &self.graph else {
+            return vec![false; decoded.len()];
+        };
+        let pairs = decoded.iter().flatten().map(|e| {
+            (
+                e.body.turn.tenant.clone(),
+                e.body.turn.conversation_id.clone(),
+            )
+        });
+        let m = match ErasureMap::read(graph.as_ref(), pairs).await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "erasure markers unreadable; the graph-writer checks them");
+                ErasureMap::default()
+            }
+        };
+        decoded
+            .iter()
+            .map(|r| {
+                r.as_ref().is_ok_and(|e| {
+                    let t = &e.body.turn;
+                    m.covers(&t.tenant, &t.conversation_id, t.recorded_at)
+                })
+            })
+            .collect()
     }
 
     fn embed_blocking(
@@ -122,12 +162,14 @@ impl Stage for EmbedderStage {
                     .map_err(|e| StageError::Permanent(format!("undecodable extracted turn: {e}")))
             })
             .collect();
+        let skip = self.erased(&decoded).await;
         // One model call for every field text of the batch, one for the uncached keywords.
         let mut texts = Vec::new();
         let mut new_keywords: Vec<String> = Vec::new();
         {
             let cache = self.keyword_cache.lock();
-            for env in decoded.iter().flatten() {
+            for (env, _) in decoded.iter().zip(&skip).filter(|(_, s)| !**s) {
+                let Ok(env) = env else { continue };
                 let t = &env.body.turn;
                 texts.push(field_text(t.user_speaker.as_deref(), &t.user));
                 if !t.assistant.is_empty() {
@@ -160,8 +202,12 @@ impl Stage for EmbedderStage {
         let mut fields = field_vecs.iter();
         decoded
             .drain(..)
-            .map(|env| {
+            .zip(skip)
+            .map(|(env, skip)| {
                 let env = env?;
+                if skip {
+                    return Ok(Vec::new());
+                }
                 let ExtractedTurn { turn, extraction } = env.body;
                 let user = fields.next().cloned().unwrap_or_default();
                 let assistant = if turn.assistant.is_empty() {

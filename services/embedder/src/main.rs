@@ -4,18 +4,20 @@
 use std::sync::Arc;
 
 use recollect_embedder::EmbedderStage;
-use recollect_runtime::{bus_check, load_embedder, open_bus, run_workers, start};
+use recollect_runtime::{bus_check, graph_check, load_embedder, open_bus, run_workers, start};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let settings = start("embedder")?;
     let embedder = load_embedder(&settings)?;
+    // Only erasure markers are read here: turns erased while queued are not embedded.
+    let graph = recollect_store::open_graph(&settings, &settings.storage.data_dir).await?;
     let bus = open_bus(&settings, "embedder").await?;
-    let checks = vec![bus_check(bus.clone())];
+    let checks = vec![bus_check(bus.clone()), graph_check(graph.clone())];
     run_workers(
         &settings,
         bus,
-        vec![Arc::new(EmbedderStage::new(embedder))],
+        vec![Arc::new(EmbedderStage::new(embedder).with_erasures(graph))],
         checks,
     )
     .await?;

@@ -8,33 +8,20 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use recollect_bus::{Delivery, Message, Stage, StageError};
 use recollect_extract::Extractor;
-use recollect_model::{bus_key, topics, Envelope, ExtractedTurn, MemoryId, RawMessage, Turn};
+use recollect_model::{
+    bus_key, topics, Envelope, ExtractedTurn, MemoryId, RawMessage, TenantId, Timestamp, Turn,
+};
 use recollect_store::graph::ConversationState;
-use recollect_store::Graph;
-
-/// Whether a queued turn still exists (false once its conversation or tenant was erased).
-pub type Liveness = Arc<dyn Fn(&recollect_model::Turn) -> bool + Send + Sync>;
+use recollect_store::{ErasureMap, Graph};
 
 pub struct ExtractorStage {
     extractor: Arc<dyn Extractor>,
     graph: Arc<dyn Graph>,
-    live: Option<Liveness>,
 }
 
 impl ExtractorStage {
     pub fn new(extractor: Arc<dyn Extractor>, graph: Arc<dyn Graph>) -> Self {
-        Self {
-            extractor,
-            graph,
-            live: None,
-        }
-    }
-
-    /// Drops queued turns that were erased meanwhile, so their reference state is not
-    /// written back after an erasure.
-    pub fn with_liveness(mut self, live: Liveness) -> Self {
-        self.live = Some(live);
-        self
+        Self { extractor, graph }
     }
 }
 
@@ -80,30 +67,50 @@ impl Stage for ExtractorStage {
     }
 
     async fn handle(&self, batch: &[Delivery]) -> Vec<Result<Vec<Message>, StageError>> {
+        let decoded: Vec<Result<RawMessage, StageError>> = batch.iter().map(decode).collect();
+        // Erasure markers of every conversation in the batch, read once: a turn recorded at or
+        // before its marker was erased while queued and goes no further.
+        let pairs = decoded
+            .iter()
+            .flatten()
+            .map(|e| (e.body.tenant.clone(), e.body.conversation_id.clone()));
+        let erased = match ErasureMap::read(self.graph.as_ref(), pairs).await {
+            Ok(m) => m,
+            Err(e) => return batch.iter().map(|_| Err(transient(&e))).collect(),
+        };
         // Turns of one conversation arrive in order; their state is loaded once per batch.
         let mut states: HashMap<(String, String), ConversationState> = HashMap::new();
         let mut dirty: Vec<(String, String)> = Vec::new();
         let mut results = Vec::with_capacity(batch.len());
-        for d in batch {
+        let mut kept: Vec<Option<(TenantId, String, Timestamp)>> = Vec::with_capacity(batch.len());
+        for env in decoded {
+            let mut seen = None;
             let r: Result<Vec<Message>, StageError> = async {
-                let env: RawMessage = serde_json::from_slice(&d.message.payload)
-                    .map_err(|e| StageError::Permanent(format!("undecodable raw turn: {e}")))?;
+                let env = env?;
                 let mut turn = env.body;
-                check_direct(&turn)?;
-                if turn.memory_id.is_nil() {
-                    turn.memory_id =
-                        MemoryId::derive(&turn.tenant, &turn.conversation_id, &turn.turn_id);
-                }
-                if self.live.as_ref().is_some_and(|live| !live(&turn)) {
+                if erased.covers(&turn.tenant, &turn.conversation_id, turn.recorded_at) {
                     return Ok(Vec::new());
                 }
+                seen = Some((
+                    turn.tenant.clone(),
+                    turn.conversation_id.clone(),
+                    turn.recorded_at,
+                ));
                 let key = (turn.tenant.0.clone(), turn.conversation_id.clone());
                 if !states.contains_key(&key) {
-                    let s = self
+                    let mut s = self
                         .graph
                         .conversation_state(&turn.tenant, &turn.conversation_id)
                         .await
                         .map_err(transient)?;
+                    // A state holding erased data (its erasure not finished yet) starts over.
+                    if erased
+                        .marker(&turn.tenant, &turn.conversation_id)
+                        .is_some_and(|m| s.covered_by(m))
+                    {
+                        s = ConversationState::default();
+                        dirty.push(key.clone());
+                    }
                     states.insert(key.clone(), s);
                 }
                 let state = states.get_mut(&key).expect("loaded above");
@@ -124,6 +131,7 @@ impl Stage for ExtractorStage {
                                 if !dirty.contains(&key) {
                                     dirty.push(key.clone());
                                 }
+                                state.derived_from(turn.recorded_at);
                                 state.assign_position(&turn.turn_id)
                             }
                         },
@@ -138,6 +146,7 @@ impl Stage for ExtractorStage {
                     let x = self.extractor.extract(&turn, &mut state.reference).await;
                     if x.is_ok() {
                         state.reference_position = Some(turn.position);
+                        state.derived_from(turn.recorded_at);
                         if !dirty.contains(&key) {
                             dirty.push(key.clone());
                         }
@@ -154,25 +163,68 @@ impl Stage for ExtractorStage {
                 )])
             }
             .await;
+            kept.push(seen);
             results.push(r);
         }
-        for key in dirty {
-            let s = &states[&key];
-            if let Err(e) = self
+        for key in &dirty {
+            let s = &states[key];
+            // Without the state the outputs must not be published: retry the whole batch. A
+            // refusal means an erasure began meanwhile; the retry drops what it covers.
+            let msg = match self
                 .graph
-                .save_conversation_state(&recollect_model::TenantId(key.0.clone()), &key.1, s)
+                .save_conversation_state(&TenantId(key.0.clone()), &key.1, s)
                 .await
             {
-                // Without the state the outputs must not be published: retry the whole batch.
-                let msg = format!("saving reference state failed: {e}");
-                return batch
-                    .iter()
-                    .map(|_| Err(StageError::Transient(msg.clone())))
-                    .collect();
+                Ok(true) => continue,
+                Ok(false) => "conversation erased while its turns were extracted".to_string(),
+                Err(e) => format!("saving reference state failed: {e}"),
+            };
+            return batch
+                .iter()
+                .map(|_| Err(StageError::Transient(msg.clone())))
+                .collect();
+        }
+        // An erasure that began after the markers were read: what it covers is dropped, and a
+        // state saved with erased data in it is removed again.
+        if !dirty.is_empty() {
+            let pairs = dirty.iter().map(|(t, c)| (TenantId(t.clone()), c.clone()));
+            let now = match ErasureMap::read(self.graph.as_ref(), pairs).await {
+                Ok(m) => m,
+                Err(e) => return batch.iter().map(|_| Err(transient(&e))).collect(),
+            };
+            for (t, c) in &dirty {
+                let tenant = TenantId(t.clone());
+                if now.marker(&tenant, c) == erased.marker(&tenant, c) {
+                    continue;
+                }
+                if let Err(e) = self.graph.purge_erased(&tenant, c).await {
+                    return batch.iter().map(|_| Err(transient(&e))).collect();
+                }
+            }
+            for (r, k) in results.iter_mut().zip(&kept) {
+                if let Some((t, c, at)) = k {
+                    if now.covers(t, c, *at) {
+                        *r = Ok(Vec::new());
+                    }
+                }
             }
         }
         results
     }
+}
+
+/// A raw turn as the pipeline carries it: checked, with its memory id and record time filled
+/// in when the producer left them out.
+fn decode(d: &Delivery) -> Result<RawMessage, StageError> {
+    let mut env: RawMessage = serde_json::from_slice(&d.message.payload)
+        .map_err(|e| StageError::Permanent(format!("undecodable raw turn: {e}")))?;
+    let turn = &mut env.body;
+    check_direct(turn)?;
+    if turn.memory_id.is_nil() {
+        turn.memory_id = MemoryId::derive(&turn.tenant, &turn.conversation_id, &turn.turn_id);
+    }
+    turn.stamp_recorded(d.timestamp_ms);
+    Ok(env)
 }
 
 #[cfg(test)]
@@ -196,6 +248,7 @@ mod tests {
             },
             partition: 0,
             offset: 0,
+            timestamp_ms: None,
         }
     }
 

@@ -327,7 +327,8 @@ fn content_id(t: &TurnInput) -> String {
     format!("c-{}", &h.finalize().to_hex()[..24])
 }
 
-/// Erasure in a distributed deployment: vectors, then the graph (which holds the raw turns).
+/// Erasure in a distributed deployment: the marker, then vectors, then the graph (which holds
+/// the raw turns). Turns still on Kafka are dropped by every stage on the marker.
 pub struct StoreEraser {
     pub graph: Arc<dyn Graph>,
     pub vectors: Arc<dyn recollect_store::VectorIndex>,
@@ -340,6 +341,13 @@ impl Eraser for StoreEraser {
         tenant: &TenantId,
         conversation: &str,
     ) -> Result<Option<u64>, RecollectError> {
+        // Durable before anything is deleted or answered; recorded for an id with nothing
+        // stored yet as well, since its turns may all still be in flight (the answer is then
+        // 404, and the turns in flight are dropped all the same).
+        self.graph
+            .record_erasure(tenant, Some(conversation), chrono::Utc::now())
+            .await
+            .map_err(RecollectError::from_classified)?;
         let known = self
             .graph
             .conversations(tenant)
@@ -363,6 +371,10 @@ impl Eraser for StoreEraser {
     }
 
     async fn erase_tenant(&self, tenant: &TenantId) -> Result<(u64, u64), RecollectError> {
+        self.graph
+            .record_erasure(tenant, None, chrono::Utc::now())
+            .await
+            .map_err(RecollectError::from_classified)?;
         let conversations = self
             .graph
             .conversations(tenant)

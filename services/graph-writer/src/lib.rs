@@ -9,15 +9,13 @@ use std::time::Instant;
 use async_trait::async_trait;
 use recollect_bus::{Delivery, Message, Stage, StageError};
 use recollect_model::{
-    bus_key, topics, EmbeddedTurn, Envelope, KeywordVector, MemoryId, StoredTurn, Turn,
+    bus_key, topics, EmbeddedTurn, Envelope, KeywordVector, MemoryId, StoredTurn, TenantId,
 };
-use recollect_store::{Graph, TurnPoint, VectorIndex};
+use recollect_store::{ErasureMap, Graph, StoreError, TurnPoint, VectorIndex};
 use recollect_telemetry as metrics;
 
-/// Embedded-mode hooks around the write: skip turns erased meanwhile, and report stored turns.
+/// Embedded-mode hook after the write: report the turns handled (stored, or dropped as erased).
 pub trait StoreHooks: Send + Sync {
-    /// False when the turn's conversation was erased after the turn was queued.
-    fn is_live(&self, turn: &Turn) -> bool;
     fn stored(&self, ids: &[MemoryId]);
 }
 
@@ -98,6 +96,91 @@ impl GraphWriterStage {
     }
 }
 
+fn transient(e: StoreError) -> StageError {
+    StageError::Transient(e.to_string())
+}
+
+fn pairs(turns: &[&EmbeddedTurn]) -> Vec<(TenantId, String)> {
+    turns
+        .iter()
+        .map(|e| (e.turn.tenant.clone(), e.turn.conversation_id.clone()))
+        .collect()
+}
+
+fn covered(m: &ErasureMap, e: &EmbeddedTurn) -> bool {
+    m.covers(&e.turn.tenant, &e.turn.conversation_id, e.turn.recorded_at)
+}
+
+impl GraphWriterStage {
+    /// The write, guarded against erasures: turns whose conversation (or tenant) was erased
+    /// after they were recorded are dropped; the graph checks again inside its write; and the
+    /// markers are read once more afterwards, so an erasure that began during the write has
+    /// what it covers removed here (the eraser recorded its marker before deleting anything,
+    /// so whichever of the two deletes last leaves nothing). Returns the turns dropped.
+    async fn erase_guarded_write(
+        &self,
+        decoded: &[Result<Envelope<EmbeddedTurn>, StageError>],
+    ) -> Result<std::collections::HashSet<MemoryId>, StageError> {
+        let turns: Vec<&EmbeddedTurn> = decoded.iter().flatten().map(|e| &e.body).collect();
+        let before = ErasureMap::read(self.graph.as_ref(), pairs(&turns))
+            .await
+            .map_err(transient)?;
+        let (dropped, live): (Vec<&EmbeddedTurn>, Vec<&EmbeddedTurn>) =
+            turns.into_iter().partition(|e| covered(&before, e));
+        // A redelivery of a batch whose first attempt wrote before an erasure and died before
+        // its own check: undo that write (idempotent; nothing to do otherwise).
+        self.undo(&dropped).await?;
+        let owned: Vec<EmbeddedTurn> = live.iter().map(|e| (*e).clone()).collect();
+        self.write(&owned).await?;
+        let after = ErasureMap::read(self.graph.as_ref(), pairs(&live))
+            .await
+            .map_err(transient)?;
+        let late: Vec<&EmbeddedTurn> = live
+            .iter()
+            .copied()
+            .filter(|e| covered(&after, e))
+            .collect();
+        self.undo(&late).await?;
+        Ok(dropped
+            .iter()
+            .chain(&late)
+            .map(|e| e.turn.memory_id)
+            .collect())
+    }
+
+    /// Removes the points and graph data of erased turns, per conversation.
+    async fn undo(&self, turns: &[&EmbeddedTurn]) -> Result<(), StageError> {
+        let mut by_conv: BTreeMap<(TenantId, String), (Vec<MemoryId>, Vec<String>)> =
+            BTreeMap::new();
+        for e in turns {
+            let slot = by_conv
+                .entry((e.turn.tenant.clone(), e.turn.conversation_id.clone()))
+                .or_default();
+            slot.0.push(e.turn.memory_id);
+            slot.1
+                .extend(e.embeddings.keywords.iter().map(|k| k.keyword.clone()));
+        }
+        for ((tenant, conv), (ids, mut keywords)) in by_conv {
+            keywords.sort();
+            keywords.dedup();
+            self.vectors
+                .delete_turns(&tenant, &conv, &ids, &keywords)
+                .await
+                .map_err(transient)?;
+            self.graph
+                .purge_erased(&tenant, &conv)
+                .await
+                .map_err(transient)?;
+            tracing::info!(
+                tenant = tenant.as_str(),
+                turns = ids.len(),
+                "dropped turns of an erased conversation"
+            );
+        }
+        Ok(())
+    }
+}
+
 #[async_trait]
 impl Stage for GraphWriterStage {
     fn name(&self) -> &'static str {
@@ -120,23 +203,20 @@ impl Stage for GraphWriterStage {
                     .map_err(|e| StageError::Permanent(format!("undecodable embedded turn: {e}")))
             })
             .collect();
-        let live: Vec<EmbeddedTurn> = decoded
-            .iter()
-            .flatten()
-            .filter(|e| self.hooks.as_ref().is_none_or(|h| h.is_live(&e.body.turn)))
-            .map(|e| e.body.clone())
-            .collect();
-        if let Err(e) = self.write(&live).await {
-            // Adapter pair of this writer, e.g. graph_embedded+vectors_embedded.
-            metrics::STORE_ERRORS
-                .with_label_values(&[&format!(
-                    "graph_{}+vectors_{}",
-                    self.graph.kind(),
-                    self.vectors.kind()
-                )])
-                .inc();
-            return batch.iter().map(|_| Err(e.clone())).collect();
-        }
+        let erased = match self.erase_guarded_write(&decoded).await {
+            Ok(e) => e,
+            Err(e) => {
+                // Adapter pair of this writer, e.g. graph_embedded+vectors_embedded.
+                metrics::STORE_ERRORS
+                    .with_label_values(&[&format!(
+                        "graph_{}+vectors_{}",
+                        self.graph.kind(),
+                        self.vectors.kind()
+                    )])
+                    .inc();
+                return batch.iter().map(|_| Err(e.clone())).collect();
+            }
+        };
         if let Some(h) = &self.hooks {
             let ids: Vec<MemoryId> = decoded
                 .iter()
@@ -152,11 +232,15 @@ impl Stage for GraphWriterStage {
             .map(|env| {
                 let env = env?;
                 let t = &env.body.turn;
+                if erased.contains(&t.memory_id) {
+                    return Ok(Vec::new());
+                }
                 let stored = StoredTurn {
                     memory_id: t.memory_id,
                     tenant: t.tenant.clone(),
                     conversation_id: t.conversation_id.clone(),
                     position: t.position,
+                    recorded_at: Some(t.recorded_at),
                 };
                 Ok(vec![Message::json(
                     topics::STORED,
@@ -166,5 +250,278 @@ impl Stage for GraphWriterStage {
                 )])
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The interleavings of an erase with a write, made deterministic: a graph that runs the
+    //! eraser's steps at a chosen point inside the writer's graph write.
+
+    use std::path::PathBuf;
+
+    use recollect_model::{Extraction, Fragment, Timestamp, Turn};
+    use recollect_store::graph::{ConversationState, Erasures};
+    use recollect_store::{
+        EdgeVectorIndex, EmbeddedGraph, LinkedTurn, NodeKind, Scope, TurnRecord,
+    };
+    use serde_json::json;
+
+    use super::*;
+
+    #[derive(Clone, Copy, PartialEq)]
+    enum Race {
+        /// Marker and the eraser's deletes all land between the writer's first marker read and
+        /// its graph write: the store's own guard refuses the write.
+        EraseBeforeWrite,
+        /// Only the marker lands before the write (the eraser is slow, or died after it): the
+        /// writer's second marker read removes what it wrote.
+        MarkerBeforeWriteEraserGone,
+        /// The marker lands right after the write; the eraser's deletes never come.
+        MarkerAfterWrite,
+    }
+
+    struct Racing {
+        inner: EmbeddedGraph,
+        vectors: Arc<dyn VectorIndex>,
+        race: Race,
+        at: Timestamp,
+        /// The race is run once, on the first write.
+        fired: std::sync::atomic::AtomicBool,
+    }
+
+    fn t(s: &str) -> Timestamp {
+        serde_json::from_value(json!(s)).unwrap()
+    }
+
+    impl Racing {
+        async fn erase(&self, tenant: &TenantId, conv: &str, delete: bool) {
+            self.inner
+                .record_erasure(tenant, Some(conv), self.at)
+                .await
+                .unwrap();
+            if delete {
+                self.vectors
+                    .delete_conversation(tenant, conv)
+                    .await
+                    .unwrap();
+                self.inner.delete_conversation(tenant, conv).await.unwrap();
+            }
+        }
+    }
+
+    #[async_trait]
+    impl Graph for Racing {
+        fn kind(&self) -> &'static str {
+            "racing"
+        }
+        async fn write_turns(&self, turns: &[(Turn, Extraction)]) -> Result<(), StoreError> {
+            if turns.is_empty() || self.fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                return self.inner.write_turns(turns).await;
+            }
+            let (tenant, conv) = (
+                turns[0].0.tenant.clone(),
+                turns[0].0.conversation_id.clone(),
+            );
+            match self.race {
+                Race::EraseBeforeWrite => self.erase(&tenant, &conv, true).await,
+                Race::MarkerBeforeWriteEraserGone => self.erase(&tenant, &conv, false).await,
+                Race::MarkerAfterWrite => {}
+            }
+            self.inner.write_turns(turns).await?;
+            if self.race == Race::MarkerAfterWrite {
+                self.erase(&tenant, &conv, false).await;
+            }
+            Ok(())
+        }
+        async fn write_fragments(&self, f: &[Fragment]) -> Result<(), StoreError> {
+            self.inner.write_fragments(f).await
+        }
+        async fn turns(
+            &self,
+            t: &TenantId,
+            ids: &[MemoryId],
+        ) -> Result<Vec<TurnRecord>, StoreError> {
+            self.inner.turns(t, ids).await
+        }
+        async fn conversation_turns(
+            &self,
+            t: &TenantId,
+            c: &str,
+            from: u64,
+            to: u64,
+        ) -> Result<Vec<TurnRecord>, StoreError> {
+            self.inner.conversation_turns(t, c, from, to).await
+        }
+        async fn conversations(&self, t: &TenantId) -> Result<Vec<String>, StoreError> {
+            self.inner.conversations(t).await
+        }
+        async fn vocabulary(
+            &self,
+            t: &TenantId,
+            s: &Scope,
+            k: NodeKind,
+        ) -> Result<Vec<String>, StoreError> {
+            self.inner.vocabulary(t, s, k).await
+        }
+        async fn linked_turns(
+            &self,
+            t: &TenantId,
+            s: &Scope,
+            k: NodeKind,
+            n: &[String],
+            rb: Option<Timestamp>,
+            va: Option<Timestamp>,
+        ) -> Result<Vec<LinkedTurn>, StoreError> {
+            self.inner.linked_turns(t, s, k, n, rb, va).await
+        }
+        async fn document_frequencies(
+            &self,
+            t: &TenantId,
+            s: &Scope,
+            k: NodeKind,
+            n: &[String],
+        ) -> Result<(u64, Vec<u64>), StoreError> {
+            self.inner.document_frequencies(t, s, k, n).await
+        }
+        async fn fragments(
+            &self,
+            t: &TenantId,
+            ids: &[String],
+        ) -> Result<Vec<Fragment>, StoreError> {
+            self.inner.fragments(t, ids).await
+        }
+        async fn conversation_state(
+            &self,
+            t: &TenantId,
+            c: &str,
+        ) -> Result<ConversationState, StoreError> {
+            self.inner.conversation_state(t, c).await
+        }
+        async fn save_conversation_state(
+            &self,
+            t: &TenantId,
+            c: &str,
+            s: &ConversationState,
+        ) -> Result<bool, StoreError> {
+            self.inner.save_conversation_state(t, c, s).await
+        }
+        async fn advance_consolidated_until(
+            &self,
+            t: &TenantId,
+            c: &str,
+            until: u64,
+        ) -> Result<(), StoreError> {
+            self.inner.advance_consolidated_until(t, c, until).await
+        }
+        async fn delete_conversation(&self, t: &TenantId, c: &str) -> Result<u64, StoreError> {
+            self.inner.delete_conversation(t, c).await
+        }
+        async fn record_erasure(
+            &self,
+            t: &TenantId,
+            c: Option<&str>,
+            at: Timestamp,
+        ) -> Result<(), StoreError> {
+            self.inner.record_erasure(t, c, at).await
+        }
+        async fn erasures(&self, t: &TenantId, c: &[String]) -> Result<Erasures, StoreError> {
+            self.inner.erasures(t, c).await
+        }
+        async fn purge_erased(&self, t: &TenantId, c: &str) -> Result<u64, StoreError> {
+            self.inner.purge_erased(t, c).await
+        }
+    }
+
+    fn delivery(i: usize, recorded_at: &str) -> Delivery {
+        let body = json!({"turn": {"tenant": "acme", "conversation_id": "c", "turn_id": i.to_string(),
+                     "memory_id": MemoryId::derive(&TenantId("acme".into()), "c", &i.to_string()),
+                     "position": i, "user": format!("secret {i}"), "timestamp": "2024-05-01T10:00:00Z",
+                     "recorded_at": recorded_at},
+                 "extraction": {"keywords": [{"key": "secret", "text": "secret"}], "entities": ["Ana"],
+                     "locations": [], "events": [], "times": [], "references": [],
+                     "event_time": null, "extractor": "rules"},
+                 "embeddings": {"user": [1.0, 0.0, 0.0, 0.0], "assistant": [],
+                     "lexical": {"indices": [7], "values": [1.0]},
+                     "keywords": [{"keyword": "secret", "vector": [0.0, 1.0, 0.0, 0.0]}], "model": "m"}});
+        Delivery {
+            message: Message {
+                topic: topics::EMBEDDED.into(),
+                key: "acme/c".into(),
+                payload: serde_json::to_vec(
+                    &json!({"schema_version": 3, "trace_id": "tr", "body": body}),
+                )
+                .unwrap(),
+                headers: vec![],
+            },
+            partition: 0,
+            offset: i as i64,
+            timestamp_ms: None,
+        }
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "recollect-gw-{name}-{}-{:?}",
+            std::process::id(),
+            std::time::SystemTime::now()
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    async fn run(race: Race) -> (u64, u64, usize) {
+        let dir = scratch(&format!("{}", race as u8));
+        let vectors: Arc<dyn VectorIndex> =
+            Arc::new(EdgeVectorIndex::open(&dir.join("v"), 4).unwrap());
+        let inner = EmbeddedGraph::open(&dir.join("g.redb")).unwrap();
+        let graph = Arc::new(Racing {
+            inner: inner.clone(),
+            vectors: vectors.clone(),
+            race,
+            at: t("2025-01-01T00:00:00Z"),
+            fired: Default::default(),
+        });
+        let stage = GraphWriterStage::new(graph, vectors.clone(), None);
+        let batch: Vec<Delivery> = (0..5)
+            .map(|i| delivery(i, "2024-12-31T00:00:00Z"))
+            .collect();
+        let out = stage.handle(&batch).await;
+        assert!(
+            out.iter().all(|r| r.as_ref().is_ok_and(|m| m.is_empty())),
+            "nothing goes on"
+        );
+        let tenant = TenantId("acme".into());
+        let left = inner.residue(&tenant, "c").unwrap();
+        let points = vectors.count(&tenant, &Scope::all()).await.unwrap();
+        let keywords = vectors
+            .search_keywords(&tenant, &Scope::all(), &[0.0, 1.0, 0.0, 0.0], 10, -2.0)
+            .await
+            .unwrap()
+            .len();
+        // A redelivery of the same batch (the marker stays) writes nothing back either.
+        let again = stage.handle(&batch).await;
+        assert!(again.iter().all(|r| r.as_ref().is_ok_and(|m| m.is_empty())));
+        assert_eq!(inner.residue(&tenant, "c").unwrap(), 0);
+        // A turn recorded after the erase is stored and goes on to the consolidator.
+        let after = stage.handle(&[delivery(9, "2025-01-02T00:00:00Z")]).await;
+        assert_eq!(after[0].as_ref().unwrap().len(), 1);
+        assert_eq!(vectors.count(&tenant, &Scope::all()).await.unwrap(), 1);
+        drop(stage);
+        drop(inner);
+        drop(vectors);
+        let _ = std::fs::remove_dir_all(&dir);
+        (left, points, keywords)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_erase_racing_the_write_leaves_nothing_in_any_interleaving() {
+        for race in [
+            Race::EraseBeforeWrite,
+            Race::MarkerBeforeWriteEraserGone,
+            Race::MarkerAfterWrite,
+        ] {
+            assert_eq!(run(race).await, (0, 0, 0), "interleaving {}", race as u8);
+        }
     }
 }

@@ -13,7 +13,7 @@ use recollect_embedder::EmbedderStage;
 use recollect_extractor::ExtractorStage;
 use recollect_gateway::{Eraser, Gateway, Limits};
 use recollect_graph_writer::{GraphWriterStage, StoreHooks};
-use recollect_model::{topics, MemoryId, RecollectError, TenantId, Turn};
+use recollect_model::{topics, MemoryId, RecollectError, TenantId};
 use recollect_recall::{Recall, RecallConfig};
 use recollect_store::{open_graph, open_vectors, Graph, RawStore, VectorIndex};
 use recollect_telemetry as metrics;
@@ -41,14 +41,6 @@ struct EmbeddedHooks {
 }
 
 impl StoreHooks for EmbeddedHooks {
-    fn is_live(&self, turn: &Turn) -> bool {
-        // An erased conversation's queued turns must not come back.
-        self.raw
-            .get(turn.memory_id)
-            .map(|t| t.is_some())
-            .unwrap_or(true)
-    }
-
     fn stored(&self, ids: &[MemoryId]) {
         if let Err(e) = self.raw.mark_stored(ids) {
             tracing::error!(error = %e, "could not clear pending marks; turns will be replayed at start");
@@ -73,6 +65,12 @@ impl Eraser for EmbeddedEraser {
         tenant: &TenantId,
         conversation: &str,
     ) -> Result<Option<u64>, RecollectError> {
+        // The marker first, durably: from here on no stage writes a turn of this conversation
+        // recorded until now, however far along the pipeline it is.
+        self.graph
+            .record_erasure(tenant, Some(conversation), chrono::Utc::now())
+            .await
+            .map_err(RecollectError::from_classified)?;
         let raw = self.raw.clone();
         let (t, c) = (tenant.clone(), conversation.to_string());
         let known_raw = raw
@@ -87,11 +85,8 @@ impl Eraser for EmbeddedEraser {
         if !known_raw && !known_graph {
             return Ok(None);
         }
-        // Raw first: the pipeline drops queued turns whose raw turn is gone.
-        let n = tokio::task::spawn_blocking(move || raw.delete_conversation(&t, &c))
-            .await
-            .map_err(RecollectError::internal)?
-            .map_err(RecollectError::from_classified)?;
+        // Derived stores, then the raw turns: a crash part-way leaves the raw turns, and the
+        // erase can simply be repeated (replayed turns are dropped by the marker).
         self.vectors
             .delete_conversation(tenant, conversation)
             .await
@@ -100,12 +95,21 @@ impl Eraser for EmbeddedEraser {
             .delete_conversation(tenant, conversation)
             .await
             .map_err(RecollectError::from_classified)?;
+        let n = tokio::task::spawn_blocking(move || raw.delete_conversation(&t, &c))
+            .await
+            .map_err(RecollectError::internal)?
+            .map_err(RecollectError::from_classified)?;
         self.query_cache.clear();
         tracing::info!(turns = n, "conversation erased");
         Ok(Some(n))
     }
 
     async fn erase_tenant(&self, tenant: &TenantId) -> Result<(u64, u64), RecollectError> {
+        // Covers the tenant's turns still in the pipeline, in conversations not yet stored too.
+        self.graph
+            .record_erasure(tenant, None, chrono::Utc::now())
+            .await
+            .map_err(RecollectError::from_classified)?;
         let raw = self.raw.clone();
         let t = tenant.clone();
         let mut conversations = tokio::task::spawn_blocking(move || raw.conversations(&t))
@@ -190,18 +194,11 @@ impl App {
         });
         let query_cache = Arc::new(CachedEmbedder::new(embedder.clone()));
         let query_embedder: Arc<dyn Embedder> = query_cache.clone();
-        let live_raw = raw.clone();
-        let liveness: recollect_extractor::Liveness = Arc::new(move |turn: &Turn| {
-            live_raw
-                .get(turn.memory_id)
-                .map(|t| t.is_some())
-                .unwrap_or(true)
-        });
         let consolidator =
             ConsolidatorStage::from_settings(graph.clone(), vectors.clone(), &settings)?;
         let stages: Vec<Arc<dyn Stage>> = vec![
-            Arc::new(ExtractorStage::new(extractor.clone(), graph.clone()).with_liveness(liveness)),
-            Arc::new(EmbedderStage::new(embedder.clone())),
+            Arc::new(ExtractorStage::new(extractor.clone(), graph.clone())),
+            Arc::new(EmbedderStage::new(embedder.clone()).with_erasures(graph.clone())),
             Arc::new(GraphWriterStage::new(
                 graph.clone(),
                 vectors.clone(),

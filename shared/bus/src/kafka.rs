@@ -464,6 +464,7 @@ fn delivery(m: &rdkafka::message::BorrowedMessage<'_>) -> Delivery {
         },
         partition: m.partition(),
         offset: m.offset(),
+        timestamp_ms: m.timestamp().to_millis(),
     }
 }
 

@@ -68,6 +68,9 @@ pub struct Delivery {
     pub message: Message,
     pub partition: i32,
     pub offset: i64,
+    /// When the message was produced, ms since the epoch (Kafka's message timestamp); None
+    /// when the bus does not say.
+    pub timestamp_ms: Option<i64>,
 }
 
 #[async_trait]
@@ -157,6 +160,10 @@ impl Bus for InProcessBus {
                 message: m,
                 partition: 0,
                 offset,
+                timestamp_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .ok()
+                    .map(|d| d.as_millis() as i64),
             })
             .await
             .map_err(|_| BusError::Closed)?;

@@ -74,6 +74,9 @@ pub mod packed_f32 {
 /// Limits that apply to a stored turn, whatever the entry point.
 pub const MAX_TEXT_BYTES: usize = 64 * 1024;
 
+/// A point in time as the model carries it (record times, erasure markers).
+pub type Timestamp = DateTime<Utc>;
+
 /// A tenant: derived from the caller's credential, never from a request field.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -215,7 +218,10 @@ pub struct Turn {
     #[serde(default)]
     pub assistant_speaker: Option<String>,
     pub timestamp: DateTime<Utc>,
-    #[serde(default = "Utc::now")]
+    /// When Recollect accepted the turn; erasure markers are compared with it. A producer
+    /// writing to Kafka directly may leave it out ([`Turn::UNRECORDED`]): the extractor then
+    /// sets the message's bus timestamp, which a redelivery repeats.
+    #[serde(default = "unrecorded")]
     pub recorded_at: DateTime<Utc>,
     #[serde(default)]
     #[schema(value_type = Object)]
@@ -226,8 +232,29 @@ fn unsequenced() -> u64 {
     Turn::UNSEQUENCED
 }
 
+fn unrecorded() -> DateTime<Utc> {
+    Turn::UNRECORDED
+}
+
 impl Turn {
     pub const UNSEQUENCED: u64 = u64::MAX;
+    /// `recorded_at` of a raw turn whose producer did not set it.
+    pub const UNRECORDED: DateTime<Utc> = DateTime::<Utc>::UNIX_EPOCH;
+
+    pub fn is_recorded(&self) -> bool {
+        self.recorded_at != Self::UNRECORDED
+    }
+
+    /// Sets `recorded_at` when the producer left it out: to when the producer handed the turn
+    /// to the bus (its timestamp, ms), not when it was read, so an erasure in between covers
+    /// it and a redelivery stamps it the same; to now when the bus has no timestamp.
+    pub fn stamp_recorded(&mut self, bus_timestamp_ms: Option<i64>) {
+        if !self.is_recorded() {
+            self.recorded_at = bus_timestamp_ms
+                .and_then(DateTime::from_timestamp_millis)
+                .unwrap_or_else(Utc::now);
+        }
+    }
 
     pub fn is_sequenced(&self) -> bool {
         self.position != Self::UNSEQUENCED
@@ -413,6 +440,9 @@ pub struct StoredTurn {
     pub tenant: TenantId,
     pub conversation_id: String,
     pub position: u64,
+    /// The turn's `recorded_at` (absent in messages from before erasure markers).
+    #[serde(default)]
+    pub recorded_at: Option<DateTime<Utc>>,
 }
 
 /// Topic names, one place.
@@ -628,6 +658,7 @@ mod tests {
         let m: RawMessage = serde_json::from_str(v2).unwrap();
         assert!(!m.body.is_sequenced());
         assert!(m.body.memory_id.is_nil());
+        assert!(!m.body.is_recorded(), "the extractor stamps it");
         assert_eq!(m.body.assistant, "");
         assert_eq!(m.trace_id, "");
     }

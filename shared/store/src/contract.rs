@@ -79,7 +79,195 @@ fn vector(dim: usize, seed: usize) -> Vec<f32> {
 pub async fn graph_contract(g: Arc<dyn Graph>, residue: Residue) {
     graph_semantics(g.clone(), residue.clone()).await;
     graph_unicode(g.clone(), residue.clone()).await;
+    graph_erasure(g.clone(), residue.clone()).await;
     graph_batch_sizes(g, residue).await;
+}
+
+/// A marker read back: equal to the erase time, or up to a microsecond later (servers that keep
+/// microseconds round up, never down).
+fn assert_marker(got: Option<chrono::DateTime<Utc>>, at: chrono::DateTime<Utc>) {
+    let got = got.expect("a marker");
+    assert!(
+        got >= at && got - at < Duration::microseconds(1),
+        "marker {got} for an erase at {at}"
+    );
+}
+
+/// Erasure markers and the writes they guard: a turn, fragment or state derived from turns
+/// recorded at or before its conversation's (or tenant's) marker is not written, however late
+/// it arrives; `purge_erased` removes what a marker covers and nothing recorded after it.
+async fn graph_erasure(g: Arc<dyn Graph>, residue: Residue) {
+    // Markers are never removed: a fresh tenant per run keeps a long-lived server usable.
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let t = TenantId(format!("tenant-erasure-{run}"));
+    let other = TenantId(format!("tenant-erasure-other-{run}"));
+    let convs = |c: &[&str]| c.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert!(g.erasures(&t, &convs(&["e1"])).await.unwrap().is_empty());
+    let at = Utc::now();
+    let recorded = |mut tr: Turn, when: chrono::DateTime<Utc>| {
+        tr.recorded_at = when;
+        tr
+    };
+    let before: Vec<(Turn, Extraction)> = (0..5)
+        .map(|i| {
+            (
+                recorded(
+                    turn(&t, "e1", i, "before the erase"),
+                    at - Duration::seconds(10),
+                ),
+                extraction(&["secret"], "Zoë", 2),
+            )
+        })
+        .collect();
+    g.write_turns(&before).await.unwrap();
+    let frag = |id: &str, members: Vec<MemoryId>| Fragment {
+        id: id.into(),
+        tenant: t.clone(),
+        conversation_id: "e1".into(),
+        description: "secret".into(),
+        members,
+        keywords: vec!["secret".into()],
+        created_at: Utc::now(),
+    };
+    let f = frag(
+        "f-before",
+        vec![before[0].0.memory_id, before[1].0.memory_id],
+    );
+    g.write_fragments(std::slice::from_ref(&f)).await.unwrap();
+    let mut st = crate::graph::ConversationState::default();
+    st.derived_from(before[0].0.recorded_at);
+    st.next_position = 5;
+    assert!(g.save_conversation_state(&t, "e1", &st).await.unwrap());
+
+    // The marker; an older one never moves it back. Per tenant and per conversation.
+    g.record_erasure(&t, Some("e1"), at).await.unwrap();
+    g.record_erasure(&t, Some("e1"), at - Duration::hours(1))
+        .await
+        .unwrap();
+    let e = g.erasures(&t, &convs(&["e1", "e2"])).await.unwrap();
+    assert_marker(e.marker("e1"), at);
+    assert_eq!((e.marker("e2"), e.tenant), (None, None));
+    assert!(g
+        .erasures(&other, &convs(&["e1"]))
+        .await
+        .unwrap()
+        .is_empty());
+
+    // Late writes of erased data are refused by the store itself.
+    let late = (
+        recorded(turn(&t, "e1", 7, "late turn"), at - Duration::seconds(1)),
+        extraction(&["secret", "late"], "Zoë", 3),
+    );
+    g.write_turns(std::slice::from_ref(&late)).await.unwrap();
+    assert!(g.turns(&t, &[late.0.memory_id]).await.unwrap().is_empty());
+    assert!(!g.save_conversation_state(&t, "e1", &st).await.unwrap());
+    // A state of unknown origin counts as erased data too.
+    let legacy = crate::graph::ConversationState {
+        next_position: 3,
+        ..Default::default()
+    };
+    assert!(!g.save_conversation_state(&t, "e1", &legacy).await.unwrap());
+    let f2 = frag("f-late", vec![before[2].0.memory_id]);
+    g.write_fragments(std::slice::from_ref(&f2)).await.unwrap();
+    assert!(g
+        .fragments(&t, std::slice::from_ref(&f2.id))
+        .await
+        .unwrap()
+        .is_empty());
+
+    // Purge: everything the marker covers goes; the fragment made before the erase with it.
+    assert!(residue(t.clone(), "e1".into()).await > 0);
+    assert_eq!(g.purge_erased(&t, "e1").await.unwrap(), 5);
+    assert_eq!(
+        residue(t.clone(), "e1".into()).await,
+        0,
+        "purge leaves nothing"
+    );
+    assert!(g
+        .fragments(&t, std::slice::from_ref(&f.id))
+        .await
+        .unwrap()
+        .is_empty());
+    g.write_fragments(std::slice::from_ref(&f)).await.unwrap();
+    assert!(
+        g.fragments(&t, std::slice::from_ref(&f.id))
+            .await
+            .unwrap()
+            .is_empty(),
+        "a fragment of erased turns is not written back"
+    );
+
+    // Recorded after the erase: kept, with its state and fragment, and purge leaves it alone.
+    let after = (
+        recorded(
+            turn(&t, "e1", 0, "after the erase"),
+            at + Duration::seconds(1),
+        ),
+        extraction(&["fresh"], "Zoë", 4),
+    );
+    g.write_turns(std::slice::from_ref(&after)).await.unwrap();
+    assert_eq!(g.turns(&t, &[after.0.memory_id]).await.unwrap().len(), 1);
+    let mut st2 = crate::graph::ConversationState::default();
+    st2.derived_from(after.0.recorded_at);
+    st2.next_position = 1;
+    assert!(g.save_conversation_state(&t, "e1", &st2).await.unwrap());
+    let f3 = frag("f-after", vec![after.0.memory_id]);
+    g.write_fragments(std::slice::from_ref(&f3)).await.unwrap();
+    assert_eq!(
+        g.fragments(&t, std::slice::from_ref(&f3.id)).await.unwrap(),
+        vec![f3]
+    );
+    assert_eq!(g.purge_erased(&t, "e1").await.unwrap(), 0);
+    assert_eq!(
+        g.conversation_turns(&t, "e1", 0, u64::MAX)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(g.conversation_state(&t, "e1").await.unwrap(), st2);
+
+    // A tenant-wide marker covers every conversation of the tenant, ones never stored too.
+    g.write_turns(&[(
+        recorded(
+            turn(&t, "e3", 0, "other conversation"),
+            at + Duration::seconds(1),
+        ),
+        extraction(&["other"], "Zoë", 5),
+    )])
+    .await
+    .unwrap();
+    let tat = at + Duration::seconds(2);
+    g.record_erasure(&t, None, tat).await.unwrap();
+    let e = g.erasures(&t, &convs(&["e1", "e3"])).await.unwrap();
+    assert_marker(e.tenant, tat);
+    assert_marker(e.marker("e1"), tat);
+    assert_marker(e.marker("e3"), tat);
+    g.write_turns(&[(
+        recorded(turn(&t, "e4", 0, "in flight"), at + Duration::seconds(1)),
+        extraction(&["other"], "Zoë", 5),
+    )])
+    .await
+    .unwrap();
+    assert!(!g
+        .conversations(&t)
+        .await
+        .unwrap()
+        .contains(&"e4".to_string()));
+    assert_eq!(g.purge_erased(&t, "e1").await.unwrap(), 1);
+    assert_eq!(g.purge_erased(&t, "e3").await.unwrap(), 1);
+    for c in ["e1", "e3", "e4"] {
+        assert_eq!(residue(t.clone(), c.into()).await, 0, "{c}");
+    }
+    // Another tenant's turns of the same time are untouched.
+    let kept = (
+        recorded(turn(&other, "e1", 0, "other tenant"), at),
+        extraction(&["secret"], "Zoë", 2),
+    );
+    g.write_turns(std::slice::from_ref(&kept)).await.unwrap();
+    assert_eq!(g.purge_erased(&other, "e1").await.unwrap(), 0);
+    assert_eq!(g.turns(&other, &[kept.0.memory_id]).await.unwrap().len(), 1);
+    assert_eq!(g.delete_conversation(&other, "e1").await.unwrap(), 1);
 }
 
 /// Every text field (tenant, conversation, turn id, texts, speakers, keywords, entities,
@@ -586,6 +774,36 @@ pub async fn vector_contract(v: Arc<dyn VectorIndex>, dim: usize) {
         .unwrap()
         .is_empty());
     assert_eq!(v.count(&b, &Scope::of(&["c1"])).await.unwrap(), 1);
+
+    // Deletion by id (a writer undoing erased turns): those turns and keywords only.
+    let d: Vec<TurnPoint> = (0..4).map(|i| point(&a, "d1", i)).collect();
+    v.upsert_turns(d.clone()).await.unwrap();
+    let kw = |k: &str, seed: usize| KeywordVector {
+        keyword: k.into(),
+        vector: vector(dim, seed),
+    };
+    v.upsert_keywords(&a, "d1", vec![kw("dog", 1), kw("cat", 2)])
+        .await
+        .unwrap();
+    v.delete_turns(&a, "d1", &[d[0].memory_id, d[1].memory_id], &["dog".into()])
+        .await
+        .unwrap();
+    assert_eq!(v.count(&a, &Scope::of(&["d1"])).await.unwrap(), 2);
+    let left = v
+        .field_vectors(&a, &[d[0].memory_id, d[2].memory_id])
+        .await
+        .unwrap();
+    assert!(!left.contains_key(&d[0].memory_id) && left.contains_key(&d[2].memory_id));
+    let names = |hits: Vec<(String, f32)>| hits.into_iter().map(|h| h.0).collect::<Vec<_>>();
+    assert_eq!(
+        names(
+            v.search_keywords(&a, &Scope::of(&["d1"]), &vector(dim, 2), 30, 0.0)
+                .await
+                .unwrap()
+        ),
+        vec!["cat".to_string()]
+    );
+    assert_eq!(v.delete_conversation(&a, "d1").await.unwrap(), 2);
     // Wrong dimensions are refused, not stored.
     let mut bad = point(&a, "c9", 1);
     bad.user = vec![1.0; dim + 1];

@@ -3,6 +3,8 @@
 //! carries event time (`valid_from`/`valid_to`) and record time (`recorded_at`/`expired_at`).
 //! Nothing is deleted or merged automatically; only an erasure removes data.
 
+use std::collections::{BTreeMap, HashMap};
+
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use recollect_model::{Extraction, Fragment, MemoryId, ReferenceState, TenantId, Turn};
@@ -168,11 +170,32 @@ pub struct ConversationState {
     /// even before the graph-writer has stored it.
     #[serde(default)]
     pub recent_positions: Vec<(String, u64)>,
+    /// Oldest `recorded_at` of the turns this state was derived from: an erasure marker at or
+    /// after it means the state holds erased data. None on a state from before markers existed.
+    #[serde(default)]
+    pub recorded_from: Option<DateTime<Utc>>,
 }
 
 impl ConversationState {
     /// Bound on `recent_positions`: far above what an uncommitted batch can redeliver.
     pub const RECENT_POSITIONS: usize = 1024;
+
+    /// Notes that a turn recorded at `recorded_at` went into this state.
+    pub fn derived_from(&mut self, recorded_at: DateTime<Utc>) {
+        self.recorded_from = Some(
+            self.recorded_from
+                .map_or(recorded_at, |r| r.min(recorded_at)),
+        );
+    }
+
+    /// Whether an erasure at `marker` covers data in this state. A non-empty state of unknown
+    /// origin counts as covered: erring towards erasure.
+    pub fn covered_by(&self, marker: DateTime<Utc>) -> bool {
+        match self.recorded_from {
+            Some(r) => r <= marker,
+            None => *self != Self::default(),
+        }
+    }
 
     pub fn known_position(&self, turn_id: &str) -> Option<u64> {
         self.recent_positions
@@ -194,14 +217,83 @@ impl ConversationState {
     }
 }
 
+/// Erasure markers of one tenant: when the tenant as a whole and each asked-for conversation were
+/// last erased. Data recorded at or before its marker is erased data: no stage may write it
+/// (back), however late its message arrives. Markers are never removed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Erasures {
+    pub tenant: Option<DateTime<Utc>>,
+    pub conversations: BTreeMap<String, DateTime<Utc>>,
+}
+
+impl Erasures {
+    /// The marker that applies to a conversation: the later of its own and the tenant's.
+    pub fn marker(&self, conversation: &str) -> Option<DateTime<Utc>> {
+        self.conversations
+            .get(conversation)
+            .copied()
+            .max(self.tenant)
+    }
+
+    /// Whether data of `conversation` recorded at `recorded_at` was erased.
+    pub fn covers(&self, conversation: &str, recorded_at: DateTime<Utc>) -> bool {
+        self.marker(conversation).is_some_and(|m| recorded_at <= m)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tenant.is_none() && self.conversations.is_empty()
+    }
+}
+
+/// Markers of the conversations a batch touches, across tenants: one `erasures` call per tenant.
+#[derive(Debug, Clone, Default)]
+pub struct ErasureMap(pub HashMap<TenantId, Erasures>);
+
+impl ErasureMap {
+    pub async fn read(
+        graph: &dyn Graph,
+        pairs: impl IntoIterator<Item = (TenantId, String)>,
+    ) -> Result<Self, StoreError> {
+        let mut by_tenant: HashMap<TenantId, Vec<String>> = HashMap::new();
+        for (t, c) in pairs {
+            let v = by_tenant.entry(t).or_default();
+            if !v.contains(&c) {
+                v.push(c);
+            }
+        }
+        let mut out = HashMap::with_capacity(by_tenant.len());
+        for (t, convs) in by_tenant {
+            let e = graph.erasures(&t, &convs).await?;
+            out.insert(t, e);
+        }
+        Ok(Self(out))
+    }
+
+    pub fn marker(&self, tenant: &TenantId, conversation: &str) -> Option<DateTime<Utc>> {
+        self.0.get(tenant).and_then(|e| e.marker(conversation))
+    }
+
+    pub fn covers(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        recorded_at: DateTime<Utc>,
+    ) -> bool {
+        self.marker(tenant, conversation)
+            .is_some_and(|m| recorded_at <= m)
+    }
+}
+
 #[async_trait]
 pub trait Graph: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
 
     /// Writes Turn nodes with all their structural nodes and edges. Idempotent (MERGE semantics).
+    /// Skips every turn an erasure marker covers (`recorded_at` ≤ marker), checked in the write.
     async fn write_turns(&self, turns: &[(Turn, Extraction)]) -> Result<(), StoreError>;
 
-    /// Writes Fragment nodes and PART_OF edges. Idempotent on fragment id.
+    /// Writes Fragment nodes and PART_OF edges. Idempotent on fragment id. In a conversation with
+    /// an erasure marker, skips every fragment with a member that is gone or covered by it.
     async fn write_fragments(&self, fragments: &[Fragment]) -> Result<(), StoreError>;
 
     /// Turns by id, tenant-checked; unknown ids are skipped.
@@ -263,25 +355,48 @@ pub trait Graph: Send + Sync + 'static {
         conversation: &str,
     ) -> Result<ConversationState, StoreError>;
 
-    /// Saves the state; `consolidated_until` never moves backwards here (the caller's copy may
-    /// predate the consolidator's latest advance).
+    /// Saves the state unless an erasure marker covers it ([`ConversationState::covered_by`]);
+    /// false when refused. `consolidated_until` never moves backwards here (the caller's copy
+    /// may predate the consolidator's latest advance).
     async fn save_conversation_state(
         &self,
         tenant: &TenantId,
         conversation: &str,
         state: &ConversationState,
+    ) -> Result<bool, StoreError>;
+
+    /// Records, durably before returning, that a conversation (or, with None, the whole tenant)
+    /// was erased at `at`. Keeps the later marker when one exists.
+    async fn record_erasure(
+        &self,
+        tenant: &TenantId,
+        conversation: Option<&str>,
+        at: DateTime<Utc>,
     ) -> Result<(), StoreError>;
 
     /// Moves `consolidated_until` forward to `until` (never back) and touches nothing else. The
     /// consolidator uses this rather than saving the whole state: the extractor saves the other
     /// fields concurrently, and a stale whole-state write would roll its `next_position` back,
-    /// giving two turns one position.
+    /// giving two turns one position. Not guarded by erasure markers: the consolidator re-reads
+    /// the markers afterwards and purges what a marker that appeared meanwhile covers.
     async fn advance_consolidated_until(
         &self,
         tenant: &TenantId,
         conversation: &str,
         until: u64,
     ) -> Result<(), StoreError>;
+
+    /// The tenant's marker and those of the given conversations, in one call.
+    async fn erasures(
+        &self,
+        tenant: &TenantId,
+        conversations: &[String],
+    ) -> Result<Erasures, StoreError>;
+
+    /// Removes what the markers cover in a conversation: turns recorded at or before the marker
+    /// with their edges, structural nodes left without a turn, fragments with such a member,
+    /// a covered state. A writer that lost a race with an eraser calls it; returns turns removed.
+    async fn purge_erased(&self, tenant: &TenantId, conversation: &str) -> Result<u64, StoreError>;
 
     /// Removes every node, edge, fragment and state of a conversation; returns turns removed.
     async fn delete_conversation(

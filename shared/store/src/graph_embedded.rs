@@ -10,7 +10,9 @@ use chrono::{DateTime, Utc};
 use recollect_model::{Extraction, Fragment, MemoryId, TenantId, Turn};
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 
-use crate::graph::{ConversationState, EdgeTimes, Graph, LinkedTurn, NodeKind, Scope, TurnRecord};
+use crate::graph::{
+    ConversationState, EdgeTimes, Erasures, Graph, LinkedTurn, NodeKind, Scope, TurnRecord,
+};
 use crate::keys;
 use crate::StoreError;
 
@@ -30,6 +32,36 @@ const CONV_COUNT: TableDefinition<&[u8], u64> = TableDefinition::new("conversati
 const FRAGMENTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("fragments");
 /// tenant\0conversation\0fragment id\0 → ()
 const CONV_FRAGMENTS: TableDefinition<&[u8], ()> = TableDefinition::new("conversation_fragments");
+/// tenant\0conversation\0 (empty conversation: the whole tenant) → erased at, ns since the epoch
+const ERASURES: TableDefinition<&[u8], i64> = TableDefinition::new("erasures");
+
+fn nanos(t: DateTime<Utc>) -> i64 {
+    t.timestamp_nanos_opt().unwrap_or(i64::MAX)
+}
+
+/// The markers of a tenant and some of its conversations, read from any view of the table
+/// (inside a write transaction too, so a guarded write sees the markers it races with).
+fn markers_in(
+    table: &impl ReadableTable<&'static [u8], i64>,
+    tenant: &str,
+    conversations: &[&str],
+) -> Result<Erasures, StoreError> {
+    let at = |conv: &str| -> Result<Option<DateTime<Utc>>, StoreError> {
+        Ok(table
+            .get(keys::join(&[tenant, conv]).as_slice())?
+            .map(|v| DateTime::from_timestamp_nanos(v.value())))
+    };
+    let mut e = Erasures {
+        tenant: at("")?,
+        ..Default::default()
+    };
+    for c in conversations {
+        if let Some(m) = at(c)? {
+            e.conversations.insert(c.to_string(), m);
+        }
+    }
+    Ok(e)
+}
 
 #[derive(Clone)]
 pub struct EmbeddedGraph {
@@ -63,6 +95,7 @@ impl EmbeddedGraph {
         w.open_table(CONV_COUNT)?;
         w.open_table(FRAGMENTS)?;
         w.open_table(CONV_FRAGMENTS)?;
+        w.open_table(ERASURES)?;
         w.commit()?;
         Ok(Self { db: Arc::new(db) })
     }
@@ -128,9 +161,19 @@ impl EmbeddedGraph {
             let mut links = w.open_table(LINKS)?;
             let mut vocab = w.open_table(VOCAB)?;
             let mut count = w.open_table(CONV_COUNT)?;
+            // The erasure guard, under the write lock: an eraser's marker is either committed
+            // before this transaction (and seen here) or after it (and its delete follows).
+            let erased = w.open_table(ERASURES)?;
+            let mut markers: HashMap<(&str, &str), Erasures> = HashMap::new();
             for (turn, x) in turns {
                 let tenant = turn.tenant.as_str();
                 let cid = turn.conversation_id.as_str();
+                if let std::collections::hash_map::Entry::Vacant(v) = markers.entry((tenant, cid)) {
+                    v.insert(markers_in(&erased, tenant, &[cid])?);
+                }
+                if markers[&(tenant, cid)].covers(cid, turn.recorded_at) {
+                    continue;
+                }
                 let id = turn.memory_id.as_u128();
                 let old: Option<TurnRecord> = match nodes.get(id)? {
                     Some(v) => Some(serde_json::from_slice(v.value())?),
@@ -220,8 +263,27 @@ impl Graph for EmbeddedGraph {
                 let mut ft = w.open_table(FRAGMENTS)?;
                 let mut cf = w.open_table(CONV_FRAGMENTS)?;
                 let mut nodes = w.open_table(TURNS)?;
+                let erased = w.open_table(ERASURES)?;
                 for f in &fragments {
                     let t = f.tenant.as_str();
+                    let m = markers_in(&erased, t, &[f.conversation_id.as_str()])?;
+                    if let Some(marker) = m.marker(&f.conversation_id) {
+                        let mut whole = true;
+                        for id in &f.members {
+                            whole &= match nodes.get(id.as_u128())? {
+                                Some(v) => {
+                                    serde_json::from_slice::<TurnRecord>(v.value())?
+                                        .turn
+                                        .recorded_at
+                                        > marker
+                                }
+                                None => false,
+                            };
+                        }
+                        if !whole {
+                            continue;
+                        }
+                    }
                     ft.insert(
                         keys::join(&[t, &f.id]).as_slice(),
                         serde_json::to_vec(f)?.as_slice(),
@@ -454,15 +516,33 @@ impl Graph for EmbeddedGraph {
         tenant: &TenantId,
         conversation: &str,
         state: &ConversationState,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         let k = keys::join(&[tenant.as_str(), conversation]);
-        let state = state.clone();
+        let (t, c, st) = (tenant.clone(), conversation.to_string(), state.clone());
         self.blocking(move |db| {
-            Self::update_state(db, &k, |s| {
-                let until = s.consolidated_until.max(state.consolidated_until);
-                *s = state;
-                s.consolidated_until = until;
-            })
+            let w = db.begin_write()?;
+            let m = markers_in(&w.open_table(ERASURES)?, t.as_str(), &[c.as_str()])?;
+            if m.marker(&c).is_some_and(|m| st.covered_by(m)) {
+                return Ok(false);
+            }
+            {
+                let mut table = w.open_table(CONV_STATE)?;
+                // The caller's copy may predate the consolidator's latest advance.
+                let until = table
+                    .get(k.as_slice())?
+                    .map(|v| {
+                        serde_json::from_slice::<ConversationState>(v.value())
+                            .map(|s| s.consolidated_until)
+                    })
+                    .transpose()?
+                    .unwrap_or(0);
+                let mut st = st;
+                st.consolidated_until = st.consolidated_until.max(until);
+                let v = serde_json::to_vec(&st)?;
+                table.insert(k.as_slice(), v.as_slice())?;
+            }
+            w.commit()?;
+            Ok(true)
         })
         .await
     }
@@ -478,6 +558,53 @@ impl Graph for EmbeddedGraph {
             Self::update_state(db, &k, |s| {
                 s.consolidated_until = s.consolidated_until.max(until)
             })
+        })
+        .await
+    }
+
+    async fn record_erasure(
+        &self,
+        tenant: &TenantId,
+        conversation: Option<&str>,
+        at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let k = keys::join(&[tenant.as_str(), conversation.unwrap_or("")]);
+        self.blocking(move |db| {
+            let w = db.begin_write()?;
+            {
+                let mut t = w.open_table(ERASURES)?;
+                let old = t.get(k.as_slice())?.map(|v| v.value());
+                t.insert(k.as_slice(), old.unwrap_or(i64::MIN).max(nanos(at)))?;
+            }
+            w.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn erasures(
+        &self,
+        tenant: &TenantId,
+        conversations: &[String],
+    ) -> Result<Erasures, StoreError> {
+        let tenant = tenant.clone();
+        let convs = conversations.to_vec();
+        self.blocking(move |db| {
+            let r = db.begin_read()?;
+            let c: Vec<&str> = convs.iter().map(String::as_str).collect();
+            markers_in(&r.open_table(ERASURES)?, tenant.as_str(), &c)
+        })
+        .await
+    }
+
+    async fn purge_erased(&self, tenant: &TenantId, conversation: &str) -> Result<u64, StoreError> {
+        let tenant = tenant.as_str().to_string();
+        let conversation = conversation.to_string();
+        self.blocking(move |db| {
+            let w = db.begin_write()?;
+            let n = Self::purge_sync(&w, &tenant, &conversation)?;
+            w.commit()?;
+            Ok(n)
         })
         .await
     }
@@ -542,6 +669,118 @@ impl Graph for EmbeddedGraph {
 }
 
 impl EmbeddedGraph {
+    /// Removes what the markers cover in one conversation, inside the caller's transaction.
+    fn purge_sync(
+        w: &redb::WriteTransaction,
+        tenant: &str,
+        conversation: &str,
+    ) -> Result<u64, StoreError> {
+        let Some(marker) =
+            markers_in(&w.open_table(ERASURES)?, tenant, &[conversation])?.marker(conversation)
+        else {
+            return Ok(0);
+        };
+        let cp = keys::join(&[tenant, conversation]);
+        let cend = keys::prefix_end(&cp);
+        let mut nodes = w.open_table(TURNS)?;
+        let mut idx = w.open_table(CONV_TURNS)?;
+        let mut links = w.open_table(LINKS)?;
+        let mut vocab = w.open_table(VOCAB)?;
+        let mut removed: BTreeSet<u128> = BTreeSet::new();
+        let entries: Vec<(Vec<u8>, u128)> = idx
+            .range(cp.as_slice()..cend.as_slice())?
+            .map(|e| e.map(|(k, v)| (k.value().to_vec(), v.value())))
+            .collect::<Result<_, _>>()?;
+        for (key, id) in entries {
+            let rec: Option<TurnRecord> = match nodes.get(id)? {
+                Some(v) => Some(serde_json::from_slice(v.value())?),
+                None => None,
+            };
+            if rec.as_ref().is_some_and(|r| r.turn.recorded_at > marker) {
+                continue;
+            }
+            idx.remove(key.as_slice())?;
+            let Some(rec) = rec else { continue };
+            nodes.remove(id)?;
+            removed.insert(id);
+            for kind in NodeKind::ALL {
+                for name in kind.names(&rec.extraction) {
+                    let mut lk = link_prefix(kind, tenant, conversation, &name);
+                    let vk = lk.clone();
+                    lk.extend_from_slice(&id.to_be_bytes());
+                    if links.remove(lk.as_slice())?.is_some() {
+                        let n = vocab.get(vk.as_slice())?.map(|v| v.value()).unwrap_or(1);
+                        if n <= 1 {
+                            vocab.remove(vk.as_slice())?;
+                        } else {
+                            vocab.insert(vk.as_slice(), n - 1)?;
+                        }
+                    }
+                }
+            }
+        }
+        let mut count = w.open_table(CONV_COUNT)?;
+        let left = count
+            .get(cp.as_slice())?
+            .map(|v| v.value())
+            .unwrap_or(0)
+            .saturating_sub(removed.len() as u64);
+        if left == 0 {
+            count.remove(cp.as_slice())?;
+        } else {
+            count.insert(cp.as_slice(), left)?;
+        }
+        // Fragments with an erased (or already missing) member are erased data themselves.
+        let mut cf = w.open_table(CONV_FRAGMENTS)?;
+        let mut ft = w.open_table(FRAGMENTS)?;
+        let fkeys: Vec<Vec<u8>> = cf
+            .range(cp.as_slice()..cend.as_slice())?
+            .map(|e| e.map(|(k, _)| k.value().to_vec()))
+            .collect::<Result<_, _>>()?;
+        for ck in fkeys {
+            let Some(fid) = keys::split(&ck)
+                .get(2)
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+            else {
+                continue;
+            };
+            let fk = keys::join(&[tenant, &fid]);
+            let f: Option<Fragment> = match ft.get(fk.as_slice())? {
+                Some(v) => Some(serde_json::from_slice(v.value())?),
+                None => None,
+            };
+            let mut erased = f.is_none();
+            if let Some(f) = &f {
+                for m in &f.members {
+                    erased |= removed.contains(&m.as_u128()) || nodes.get(m.as_u128())?.is_none();
+                }
+            }
+            if !erased {
+                continue;
+            }
+            cf.remove(ck.as_slice())?;
+            ft.remove(fk.as_slice())?;
+            for m in f.map(|f| f.members).unwrap_or_default() {
+                let rec = match nodes.get(m.as_u128())? {
+                    Some(v) => serde_json::from_slice::<TurnRecord>(v.value())?,
+                    None => continue,
+                };
+                let mut rec = rec;
+                rec.fragments.retain(|x| *x != fid);
+                nodes.insert(m.as_u128(), serde_json::to_vec(&rec)?.as_slice())?;
+            }
+        }
+        let mut states = w.open_table(CONV_STATE)?;
+        let covered = match states.get(cp.as_slice())? {
+            Some(v) => serde_json::from_slice::<ConversationState>(v.value())?.covered_by(marker),
+            None => false,
+        };
+        if covered {
+            states.remove(cp.as_slice())?;
+        }
+        Ok(removed.len() as u64)
+    }
+
     /// Rows any table still holds of a tenant's conversation (erasure checks).
     pub fn residue(&self, tenant: &TenantId, conversation: &str) -> Result<u64, StoreError> {
         let r = self.db.begin_read()?;

@@ -22,7 +22,9 @@ use recollect_model::{Extraction, Fragment, MemoryId, TenantId, Turn};
 use recollect_telemetry as metrics;
 use serde_json::{json, Value};
 
-use crate::graph::{ConversationState, Graph, LinkedTurn, NodeKind, Scope, TurnRecord};
+use crate::graph::{
+    ConversationState, ErasureMap, Erasures, Graph, LinkedTurn, NodeKind, Scope, TurnRecord,
+};
 use crate::keys;
 use crate::StoreError;
 
@@ -168,6 +170,7 @@ impl Neo4jGraph {
         let graph = neo4rs::Graph::connect(neo4rs_config(s)?).map_err(backend)?;
         let g = Self { graph };
         g.ensure_schema().await?;
+        g.ensure_erasure_schema().await?;
         Ok(g)
     }
 
@@ -520,6 +523,9 @@ impl Graph for Neo4jGraph {
     }
 
     async fn write_turns(&self, turns: &[(Turn, Extraction)]) -> Result<(), StoreError> {
+        // Erasure guard (see `unerased_turns`).
+        let kept = self.unerased_turns(turns).await?;
+        let turns = kept.as_slice();
         self.observed(true, async {
             for chunk in turns.chunks(BATCH) {
                 self.write_turn_batch(chunk).await?;
@@ -530,6 +536,9 @@ impl Graph for Neo4jGraph {
     }
 
     async fn write_fragments(&self, fragments: &[Fragment]) -> Result<(), StoreError> {
+        // Erasure guard (see `unerased_fragments`).
+        let kept = self.unerased_fragments(fragments).await?;
+        let fragments = kept.as_slice();
         self.observed(true, async {
             let now = micros(Utc::now());
             let mut nodes = Vec::new();
@@ -867,7 +876,16 @@ impl Graph for Neo4jGraph {
         tenant: &TenantId,
         conversation: &str,
         state: &ConversationState,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
+        if let Some(m) = self
+            .erasures(tenant, &[conversation.to_string()])
+            .await?
+            .marker(conversation)
+        {
+            if state.covered_by(m) {
+                return Ok(false);
+            }
+        }
         self.observed(true, async {
             self.run(
                 query(
@@ -880,6 +898,7 @@ impl Graph for Neo4jGraph {
                 .param("json", serde_json::to_string(state)?),
             )
             .await
+            .map(|()| true)
         })
         .await
     }
@@ -907,6 +926,80 @@ impl Graph for Neo4jGraph {
             .await
         })
         .await
+    }
+
+    async fn record_erasure(
+        &self,
+        tenant: &TenantId,
+        conversation: Option<&str>,
+        at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let conv = conversation.unwrap_or("");
+        let key = erasure_key(tenant.as_str(), conv);
+        let at = micros_up(at);
+        self.observed(true, async {
+            self.run(
+                query(
+                    "MERGE (x:Erasure {key: $key}) \
+                     ON CREATE SET x.tenant = $tenant, x.conversation = $conv, x.at = $at",
+                )
+                .param("key", key.as_str())
+                .param("tenant", tenant.as_str())
+                .param("conv", conv)
+                .param("at", at),
+            )
+            .await?;
+            // An older marker moves forward; a later one stays.
+            self.run(
+                query("MATCH (x:Erasure {key: $key}) WHERE x.at < $at SET x.at = $at")
+                    .param("key", key.as_str())
+                    .param("at", at),
+            )
+            .await
+        })
+        .await
+    }
+
+    async fn erasures(
+        &self,
+        tenant: &TenantId,
+        conversations: &[String],
+    ) -> Result<Erasures, StoreError> {
+        self.observed(false, async {
+            let mut keys = vec![erasure_key(tenant.as_str(), "")];
+            keys.extend(
+                conversations
+                    .iter()
+                    .map(|c| erasure_key(tenant.as_str(), c)),
+            );
+            let rows = self
+                .rows(
+                    query(
+                        "MATCH (x:Erasure) WHERE x.key IN $keys AND x.tenant = $tenant \
+                         RETURN x.conversation AS conversation, x.at AS at",
+                    )
+                    .param("keys", keys)
+                    .param("tenant", tenant.as_str()),
+                )
+                .await?;
+            let mut e = Erasures::default();
+            for r in &rows {
+                let conv: String = get(r, "conversation")?;
+                let at = DateTime::from_timestamp_micros(get::<i64>(r, "at")?)
+                    .ok_or_else(|| StoreError::Corrupt("erasure time out of range".into()))?;
+                if conv.is_empty() {
+                    e.tenant = Some(at);
+                } else {
+                    e.conversations.insert(conv, at);
+                }
+            }
+            Ok(e)
+        })
+        .await
+    }
+
+    async fn purge_erased(&self, tenant: &TenantId, conversation: &str) -> Result<u64, StoreError> {
+        self.observed(true, self.purge(tenant, conversation)).await
     }
 
     async fn delete_conversation(
@@ -941,6 +1034,159 @@ impl Graph for Neo4jGraph {
             Ok(n)
         })
         .await
+    }
+}
+
+/// Key of an :Erasure node; the empty conversation stands for the whole tenant (conversation ids
+/// are never empty).
+fn erasure_key(tenant: &str, conversation: &str) -> String {
+    node_key(&["Erasure", tenant, conversation])
+}
+
+/// Microseconds rounded up: a marker must not move earlier than the erase, or a turn recorded
+/// in the same microsecond just before it would escape.
+fn micros_up(t: DateTime<Utc>) -> i64 {
+    let m = t.timestamp_micros();
+    if t.timestamp_subsec_nanos().is_multiple_of(1000) {
+        m
+    } else {
+        m + 1
+    }
+}
+
+/// Erasure markers and the writes they guard. Kept apart from the write path on purpose.
+///
+/// The guard reads the markers in its own statement, just before the write. Under the server's
+/// read-committed isolation, a marker read inside the write's transaction would not serialise
+/// against an eraser committing concurrently either; what makes erasure hold is the order the
+/// callers follow: erasers commit the marker before deleting anything, and writers re-read the
+/// markers after writing and call `purge_erased` for whatever became covered.
+impl Neo4jGraph {
+    async fn ensure_erasure_schema(&self) -> Result<(), StoreError> {
+        self.run(query(
+            "CREATE CONSTRAINT erasure_key IF NOT EXISTS FOR (n:Erasure) REQUIRE n.key IS UNIQUE",
+        ))
+        .await
+    }
+
+    /// The turns no marker covers.
+    async fn unerased_turns(
+        &self,
+        turns: &[(Turn, Extraction)],
+    ) -> Result<Vec<(Turn, Extraction)>, StoreError> {
+        let m = ErasureMap::read(
+            self,
+            turns
+                .iter()
+                .map(|(t, _)| (t.tenant.clone(), t.conversation_id.clone())),
+        )
+        .await?;
+        Ok(turns
+            .iter()
+            .filter(|(t, _)| !m.covers(&t.tenant, &t.conversation_id, t.recorded_at))
+            .cloned()
+            .collect())
+    }
+
+    /// The fragments of conversations without a marker, and those whose members all exist and
+    /// were recorded after it.
+    async fn unerased_fragments(
+        &self,
+        fragments: &[Fragment],
+    ) -> Result<Vec<Fragment>, StoreError> {
+        let m = ErasureMap::read(
+            self,
+            fragments
+                .iter()
+                .map(|f| (f.tenant.clone(), f.conversation_id.clone())),
+        )
+        .await?;
+        let mut out = Vec::with_capacity(fragments.len());
+        for f in fragments {
+            if let Some(marker) = m.marker(&f.tenant, &f.conversation_id) {
+                let members = self.turns(&f.tenant, &f.members).await?;
+                if members.len() < f.members.len()
+                    || members.iter().any(|r| r.turn.recorded_at <= marker)
+                {
+                    continue;
+                }
+            }
+            out.push(f.clone());
+        }
+        Ok(out)
+    }
+
+    async fn purge(&self, tenant: &TenantId, conversation: &str) -> Result<u64, StoreError> {
+        let Some(marker) = self
+            .erasures(tenant, &[conversation.to_string()])
+            .await?
+            .marker(conversation)
+        else {
+            return Ok(0);
+        };
+        let rows = self
+            .rows(
+                query(
+                    "MATCH (t:Turn) WHERE t.tenant = $tenant AND t.conversation = $conv \
+                     RETURN t.key AS id, t.turn_json AS turn_json",
+                )
+                .param("tenant", tenant.as_str())
+                .param("conv", conversation),
+            )
+            .await?;
+        let mut ids = Vec::new();
+        for r in &rows {
+            let turn: Turn = serde_json::from_str(&get::<String>(r, "turn_json")?)?;
+            if turn.recorded_at <= marker {
+                ids.push(get::<String>(r, "id")?);
+            }
+        }
+        let scoped = |q: &str| {
+            query(q)
+                .param("tenant", tenant.as_str())
+                .param("conv", conversation)
+        };
+        if !ids.is_empty() {
+            // Fragments with an erased member first, while the PART_OF edges still lead to them.
+            for chunk in ids.chunks(BATCH) {
+                self.run(
+                    query(
+                        "MATCH (t:Turn)-[:PART_OF]->(f:Fragment) WHERE t.key IN $ids \
+                         DETACH DELETE f",
+                    )
+                    .param("ids", chunk.to_vec()),
+                )
+                .await?;
+                self.run(
+                    query("MATCH (t:Turn) WHERE t.key IN $ids DETACH DELETE t")
+                        .param("ids", chunk.to_vec()),
+                )
+                .await?;
+            }
+        }
+        // Fragments and structural nodes of the conversation left without any turn.
+        let mut labels: Vec<&str> = vec!["Fragment"];
+        labels.extend(NodeKind::ALL.iter().map(|k| k.label()));
+        for l in labels {
+            self.run(scoped(&format!(
+                "MATCH (n:{l}) WHERE n.tenant = $tenant AND n.conversation = $conv \
+                 OPTIONAL MATCH (n)-[e]-(:Turn) WITH n, count(e) AS k WHERE k = 0 \
+                 DETACH DELETE n"
+            )))
+            .await?;
+        }
+        if self
+            .conversation_state(tenant, conversation)
+            .await?
+            .covered_by(marker)
+        {
+            self.run(
+                query("MATCH (s:ConversationState {key: $key}) DETACH DELETE s")
+                    .param("key", state_key(tenant.as_str(), conversation)),
+            )
+            .await?;
+        }
+        Ok(ids.len() as u64)
     }
 }
 

@@ -16,7 +16,7 @@ use recollect_model::{Extraction, Fragment, KeywordVector, MemoryId, TenantId, T
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::graph::ConversationState;
+use crate::graph::{ConversationState, Erasures};
 use crate::vector::FieldVectors;
 use crate::{
     Graph, LinkedTurn, NodeKind, Scope, StoreError, TurnPoint, TurnRecord, VectorIndex, VectorQuery,
@@ -88,6 +88,19 @@ pub enum GraphCall {
         tenant: TenantId,
         conversation: String,
     },
+    RecordErasure {
+        tenant: TenantId,
+        conversation: Option<String>,
+        at: DateTime<Utc>,
+    },
+    Erasures {
+        tenant: TenantId,
+        conversations: Vec<String>,
+    },
+    PurgeErased {
+        tenant: TenantId,
+        conversation: String,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -121,6 +134,12 @@ pub enum VectorCall {
     DeleteConversation {
         tenant: TenantId,
         conversation: String,
+    },
+    DeleteTurns {
+        tenant: TenantId,
+        conversation: String,
+        ids: Vec<MemoryId>,
+        keywords: Vec<String>,
     },
     Count {
         tenant: TenantId,
@@ -234,6 +253,22 @@ pub async fn dispatch_graph(
             tenant,
             conversation,
         } => json(g.delete_conversation(&tenant, &conversation).await?),
+        GraphCall::RecordErasure {
+            tenant,
+            conversation,
+            at,
+        } => json(
+            g.record_erasure(&tenant, conversation.as_deref(), at)
+                .await?,
+        ),
+        GraphCall::Erasures {
+            tenant,
+            conversations,
+        } => json(g.erasures(&tenant, &conversations).await?),
+        GraphCall::PurgeErased {
+            tenant,
+            conversation,
+        } => json(g.purge_erased(&tenant, &conversation).await?),
     }
 }
 
@@ -274,6 +309,15 @@ pub async fn dispatch_vectors(
             tenant,
             conversation,
         } => json(v.delete_conversation(&tenant, &conversation).await?),
+        VectorCall::DeleteTurns {
+            tenant,
+            conversation,
+            ids,
+            keywords,
+        } => json(
+            v.delete_turns(&tenant, &conversation, &ids, &keywords)
+                .await?,
+        ),
         VectorCall::Count { tenant, scope } => json(v.count(&tenant, &scope).await?),
         VectorCall::Optimize => json(v.optimize().await?),
     }
@@ -498,7 +542,7 @@ impl Graph for RemoteGraph {
         tenant: &TenantId,
         conversation: &str,
         state: &ConversationState,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         self.call(GraphCall::SaveConversationState {
             tenant: tenant.clone(),
             conversation: conversation.into(),
@@ -525,6 +569,37 @@ impl Graph for RemoteGraph {
         conversation: &str,
     ) -> Result<u64, StoreError> {
         self.call(GraphCall::DeleteConversation {
+            tenant: tenant.clone(),
+            conversation: conversation.into(),
+        })
+        .await
+    }
+    async fn record_erasure(
+        &self,
+        tenant: &TenantId,
+        conversation: Option<&str>,
+        at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        self.call(GraphCall::RecordErasure {
+            tenant: tenant.clone(),
+            conversation: conversation.map(String::from),
+            at,
+        })
+        .await
+    }
+    async fn erasures(
+        &self,
+        tenant: &TenantId,
+        conversations: &[String],
+    ) -> Result<Erasures, StoreError> {
+        self.call(GraphCall::Erasures {
+            tenant: tenant.clone(),
+            conversations: conversations.to_vec(),
+        })
+        .await
+    }
+    async fn purge_erased(&self, tenant: &TenantId, conversation: &str) -> Result<u64, StoreError> {
+        self.call(GraphCall::PurgeErased {
             tenant: tenant.clone(),
             conversation: conversation.into(),
         })
@@ -622,6 +697,21 @@ impl VectorIndex for RemoteVectorIndex {
         self.call(VectorCall::DeleteConversation {
             tenant: tenant.clone(),
             conversation: conversation.into(),
+        })
+        .await
+    }
+    async fn delete_turns(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        ids: &[MemoryId],
+        keywords: &[String],
+    ) -> Result<(), StoreError> {
+        self.call(VectorCall::DeleteTurns {
+            tenant: tenant.clone(),
+            conversation: conversation.into(),
+            ids: ids.to_vec(),
+            keywords: keywords.to_vec(),
         })
         .await
     }

@@ -111,6 +111,17 @@ pub trait VectorIndex: Send + Sync + 'static {
         conversation: &str,
     ) -> Result<u64, StoreError>;
 
+    /// Removes the given turn points and the conversation's points of the given keywords (a
+    /// writer undoing what it wrote for erased turns). Memory ids derive from the tenant, so
+    /// ids are never another tenant's.
+    async fn delete_turns(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        ids: &[MemoryId],
+        keywords: &[String],
+    ) -> Result<(), StoreError>;
+
     /// Turn points in scope.
     async fn count(&self, tenant: &TenantId, scope: &Scope) -> Result<u64, StoreError>;
 

@@ -485,6 +485,35 @@ impl VectorIndex for EdgeVectorIndex {
         .await
     }
 
+    async fn delete_turns(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        ids: &[MemoryId],
+        keywords: &[String],
+    ) -> Result<(), StoreError> {
+        let turn_ids: Vec<PointId> = ids.iter().map(|m| point_id(*m)).collect();
+        let keyword_ids: Vec<PointId> = keywords
+            .iter()
+            .map(|k| keyword_point(tenant, conversation, k))
+            .collect();
+        for (shard, ids) in [(&self.turns, turn_ids), (&self.keywords, keyword_ids)] {
+            if ids.is_empty() {
+                continue;
+            }
+            Self::blocking(shard, move |s| {
+                s.update(UpdateOperation::PointOperation(
+                    PointOperations::DeletePoints { ids },
+                ))
+                .map_err(err)?;
+                Self::flush(s);
+                Ok(())
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
     async fn delete_conversation(
         &self,
         tenant: &TenantId,

@@ -667,6 +667,37 @@ impl VectorIndex for QdrantVectorIndex {
         .await
     }
 
+    async fn delete_turns(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        ids: &[MemoryId],
+        keywords: &[String],
+    ) -> Result<(), StoreError> {
+        self.observed(true, async {
+            let turn_ids: Vec<PointId> = ids.iter().map(|m| point_id(*m)).collect();
+            let keyword_ids: Vec<PointId> = keywords
+                .iter()
+                .map(|k| keyword_point(tenant, conversation, k))
+                .collect();
+            for (coll, ids) in [(&self.turns, turn_ids), (&self.keywords, keyword_ids)] {
+                if ids.is_empty() {
+                    continue;
+                }
+                self.client
+                    .delete_points(
+                        DeletePointsBuilder::new(coll.as_str())
+                            .points(qdrant_client::qdrant::PointsIdsList { ids })
+                            .wait(true),
+                    )
+                    .await
+                    .map_err(err)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     async fn delete_conversation(
         &self,
         tenant: &TenantId,
