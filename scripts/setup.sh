@@ -17,6 +17,9 @@ if ! command -v python3 >/dev/null 2>&1; then
   exit 1
 fi
 # The Kafka client (librdkafka, built from source) links the system OpenSSL for TLS and SCRAM.
+if ! pkg-config --exists openssl 2>/dev/null && [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq libssl-dev pkg-config >/dev/null
+fi
 if ! pkg-config --exists openssl 2>/dev/null; then
   echo "setup: OpenSSL headers not found (pkg-config openssl); install libssl-dev (Debian/Ubuntu)" \
     "or openssl-devel (Fedora) and pkg-config" >&2

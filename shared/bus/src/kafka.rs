@@ -329,25 +329,37 @@ impl Bus for KafkaBus {
     }
 
     async fn subscribe(&self, topic: &str, group: &str) -> Result<Box<dyn Subscription>, BusError> {
-        let consumer: StreamConsumer<GroupContext> = client_config(&self.settings)
-            .set("client.id", &self.settings.client_id)
-            .set("group.id", group)
-            .set("enable.auto.commit", "true")
-            .set("auto.commit.interval.ms", "1000")
-            // Offsets are stored by `commit`, after the downstream effect, never on receipt.
-            .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "earliest")
-            .set("session.timeout.ms", "10000")
-            .set("statistics.interval.ms", "2000")
-            .create_with_context(GroupContext::default())
-            .map_err(unavailable)?;
-        consumer.subscribe(&[topic]).map_err(unavailable)?;
         Ok(Box::new(KafkaSubscription {
-            consumer: Arc::new(consumer),
+            consumer: Arc::new(new_consumer(&self.settings, topic, group)?),
             topic: topic.to_string(),
+            group: group.to_string(),
+            settings: self.settings.clone(),
             unassigned_since: None,
+            idle_since: None,
         }))
     }
+}
+
+/// A group member subscribed to `topic`.
+fn new_consumer(
+    settings: &KafkaSettings,
+    topic: &str,
+    group: &str,
+) -> Result<StreamConsumer<GroupContext>, BusError> {
+    let consumer: StreamConsumer<GroupContext> = client_config(settings)
+        .set("client.id", &settings.client_id)
+        .set("group.id", group)
+        .set("enable.auto.commit", "true")
+        .set("auto.commit.interval.ms", "1000")
+        // Offsets are stored by `commit`, after the downstream effect, never on receipt.
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", "10000")
+        .set("statistics.interval.ms", "2000")
+        .create_with_context(GroupContext::default())
+        .map_err(unavailable)?;
+    consumer.subscribe(&[topic]).map_err(unavailable)?;
+    Ok(consumer)
 }
 
 /// Commits stored offsets before partitions move to another member, and publishes lag.
@@ -355,11 +367,14 @@ impl Bus for KafkaBus {
 struct GroupContext {
     /// The (topic, partition) lag gauges this consumer set in its last statistics.
     reported: std::sync::Mutex<HashSet<(String, i32)>>,
+    /// Lag summed over this member's partitions in its last statistics.
+    lag: std::sync::atomic::AtomicI64,
 }
 
 impl ClientContext for GroupContext {
     fn stats(&self, stats: Statistics) {
         let mut now = HashSet::new();
+        let mut lag = 0;
         for (topic, t) in &stats.topics {
             for (partition, p) in &t.partitions {
                 // -1 is librdkafka's "internal" partition and unassigned partitions report -1 lag.
@@ -369,6 +384,7 @@ impl ClientContext for GroupContext {
                 metrics::CONSUMER_LAG
                     .with_label_values(&[topic, &partition.to_string()])
                     .set(p.consumer_lag);
+                lag += p.consumer_lag;
                 now.insert((topic.clone(), *partition));
             }
         }
@@ -379,6 +395,7 @@ impl ClientContext for GroupContext {
             let _ = metrics::CONSUMER_LAG.remove_label_values(&[topic, &partition.to_string()]);
         }
         *reported = now;
+        self.lag.store(lag, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -404,12 +421,20 @@ impl ConsumerContext for GroupContext {
 struct KafkaSubscription {
     consumer: Arc<StreamConsumer<GroupContext>>,
     topic: String,
+    group: String,
+    settings: KafkaSettings,
     /// Since when this member has held no partition (see `rejoin_if_starved`).
     unassigned_since: Option<std::time::Instant>,
+    /// Since when this member has received nothing while its partitions lag (see
+    /// `reconnect_if_stalled`).
+    idle_since: Option<std::time::Instant>,
 }
 
 /// A member left without partitions this long rejoins the group.
 const STARVED_REJOIN: Duration = Duration::from_secs(15);
+/// A member that receives nothing this long while its partitions have messages to read is
+/// replaced by a new consumer.
+const STALLED_RECONNECT: Duration = Duration::from_secs(20);
 
 impl KafkaSubscription {
     /// Seen with tansu: after a member is killed, the replacement's rejoin can end in a formed
@@ -436,6 +461,31 @@ impl KafkaSubscription {
                 .subscribe(&[&self.topic])
                 .map_err(unavailable)?;
             self.unassigned_since = None;
+        }
+        Ok(())
+    }
+
+    /// Seen with tansu restarted under running consumers: members keep their assignment and
+    /// report lag, but their fetches never return a message again. A member idle that long
+    /// while its partitions lag is replaced by a fresh consumer, which resumes from the
+    /// committed offsets (at-least-once; every effect downstream is idempotent).
+    fn reconnect_if_stalled(&mut self) -> Result<(), BusError> {
+        let lag = self
+            .consumer
+            .context()
+            .lag
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if lag <= 0 {
+            self.idle_since = None;
+            return Ok(());
+        }
+        let since = *self.idle_since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() >= STALLED_RECONNECT {
+            tracing::warn!(topic = %self.topic, lag, "no message for 20 s while partitions lag: reconnecting the consumer");
+            let fresh = new_consumer(&self.settings, &self.topic, &self.group)?;
+            self.consumer.unsubscribe();
+            self.consumer = Arc::new(fresh);
+            self.idle_since = None;
         }
         Ok(())
     }
@@ -475,10 +525,14 @@ impl Subscription for KafkaSubscription {
         match tokio::time::timeout(wait, self.consumer.recv()).await {
             Err(_) => {
                 self.rejoin_if_starved()?;
+                self.reconnect_if_stalled()?;
                 return Ok(out);
             }
             Ok(Err(e)) => return Err(unavailable(e)),
-            Ok(Ok(m)) => out.push(delivery(&m)),
+            Ok(Ok(m)) => {
+                self.idle_since = None;
+                out.push(delivery(&m));
+            }
         }
         // Take what is already fetched without waiting again.
         while out.len() < max {

@@ -31,6 +31,10 @@ pub struct EdgeVectorIndex {
     keywords: Arc<EdgeShard>,
     dim: usize,
     optimizer: Optimizer,
+    /// Held by every update + flush: the engine's `flush` panics ("WAL lock acquired") when
+    /// another thread holds its WAL lock, which concurrent writers (several graph-writers through
+    /// the store service) otherwise cause.
+    writes: Arc<parking_lot::Mutex<()>>,
 }
 
 /// Points written before the background optimiser runs (merging small segments, building the
@@ -218,6 +222,7 @@ impl EdgeVectorIndex {
             keywords,
             dim,
             optimizer,
+            writes: Arc::new(parking_lot::Mutex::new(())),
         })
     }
 
@@ -227,6 +232,20 @@ impl EdgeVectorIndex {
     ) -> Result<T, StoreError> {
         let s = shard.clone();
         tokio::task::spawn_blocking(move || f(&s)).await?
+    }
+
+    /// A write of `shard` (update, then flush) under the index's write lock.
+    async fn write<T: Send + 'static>(
+        &self,
+        shard: &Arc<EdgeShard>,
+        f: impl FnOnce(&EdgeShard) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (s, writes) = (shard.clone(), self.writes.clone());
+        tokio::task::spawn_blocking(move || {
+            let _one_writer = writes.lock();
+            f(&s)
+        })
+        .await?
     }
 
     fn check_dim(&self, v: &[f32]) -> Result<(), StoreError> {
@@ -293,7 +312,7 @@ impl VectorIndex for EdgeVectorIndex {
             );
         }
         let n = structs.len();
-        Self::blocking(&self.turns, move |s| {
+        self.write(&self.turns, move |s| {
             s.update(UpdateOperation::PointOperation(
                 PointOperations::UpsertPoints(PointInsertOperations::PointsList(structs)),
             ))
@@ -425,7 +444,7 @@ impl VectorIndex for EdgeVectorIndex {
             );
         }
         let n = structs.len();
-        Self::blocking(&self.keywords, move |s| {
+        self.write(&self.keywords, move |s| {
             s.update(UpdateOperation::PointOperation(
                 PointOperations::UpsertPoints(PointInsertOperations::PointsList(structs)),
             ))
@@ -501,7 +520,7 @@ impl VectorIndex for EdgeVectorIndex {
             if ids.is_empty() {
                 continue;
             }
-            Self::blocking(shard, move |s| {
+            self.write(shard, move |s| {
                 s.update(UpdateOperation::PointOperation(
                     PointOperations::DeletePoints { ids },
                 ))
@@ -523,7 +542,7 @@ impl VectorIndex for EdgeVectorIndex {
         let n = self.count(tenant, &scope).await?;
         let filter = scope_filter(tenant, &scope);
         let f2 = filter.clone();
-        Self::blocking(&self.turns, move |s| {
+        self.write(&self.turns, move |s| {
             s.update(UpdateOperation::PointOperation(
                 PointOperations::DeletePointsByFilter(filter),
             ))
@@ -532,7 +551,7 @@ impl VectorIndex for EdgeVectorIndex {
             Ok(())
         })
         .await?;
-        Self::blocking(&self.keywords, move |s| {
+        self.write(&self.keywords, move |s| {
             s.update(UpdateOperation::PointOperation(
                 PointOperations::DeletePointsByFilter(f2),
             ))
