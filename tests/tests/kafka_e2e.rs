@@ -226,16 +226,7 @@ fn kafka_pipeline_survives_kill9_of_every_worker_kind() {
     let deadline = ingest_end + Duration::from_secs(600);
     loop {
         let n = stored_total(&store);
-        // Drained by the broker's committed offsets, or else by every member's own lag gauge
-        // (librdkafka's statistics): tansu's committed offsets can trail what was consumed.
-        let gauges_zero = || {
-            stages
-                .iter()
-                .flat_map(|s| s.instances.iter())
-                .flat_map(|w| w.metric_values("recollect_bus_consumer_lag_messages", ""))
-                .all(|lag| lag == 0.0)
-        };
-        if n >= expected && (probe.drained_since(&groups, Instant::now()) || gauges_zero()) {
+        if n >= expected && drained(&probe, &groups, &stages) {
             break;
         }
         assert!(

@@ -371,3 +371,14 @@ pub fn secs(d: Option<Duration>) -> String {
     d.map(|d| format!("{:.1} s", d.as_secs_f64()))
         .unwrap_or_else(|| "not recovered".into())
 }
+
+/// Drained by the broker's committed offsets, or else by every member's own lag gauge
+/// (librdkafka's statistics): tansu's committed offsets can trail what was consumed.
+pub fn drained(probe: &LagProbe, groups: &[String], stages: &[Workers]) -> bool {
+    probe.drained_since(groups, Instant::now())
+        || stages
+            .iter()
+            .flat_map(|s| s.instances.iter())
+            .flat_map(|w| w.metric_values("recollect_bus_consumer_lag_messages", ""))
+            .all(|lag| lag == 0.0)
+}
