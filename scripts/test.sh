@@ -13,9 +13,9 @@ echo "== Rust: build, unit, contract and end-to-end tests"
 # The dev profile compiles dependencies with opt-level 3 (Cargo.toml), so model inference and
 # vector search run at full speed while our own crates stay quick to rebuild.
 cargo build --locked --workspace --all-targets
-# The Kafka end-to-end test must run here, not skip (scripts/setup-kafka.sh installed tansu).
-export PATH="$HOME/.cargo/bin:$PATH"
-export REQUIRE_KAFKA=1
+# The Kafka tests must run here, not skip, on the patched tansu scripts/setup-kafka.sh built.
+RECOLLECT_TANSU=$(bash scripts/setup-kafka.sh | tail -1)
+export RECOLLECT_TANSU REQUIRE_KAFKA=1
 
 # ArcadeDB (Bolt 4.4 + Cypher) and Qdrant on loopback for the production adapters' contract
 # suites: started here, stopped by PID on exit, whatever the outcome (one trap for both).
@@ -53,3 +53,6 @@ else
 fi
 
 cargo test --locked --workspace --no-fail-fast
+
+echo "== the memory browser (/ui) in headless chromium"
+bash scripts/test-ui.sh

@@ -346,17 +346,26 @@ pub struct Broker {
     dir: tempfile::TempDir,
 }
 
-/// tansu on PATH or in ~/.cargo/bin; None when not installed.
+/// The broker scripts/setup-kafka.sh builds: tansu 0.6.0 with its group-coordinator patch
+/// (`RECOLLECT_TANSU`, which `make test` sets, else the newest build in the cache). An unpatched
+/// tansu on PATH is not used: it never reassigns the partitions of a member that dies, which the
+/// scale-out test would report as a hang. None when it is not built.
 pub fn tansu() -> Option<PathBuf> {
-    let candidates = std::env::var_os("PATH")
-        .map(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join("tansu"))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
-    let home = std::env::var("HOME").map(|h| PathBuf::from(h).join(".cargo/bin/tansu"));
-    candidates.into_iter().chain(home).find(|p| p.exists())
+    if let Some(p) = std::env::var_os("RECOLLECT_TANSU").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p)).filter(|p| p.exists());
+    }
+    let cache = std::env::var_os("RECOLLECT_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/recollect")))?;
+    let mut builds: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(cache)
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("tansu-0.6.0-"))
+        .map(|e| e.path().join("bin/tansu"))
+        .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
+        .collect();
+    builds.sort();
+    builds.pop().map(|(_, p)| p)
 }
 
 impl Broker {

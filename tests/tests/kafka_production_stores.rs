@@ -218,10 +218,14 @@ log_level = "warn"
     };
     let ingest_end = Instant::now();
     let deadline = ingest_end + Duration::from_secs(600);
+    let mut all_stored: Option<Instant> = None;
     loop {
         let n: usize = (0..CONVERSATIONS).map(|c| stored(c).len()).sum();
-        if n >= expected && drained(&probe, &groups, &stages) {
-            break;
+        if n >= expected {
+            let at = *all_stored.get_or_insert_with(Instant::now);
+            if drained(&probe, &groups, at) {
+                break;
+            }
         }
         assert!(
             Instant::now() < deadline,
@@ -231,6 +235,9 @@ log_level = "warn"
     }
     let drain = ingest_end.elapsed();
     let all_done = started.elapsed();
+    // A few more readings, so a recovery that completed just before the drain spans the 2 s
+    // window `LagProbe::recovery` asks for.
+    std::thread::sleep(Duration::from_secs(3));
     probe.stop();
 
     let (mut rows, mut distinct, mut misplaced) = (0, 0, 0);

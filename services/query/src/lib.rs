@@ -1,14 +1,16 @@
 //! The query service: stateless recall over the stores (`POST /v1/recall`), reads of single
-//! memories (`GET /v1/memories/{id}`) and where a conversation stands
-//! (`GET /v1/conversations/{id}`). Any number of replicas can run behind a load balancer.
+//! memories (`GET /v1/memories/{id}`), where a conversation stands
+//! (`GET /v1/conversations/{id}`) and paged listings of a tenant's conversations and of a
+//! conversation's turns. Any number of replicas can run behind a load balancer.
 
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::routing::{get, post};
 use axum::Router;
+use base64::Engine as _;
 use recollect_api::{ApiError, Auth, HasAuth, Json, PathParam, Tenant};
-use recollect_model::{request, MemoryId, RecollectError, TenantId, Turn};
+use recollect_model::{request, Extraction, MemoryId, RecollectError, TenantId, Turn};
 use recollect_recall::{Recall, RecallError, RecallRequest, RecallResponse};
 use recollect_store::RawStore;
 
@@ -105,6 +107,155 @@ impl QueryState {
         })
     }
 
+    /// One page of the tenant's conversation ids in ascending order, after `cursor`. Embedded,
+    /// conversations whose turns are stored but not yet enriched are listed too.
+    pub async fn list_conversations(
+        &self,
+        tenant: &TenantId,
+        page: &PageParams,
+    ) -> Result<ConversationPage, RecollectError> {
+        let limit = page.limit()?;
+        let after = page.decode(Cursor::Conversation)?;
+        let mut ids = self
+            .recall
+            .graph()
+            .conversations(tenant)
+            .await
+            .map_err(RecollectError::from_classified)?;
+        if let Some(raw) = self.raw.clone() {
+            let t = tenant.clone();
+            ids.extend(
+                tokio::task::spawn_blocking(move || raw.conversations(&t))
+                    .await
+                    .map_err(RecollectError::internal)?
+                    .map_err(RecollectError::from_classified)?,
+            );
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        // A key cursor, not an offset: conversations created meanwhile never shift a page.
+        let mut rest: Vec<String> = ids
+            .into_iter()
+            .filter(|c| after.as_ref().is_none_or(|a| c > a))
+            .take(limit + 1)
+            .collect();
+        let next_cursor = (rest.len() > limit).then(|| {
+            rest.truncate(limit);
+            Cursor::Conversation.encode(rest.last().map(String::as_str).unwrap_or_default())
+        });
+        Ok(ConversationPage {
+            conversations: rest,
+            next_cursor,
+        })
+    }
+
+    /// One page of a conversation's turns in position order, each with what the extractor found
+    /// and the fragments it belongs to (none yet while its enrichment is pending).
+    pub async fn list_turns(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        page: &PageParams,
+    ) -> Result<TurnPage, RecollectError> {
+        request::validate_conversation_id(conversation)
+            .map_err(|r| RecollectError::Invalid(r.message))?;
+        let limit = page.limit()?;
+        let from = match page.decode(Cursor::Turn)? {
+            None => 0,
+            Some(p) => p
+                .parse::<u64>()
+                .map_err(|_| RecollectError::invalid("cursor: not a cursor of this listing"))?,
+        };
+        let to = from.saturating_add(limit as u64 + 1);
+        let enriched = self
+            .recall
+            .graph()
+            .conversation_turns(tenant, conversation, from, to)
+            .await
+            .map_err(RecollectError::from_classified)?;
+        let mut turns: Vec<TurnView> = enriched
+            .into_iter()
+            .map(|r| TurnView {
+                turn: r.turn,
+                extraction: Some(r.extraction),
+                fragments: r.fragments,
+            })
+            .collect();
+        let mut exists = !turns.is_empty();
+        if let Some(raw) = self.raw.clone() {
+            // Embedded: the raw store is the source of truth; pending turns show without
+            // extraction. Positions are dense from 0, so the page is a position range.
+            let (t, c) = (tenant.clone(), conversation.to_string());
+            let all = tokio::task::spawn_blocking(move || raw.conversation_turns(&t, &c))
+                .await
+                .map_err(RecollectError::internal)?
+                .map_err(RecollectError::from_classified)?;
+            exists = !all.is_empty();
+            let known: std::collections::HashSet<MemoryId> =
+                turns.iter().map(|v| v.turn.memory_id).collect();
+            turns.extend(
+                all.into_iter()
+                    .filter(|t| t.position >= from && t.position < to)
+                    .filter(|t| !known.contains(&t.memory_id))
+                    .map(|turn| TurnView {
+                        turn,
+                        extraction: None,
+                        fragments: Vec::new(),
+                    }),
+            );
+            turns.sort_by_key(|v| v.turn.position);
+        } else if from > 0 && !exists {
+            // Past the end of a conversation that exists: an empty last page, not a 404.
+            exists = !self
+                .recall
+                .graph()
+                .conversation_turns(tenant, conversation, 0, 1)
+                .await
+                .map_err(RecollectError::from_classified)?
+                .is_empty();
+        }
+        if !exists {
+            return Err(RecollectError::NotFound(format!(
+                "conversation {conversation:?} not found"
+            )));
+        }
+        let next_cursor = (turns.len() > limit).then(|| {
+            turns.truncate(limit);
+            let next = turns.last().map(|v| v.turn.position + 1).unwrap_or(to);
+            Cursor::Turn.encode(&next.to_string())
+        });
+        Ok(TurnPage { turns, next_cursor })
+    }
+
+    /// One memory with what enrichment made of it (none yet while it is pending).
+    pub async fn memory_view(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+    ) -> Result<TurnView, RecollectError> {
+        let turn = self.memory(tenant, id).await?;
+        let rec = self
+            .recall
+            .graph()
+            .turns(tenant, &[turn.memory_id])
+            .await
+            .map_err(RecollectError::from_classified)?
+            .into_iter()
+            .next();
+        Ok(match rec {
+            Some(r) => TurnView {
+                turn,
+                extraction: Some(r.extraction),
+                fragments: r.fragments,
+            },
+            None => TurnView {
+                turn,
+                extraction: None,
+                fragments: Vec::new(),
+            },
+        })
+    }
+
     /// One memory by id, tenant-checked: another tenant's id is simply not found.
     pub async fn memory(&self, tenant: &TenantId, id: &str) -> Result<Turn, RecollectError> {
         let Some(mid) = MemoryId::parse(id) else {
@@ -166,7 +317,7 @@ pub async fn recall(
     tag = "query",
     params(("id" = String, Path, description = "memory id (UUID)")),
     responses(
-        (status = 200, description = "the stored turn", body = Turn),
+        (status = 200, description = "the stored turn, with its extraction once enriched", body = TurnView),
         (status = 400, description = "not a memory id", body = recollect_api::ErrorBody),
         (status = 401, description = "missing or unknown API key", body = recollect_api::ErrorBody),
         (status = 404, description = "no such memory for this tenant", body = recollect_api::ErrorBody),
@@ -177,8 +328,8 @@ pub async fn get_memory(
     State(s): State<QueryState>,
     Tenant(tenant): Tenant,
     PathParam(id): PathParam,
-) -> Result<axum::Json<Turn>, ApiError> {
-    Ok(axum::Json(s.memory(&tenant, &id).await?))
+) -> Result<axum::Json<TurnView>, ApiError> {
+    Ok(axum::Json(s.memory_view(&tenant, &id).await?))
 }
 
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
@@ -212,18 +363,158 @@ pub async fn conversation_info(
     ))
 }
 
+/// Items per page of a listing when the request names none, and the most it may ask for.
+pub const DEFAULT_PAGE: usize = 50;
+pub const MAX_PAGE: usize = 500;
+
+/// Paging of a listing: `?limit=&cursor=`.
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct PageParams {
+    /// Items per page, 1 to 500 (default 50).
+    pub limit: Option<i64>,
+    /// The `next_cursor` of the previous page; absent for the first one.
+    pub cursor: Option<String>,
+}
+
+/// What a cursor points into; a cursor of one listing is refused by the other.
+#[derive(Clone, Copy)]
+enum Cursor {
+    Conversation,
+    Turn,
+}
+
+impl Cursor {
+    fn tag(self) -> &'static str {
+        match self {
+            Cursor::Conversation => "c:",
+            Cursor::Turn => "t:",
+        }
+    }
+
+    /// Opaque to clients: the key to continue after, tagged and base64url-encoded.
+    fn encode(self, key: &str) -> String {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{}{key}", self.tag()))
+    }
+}
+
+impl PageParams {
+    fn limit(&self) -> Result<usize, RecollectError> {
+        match self.limit {
+            None => Ok(DEFAULT_PAGE),
+            Some(n) if (1..=MAX_PAGE as i64).contains(&n) => Ok(n as usize),
+            Some(n) => Err(RecollectError::invalid(format!(
+                "limit: must be 1 to {MAX_PAGE}, got {n}"
+            ))),
+        }
+    }
+
+    fn decode(&self, kind: Cursor) -> Result<Option<String>, RecollectError> {
+        let Some(c) = &self.cursor else {
+            return Ok(None);
+        };
+        let bad = || RecollectError::invalid("cursor: not a cursor of this listing");
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(c)
+            .map_err(|_| bad())?;
+        let text = String::from_utf8(bytes).map_err(|_| bad())?;
+        text.strip_prefix(kind.tag())
+            .map(|k| Some(k.to_string()))
+            .ok_or_else(bad)
+    }
+}
+
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ConversationPage {
+    /// Conversation ids in ascending order.
+    pub conversations: Vec<String>,
+    /// Pass as `cursor` for the next page; absent on the last one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// A stored turn with what enrichment made of it.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct TurnView {
+    #[serde(flatten)]
+    pub turn: Turn,
+    /// Keywords, entities, locations, times and references; absent while enrichment is pending.
+    pub extraction: Option<Extraction>,
+    /// Ids of the topic fragments the turn belongs to.
+    pub fragments: Vec<String>,
+}
+
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct TurnPage {
+    /// Turns in position order.
+    pub turns: Vec<TurnView>,
+    /// Pass as `cursor` for the next page; absent on the last one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+type PageQuery = Result<axum::extract::Query<PageParams>, axum::extract::rejection::QueryRejection>;
+
+fn page_params(q: PageQuery) -> Result<PageParams, RecollectError> {
+    q.map(|q| q.0)
+        .map_err(|e| RecollectError::invalid(format!("invalid query string: {}", e.body_text())))
+}
+
+/// The caller's conversations, a page at a time.
+#[utoipa::path(get, path = "/v1/conversations", tag = "query",
+    params(PageParams),
+    responses(
+        (status = 200, description = "one page of conversation ids", body = ConversationPage),
+        (status = 400, description = "bad limit or cursor; names it", body = recollect_api::ErrorBody),
+        (status = 401, description = "missing or unknown API key", body = recollect_api::ErrorBody),
+    ),
+    security((), ("bearer" = [])))]
+pub async fn list_conversations(
+    State(s): State<QueryState>,
+    Tenant(tenant): Tenant,
+    q: PageQuery,
+) -> Result<axum::Json<ConversationPage>, ApiError> {
+    let page = page_params(q)?;
+    Ok(axum::Json(s.list_conversations(&tenant, &page).await?))
+}
+
+/// A conversation's turns in order, a page at a time, with their extraction.
+#[utoipa::path(get, path = "/v1/conversations/{id}/turns", tag = "query",
+    params(("id" = String, Path, description = "conversation id"), PageParams),
+    responses(
+        (status = 200, description = "one page of turns", body = TurnPage),
+        (status = 400, description = "bad conversation id, limit or cursor; names it", body = recollect_api::ErrorBody),
+        (status = 401, description = "missing or unknown API key", body = recollect_api::ErrorBody),
+        (status = 404, description = "no such conversation for this tenant", body = recollect_api::ErrorBody),
+    ),
+    security((), ("bearer" = [])))]
+pub async fn list_turns(
+    State(s): State<QueryState>,
+    Tenant(tenant): Tenant,
+    PathParam(conversation): PathParam,
+    q: PageQuery,
+) -> Result<axum::Json<TurnPage>, ApiError> {
+    let page = page_params(q)?;
+    Ok(axum::Json(
+        s.list_turns(&tenant, &conversation, &page).await?,
+    ))
+}
+
 pub fn router(state: QueryState) -> Router {
     Router::new()
         .route("/v1/recall", post(recall))
         .route("/v1/memories/{id}", get(get_memory))
+        .route("/v1/conversations", get(list_conversations))
         .route("/v1/conversations/{id}", get(conversation_info))
+        .route("/v1/conversations/{id}/turns", get(list_turns))
         .with_state(state)
 }
 
 /// The OpenAPI paths of the read path.
 #[derive(utoipa::OpenApi)]
 #[openapi(
-    paths(recall, get_memory, conversation_info),
+    paths(recall, get_memory, conversation_info, list_conversations, list_turns),
     components(schemas(recollect_model::TimeRef, recollect_model::Binding))
 )]
 pub struct QueryApi;

@@ -44,8 +44,14 @@ pub enum EvalCommand {
         /// Override a recall constant, e.g. --set lexical_weight=0.4 (repeatable).
         #[arg(long = "set")]
         set: Vec<String>,
+        /// Also write every figure (round and session level, per category, latency) as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
 }
+
+/// The session-level cut-offs (session recall@1/5/10).
+const SESSION_KS: [usize; 3] = [1, 5, 10];
 
 /// A LoCoMo round: up to two utterances of one session, and the dia_ids it covers.
 struct Round {
@@ -189,7 +195,82 @@ impl Scores {
         }
     }
 
+    /// Session-level figures, as session-granularity systems report them: the ranking becomes
+    /// the distinct sessions of its rounds in first-seen order (a LoCoMo dia id `D3:12` is in
+    /// session `D3`), and the gold is the set of sessions holding the evidence. Relevance is
+    /// binary, so NDCG@5 = DCG / ideal DCG with gains 1/log2(rank + 1).
+    fn add_sessions(&mut self, cat: u8, ranked: &[Vec<String>], gold: &[String]) {
+        let session = |d: &String| d.split(':').next().unwrap_or(d).to_string();
+        let mut order: Vec<String> = Vec::new();
+        for d in ranked.iter().flatten() {
+            let s = session(d);
+            if !order.contains(&s) {
+                order.push(s);
+            }
+        }
+        let gold: HashSet<String> = gold.iter().map(session).collect();
+        let m = self.by_cat.entry(cat).or_default();
+        for k in SESSION_KS {
+            let covered = order.iter().take(k).filter(|s| gold.contains(*s)).count();
+            m.entry(format!("s.recall@{k}"))
+                .or_default()
+                .push(covered as f64 / gold.len() as f64);
+        }
+        let hit1 = order.first().is_some_and(|s| gold.contains(s));
+        m.entry("s.hit@1".into())
+            .or_default()
+            .push(if hit1 { 1.0 } else { 0.0 });
+        let gain = |rank: usize| 1.0 / ((rank + 2) as f64).log2();
+        let dcg: f64 = order
+            .iter()
+            .take(5)
+            .enumerate()
+            .filter(|(_, s)| gold.contains(*s))
+            .map(|(r, _)| gain(r))
+            .sum();
+        let ideal: f64 = (0..gold.len().min(5)).map(gain).sum();
+        m.entry("s.ndcg@5".into()).or_default().push(dcg / ideal);
+    }
+
     fn table(&self, ks: &[usize]) -> String {
+        let mut metrics = Vec::new();
+        for m in ["hit", "mrr", "recall"] {
+            for k in ks {
+                metrics.push(format!("{m}@{k}"));
+            }
+        }
+        self.table_of(&metrics)
+    }
+
+    fn session_table(&self) -> String {
+        let mut metrics = vec!["s.hit@1".to_string()];
+        metrics.extend(SESSION_KS.iter().map(|k| format!("s.recall@{k}")));
+        metrics.push("s.ndcg@5".into());
+        self.table_of(&metrics)
+    }
+
+    /// The mean of every metric per category, per categories 1-4 and over all.
+    fn means(&self) -> BTreeMap<String, BTreeMap<String, f64>> {
+        let mut out = BTreeMap::new();
+        for (label, cats) in self.rows() {
+            let mut row = BTreeMap::new();
+            let names: HashSet<&String> = self.by_cat.values().flat_map(|m| m.keys()).collect();
+            for name in names {
+                let vals: Vec<f64> = cats
+                    .iter()
+                    .filter_map(|c| self.by_cat.get(c))
+                    .flat_map(|x| x.get(name).cloned().unwrap_or_default())
+                    .collect();
+                if !vals.is_empty() {
+                    row.insert(name.clone(), vals.iter().sum::<f64>() / vals.len() as f64);
+                }
+            }
+            out.insert(label, row);
+        }
+        out
+    }
+
+    fn rows(&self) -> Vec<(String, Vec<u8>)> {
         let names = [
             (1, "multi-hop"),
             (2, "temporal"),
@@ -197,17 +278,6 @@ impl Scores {
             (4, "single-hop"),
             (5, "adversarial"),
         ];
-        let mut metrics = Vec::new();
-        for m in ["hit", "mrr", "recall"] {
-            for k in ks {
-                metrics.push(format!("{m}@{k}"));
-            }
-        }
-        let mut s = format!("{:<15}", "category");
-        for m in &metrics {
-            s.push_str(&format!("{m:>10}"));
-        }
-        s.push_str(&format!("{:>7}\n", "n"));
         let mut rows: Vec<(String, Vec<u8>)> = names
             .iter()
             .filter(|(c, _)| self.by_cat.contains_key(c))
@@ -215,10 +285,20 @@ impl Scores {
             .collect();
         rows.push(("1-4".into(), vec![1, 2, 3, 4]));
         rows.push(("all".into(), vec![1, 2, 3, 4, 5]));
-        for (label, cats) in rows {
+        rows
+    }
+
+    fn table_of(&self, metrics: &[String]) -> String {
+        let width = |m: &str| (m.len() + 2).max(10);
+        let mut s = format!("{:<15}", "category");
+        for m in metrics {
+            s.push_str(&format!("{m:>w$}", w = width(m)));
+        }
+        s.push_str(&format!("{:>7}\n", "n"));
+        for (label, cats) in self.rows() {
             s.push_str(&format!("{label:<15}"));
             let mut n = 0;
-            for m in &metrics {
+            for m in metrics {
                 let vals: Vec<f64> = cats
                     .iter()
                     .filter_map(|c| self.by_cat.get(c))
@@ -230,7 +310,7 @@ impl Scores {
                 } else {
                     vals.iter().sum::<f64>() / vals.len() as f64
                 };
-                s.push_str(&format!("{mean:>10.3}"));
+                s.push_str(&format!("{mean:>w$.3}", w = width(m)));
             }
             s.push_str(&format!("{n:>7}\n"));
         }
@@ -271,6 +351,7 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
         conversations,
         keep,
         set,
+        json,
     } = cmd;
     let ks: Vec<usize> = k
         .split(',')
@@ -404,11 +485,14 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
         questions.len(),
         serde_json::to_string(&base_cfg)?
     );
+    let mut report = serde_json::Map::new();
     for (label, ablation) in runs {
         let mut scores = Scores::default();
         let mut latencies = Vec::with_capacity(questions.len());
         let mut rankings = Vec::new();
+        let bar = crate::progress::bar(questions.len() as u64, &format!("recall ({label})"));
         for q in &questions {
+            bar.inc(1);
             let req = RecallRequest {
                 query: q.question.clone(),
                 conversation_ids: Some(vec![q.sample.clone()]),
@@ -423,20 +507,30 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
                 .map(|m| dia_of.get(&m.memory_id).cloned().unwrap_or_default())
                 .collect();
             scores.add(q.category, &ks, &ranked, &q.gold);
+            scores.add_sessions(q.category, &ranked, &q.gold);
             rankings.push(Ranking {
                 sample_id: q.sample.clone(),
                 qa_index: q.qa_index,
                 ranked,
             });
         }
+        bar.finish_and_clear();
         latencies.sort_by(f64::total_cmp);
         println!("\n== {label} ==");
         print!("{}", scores.table(&ks));
+        println!("sessions (distinct sessions of the ranking in first-seen order):");
+        print!("{}", scores.session_table());
+        let (p50, p99) = (percentile(&latencies, 0.5), percentile(&latencies, 0.99));
         println!(
-            "recall latency: p50 {:.1} ms, p99 {:.1} ms over {} queries",
-            percentile(&latencies, 0.5),
-            percentile(&latencies, 0.99),
+            "recall latency: p50 {p50:.1} ms, p99 {p99:.1} ms over {} queries",
             latencies.len()
+        );
+        report.insert(
+            label.clone(),
+            serde_json::json!({
+                "metrics": scores.means(),
+                "latency_ms": {"p50": p50, "p99": p99, "queries": latencies.len()},
+            }),
         );
         if let Some(path) = &dump_rankings {
             if label == "full" || ablate.as_deref() != Some("all") {
@@ -444,6 +538,19 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
                 println!("rankings written to {}", path.display());
             }
         }
+    }
+    if let Some(path) = &json {
+        let doc = serde_json::json!({
+            "embedder": app.embedder.model_name(),
+            "conversations": samples.len(),
+            "questions": questions.len(),
+            "k": ks,
+            "recall_config": base_cfg,
+            "runs": report,
+        });
+        std::fs::write(path, serde_json::to_vec_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("figures written to {}", path.display());
     }
     app.shutdown().await;
     Ok(())
@@ -484,5 +591,29 @@ mod tests {
         assert_eq!(m["hit@2"], vec![1.0]);
         assert_eq!(m["mrr@2"], vec![0.5]);
         assert_eq!(m["mrr@1"], vec![0.0]);
+    }
+
+    #[test]
+    fn session_metrics_rank_distinct_sessions_in_first_seen_order() {
+        let mut s = Scores::default();
+        let d = |x: &str| x.to_string();
+        // Rounds from sessions D1, D1, D3, D2: the session ranking is D1, D3, D2.
+        let ranked = vec![
+            vec![d("D1:1"), d("D1:2")],
+            vec![d("D1:5")],
+            vec![d("D3:4")],
+            vec![d("D2:7")],
+        ];
+        // Evidence in D2 and D3 (two rounds of D3 count once).
+        s.add_sessions(1, &ranked, &[d("D3:1"), d("D3:9"), d("D2:7")]);
+        let m = &s.by_cat[&1];
+        assert_eq!(m["s.hit@1"], vec![0.0]);
+        assert_eq!(m["s.recall@1"], vec![0.0]);
+        assert_eq!(m["s.recall@5"], vec![1.0]);
+        // DCG = 1/log2(3) + 1/log2(4); ideal = 1 + 1/log2(3).
+        let want = (1.0 / 3f64.log2() + 0.5) / (1.0 + 1.0 / 3f64.log2());
+        assert!((m["s.ndcg@5"][0] - want).abs() < 1e-12);
+        let means = s.means();
+        assert_eq!(means["all"]["s.recall@10"], 1.0);
     }
 }

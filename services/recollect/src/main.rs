@@ -5,6 +5,7 @@ mod bench;
 mod cli;
 mod eval;
 mod mcp;
+mod progress;
 mod server;
 
 use std::path::PathBuf;

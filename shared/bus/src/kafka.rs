@@ -334,7 +334,6 @@ impl Bus for KafkaBus {
             topic: topic.to_string(),
             group: group.to_string(),
             settings: self.settings.clone(),
-            unassigned_since: None,
             idle_since: None,
         }))
     }
@@ -367,24 +366,33 @@ fn new_consumer(
 struct GroupContext {
     /// The (topic, partition) lag gauges this consumer set in its last statistics.
     reported: std::sync::Mutex<HashSet<(String, i32)>>,
-    /// Lag summed over this member's partitions in its last statistics.
-    lag: std::sync::atomic::AtomicI64,
+    /// Messages this member's partitions hold beyond what it has been handed (high watermark
+    /// minus the next offset to deliver), summed, in its last statistics: what a healthy
+    /// fetch would be delivering. (Commit lag is no measure of that: it stays up while the
+    /// last batch is being handled.)
+    unread: std::sync::atomic::AtomicI64,
 }
 
 impl ClientContext for GroupContext {
     fn stats(&self, stats: Statistics) {
         let mut now = HashSet::new();
-        let mut lag = 0;
+        let mut unread = 0;
         for (topic, t) in &stats.topics {
             for (partition, p) in &t.partitions {
-                // -1 is librdkafka's "internal" partition and unassigned partitions report -1 lag.
-                if *partition < 0 || p.consumer_lag < 0 {
+                // -1 is librdkafka's "internal" partition, unassigned partitions report -1 lag,
+                // and a partition revoked in a rebalance can linger in the statistics with its
+                // last lag: only the partitions this member holds count.
+                if *partition < 0 || p.consumer_lag < 0 || !p.desired {
                     continue;
                 }
                 metrics::CONSUMER_LAG
                     .with_label_values(&[topic, &partition.to_string()])
                     .set(p.consumer_lag);
-                lag += p.consumer_lag;
+                unread += if p.app_offset >= 0 && p.hi_offset >= 0 {
+                    (p.hi_offset - p.app_offset).max(0)
+                } else {
+                    p.consumer_lag
+                };
                 now.insert((topic.clone(), *partition));
             }
         }
@@ -395,7 +403,8 @@ impl ClientContext for GroupContext {
             let _ = metrics::CONSUMER_LAG.remove_label_values(&[topic, &partition.to_string()]);
         }
         *reported = now;
-        self.lag.store(lag, std::sync::atomic::Ordering::Relaxed);
+        self.unread
+            .store(unread, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -423,57 +432,26 @@ struct KafkaSubscription {
     topic: String,
     group: String,
     settings: KafkaSettings,
-    /// Since when this member has held no partition (see `rejoin_if_starved`).
-    unassigned_since: Option<std::time::Instant>,
     /// Since when this member has received nothing while its partitions lag (see
     /// `reconnect_if_stalled`).
     idle_since: Option<std::time::Instant>,
 }
 
-/// A member left without partitions this long rejoins the group.
-const STARVED_REJOIN: Duration = Duration::from_secs(15);
 /// A member that receives nothing this long while its partitions have messages to read is
 /// replaced by a new consumer.
 const STALLED_RECONNECT: Duration = Duration::from_secs(20);
 
 impl KafkaSubscription {
-    /// Seen with tansu: after a member is killed, the replacement's rejoin can end in a formed
-    /// group with an empty assignment, and nothing triggers another rebalance. A member that
-    /// holds no partition for a while rejoins. (With more members than partitions, an idle
-    /// member rejoins every `STARVED_REJOIN`, which costs one rebalance and is harmless.)
-    fn rejoin_if_starved(&mut self) -> Result<(), BusError> {
-        let assigned = self
-            .consumer
-            .assignment()
-            .map(|a| a.count() > 0)
-            .unwrap_or(false);
-        if assigned {
-            self.unassigned_since = None;
-            return Ok(());
-        }
-        let since = *self
-            .unassigned_since
-            .get_or_insert_with(std::time::Instant::now);
-        if since.elapsed() >= STARVED_REJOIN {
-            tracing::warn!(topic = %self.topic, "no partition assigned for 15 s: rejoining the group");
-            self.consumer.unsubscribe();
-            self.consumer
-                .subscribe(&[&self.topic])
-                .map_err(unavailable)?;
-            self.unassigned_since = None;
-        }
-        Ok(())
-    }
-
-    /// Seen with tansu restarted under running consumers: members keep their assignment and
-    /// report lag, but their fetches never return a message again. A member idle that long
-    /// while its partitions lag is replaced by a fresh consumer, which resumes from the
-    /// committed offsets (at-least-once; every effect downstream is idempotent).
+    /// Seen with tansu restarted under running consumers, and after rebalances: a member keeps
+    /// partitions that have messages to read, but its fetches never return one again. A member
+    /// idle that long while its own partitions lag is replaced by a fresh consumer, which
+    /// resumes from the committed offsets (at-least-once; every effect downstream is
+    /// idempotent). With a healthy broker it never fires: an idle member has no lag.
     fn reconnect_if_stalled(&mut self) -> Result<(), BusError> {
         let lag = self
             .consumer
             .context()
-            .lag
+            .unread
             .load(std::sync::atomic::Ordering::Relaxed);
         if lag <= 0 {
             self.idle_since = None;
@@ -524,7 +502,6 @@ impl Subscription for KafkaSubscription {
         let mut out = Vec::new();
         match tokio::time::timeout(wait, self.consumer.recv()).await {
             Err(_) => {
-                self.rejoin_if_starved()?;
                 self.reconnect_if_stalled()?;
                 return Ok(out);
             }

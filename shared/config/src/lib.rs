@@ -54,6 +54,9 @@ pub struct ServerSettings {
     pub rate_limit_max_tenants: usize,
     /// Work requests handled at once; beyond it a 503 with Retry-After instead of a queue.
     pub max_in_flight: usize,
+    /// Serve the memory browser at `/ui` (where the read path is served). The Helm chart turns
+    /// it off unless asked.
+    pub ui: bool,
 }
 
 /// Tenants of the keys, never the keys themselves: `Debug` output ends up in logs.

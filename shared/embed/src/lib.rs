@@ -70,7 +70,10 @@ impl<E: Embedder + ?Sized> Embedder for Box<E> {
 /// 1. `$RECOLLECT_MODEL_DIR` when set and non-empty;
 /// 2. else the first `models/all-MiniLM-L6-v2` directory found walking up from the running
 ///    executable's directory, then from the working directory;
-/// 3. else `./models/all-MiniLM-L6-v2` (which may not exist: loading then reports it).
+/// 3. else the user's cache, where `make setup` installs it
+///    (`$XDG_CACHE_HOME/recollect/models/all-MiniLM-L6-v2`, default `~/.cache/...`), so an
+///    installed binary started from any directory (e.g. by a desktop MCP client) finds it;
+/// 4. else `./models/all-MiniLM-L6-v2` (which may not exist: loading then reports it).
 pub fn default_model_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os(MODEL_DIR_ENV).filter(|v| !v.is_empty()) {
         return PathBuf::from(dir);
@@ -87,6 +90,15 @@ pub fn default_model_dir() -> PathBuf {
             if candidate.is_dir() {
                 return candidate;
             }
+        }
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")));
+    if let Some(candidate) = cache.map(|c| c.join("recollect").join(MODEL_SUBDIR)) {
+        if candidate.is_dir() {
+            return candidate;
         }
     }
     PathBuf::from(".").join(MODEL_SUBDIR)

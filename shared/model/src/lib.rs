@@ -291,7 +291,7 @@ impl Turn {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Field {
     User,
@@ -300,7 +300,9 @@ pub enum Field {
 
 /// A keyword: `key` is the stemmed, lower-case form Keyword nodes are merged on; `text` is
 /// the surface form (lower case) that gets embedded.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema,
+)]
 pub struct Keyword {
     pub key: String,
     pub text: String,
@@ -334,7 +336,7 @@ impl TimeRef {
 }
 
 /// An anaphor resolved at store time by the reference-resolution state machine.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Reference {
     /// The words in the text ("she", "there", "that day").
     pub mention: String,
@@ -346,7 +348,7 @@ pub struct Reference {
 }
 
 /// What the extractor adds to a turn.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Extraction {
     /// Content words and short phrases; `key` (stemmed) names the Keyword node.
     pub keywords: Vec<Keyword>,

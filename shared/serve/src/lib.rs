@@ -75,6 +75,8 @@ pub const OPERATIONS: &[(&str, &str, Role)] = &[
     ("POST", "/v1/recall", Role::Query),
     ("GET", "/v1/memories/{id}", Role::Query),
     ("GET", "/v1/conversations/{id}", Role::Query),
+    ("GET", "/v1/conversations", Role::Query),
+    ("GET", "/v1/conversations/{id}/turns", Role::Query),
 ];
 
 pub use recollect_model::request::StoreRequest;
@@ -153,6 +155,8 @@ pub struct Options {
     pub rate_limit_burst: u32,
     pub rate_limit_max_tenants: usize,
     pub max_in_flight: usize,
+    /// Serve the memory browser at `/ui`.
+    pub ui: bool,
 }
 
 impl Options {
@@ -165,6 +169,7 @@ impl Options {
             rate_limit_burst: s.rate_limit_burst,
             rate_limit_max_tenants: s.rate_limit_max_tenants,
             max_in_flight: s.max_in_flight,
+            ui: s.ui,
         }
     }
 
@@ -305,6 +310,10 @@ pub fn router(
         }
     }
     let doc = openapi::document_json(roles);
+    if options.ui && roles.query.is_some() {
+        // A static page: it holds no data, and every call it makes carries the key typed in.
+        app = app.route("/ui", get(ui_page));
+    }
     app.route("/healthz", get(healthz))
         .route("/readyz", get(readyz).with_state(Probes(Arc::new(checks))))
         .route("/metrics", get(metrics_text))
@@ -428,4 +437,20 @@ pub async fn serve(
         recollect_runtime::shutdown_signal(),
     )
     .await
+}
+
+/// The memory browser (`/ui`): one self-contained page over the HTTP API.
+async fn ui_page() -> Response {
+    (
+        [
+            ("content-type", "text/html; charset=utf-8"),
+            // Nothing from elsewhere: scripts and styles are the page's own.
+            (
+                "content-security-policy",
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'",
+            ),
+        ],
+        include_str!("ui.html"),
+    )
+        .into_response()
 }

@@ -372,13 +372,51 @@ pub fn secs(d: Option<Duration>) -> String {
         .unwrap_or_else(|| "not recovered".into())
 }
 
-/// Drained by the broker's committed offsets, or else by every member's own lag gauge
-/// (librdkafka's statistics): tansu's committed offsets can trail what was consumed.
-pub fn drained(probe: &LagProbe, groups: &[String], stages: &[Workers]) -> bool {
-    probe.drained_since(groups, Instant::now())
-        || stages
-            .iter()
-            .flat_map(|s| s.instances.iter())
-            .flat_map(|w| w.metric_values("recollect_bus_consumer_lag_messages", ""))
-            .all(|lag| lag == 0.0)
+/// Drained: the broker's latest reading of every group, taken after `since`, shows each
+/// partition committed up to its end. (Members' own lag gauges cannot say it: a partition no
+/// member holds reports no lag at all.)
+pub fn drained(probe: &LagProbe, groups: &[String], since: Instant) -> bool {
+    probe.drained_since(groups, since)
+}
+
+/// Distinct (conversation, turn id) pairs carried by every message of `topic`, read from the
+/// start by a fresh group: shows at which stage turns went missing when a drain never ends.
+pub fn topic_census(
+    bus: &KafkaBus,
+    rt: &tokio::runtime::Runtime,
+    topic: &str,
+) -> (usize, std::collections::HashSet<(String, String)>) {
+    fn find<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+        match v {
+            Value::Object(m) => m
+                .get(key)
+                .and_then(Value::as_str)
+                .or_else(|| m.values().find_map(|x| find(x, key))),
+            Value::Array(a) => a.iter().find_map(|x| find(x, key)),
+            _ => None,
+        }
+    }
+    rt.block_on(async {
+        let mut sub = bus
+            .subscribe(topic, &format!("e2e-census-{}", uuid_like()))
+            .await
+            .unwrap();
+        let (mut messages, mut ids) = (0, std::collections::HashSet::new());
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let mut quiet = 0;
+        while Instant::now() < deadline && (messages == 0 || quiet < 3) {
+            let batch = sub.poll(1000, Duration::from_secs(2)).await.unwrap();
+            quiet = if batch.is_empty() { quiet + 1 } else { 0 };
+            for d in batch {
+                messages += 1;
+                if let Ok(v) = serde_json::from_slice::<Value>(&d.message.payload) {
+                    if let (Some(c), Some(t)) = (find(&v, "conversation_id"), find(&v, "turn_id")) {
+                        ids.insert((c.to_string(), t.to_string()));
+                    }
+                }
+            }
+        }
+        sub.close().await;
+        (messages, ids)
+    })
 }
