@@ -67,8 +67,12 @@ lint:
 fmt:
 	cargo fmt --all
 
+# Figures as JSON and plots (SVG) land in REPORTS beside the printed tables.
+REPORTS ?= reports
 eval: build
-	@if [ -f "$(LOCOMO)" ]; then $(BIN) eval locomo --data $(LOCOMO) --dump-rankings $(CARGO_TARGET_DIR)/locomo-rankings.json; \
+	@if [ -f "$(LOCOMO)" ]; then mkdir -p $(REPORTS) && \
+	$(BIN) eval locomo --data $(LOCOMO) --dump-rankings $(CARGO_TARGET_DIR)/locomo-rankings.json --json $(REPORTS)/eval.json && \
+	bash scripts/plot.sh eval $(REPORTS)/eval.json $(REPORTS)/eval-recall-at-k.svg; \
 	else echo "skipping eval: $(LOCOMO) not found (LoCoMo lives in ../shared/data, never in the repo)"; fi
 
 eval-ablations: build
@@ -82,7 +86,9 @@ comma := ,
 BENCH_SIZES ?= 10000,100000
 BENCH_QUERIES ?= 10000
 bench: build
-	$(BIN) bench --turns $(BENCH_SIZES)$(if $(BENCH_1M),$(comma)1000000) --queries $(BENCH_QUERIES)
+	mkdir -p $(REPORTS)
+	$(BIN) bench --turns $(BENCH_SIZES)$(if $(BENCH_1M),$(comma)1000000) --queries $(BENCH_QUERIES) --json $(REPORTS)/bench.json
+	bash scripts/plot.sh bench $(REPORTS)/bench.json $(REPORTS)/bench-latency-cdf.svg
 
 # Criterion micro-benchmarks of the hot pieces (tests/benches/hot_paths.rs), in the same dev
 # profile as everything else (our hot crates at opt-level 3): the binary that the workspace build made.

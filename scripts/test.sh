@@ -54,5 +54,8 @@ fi
 
 cargo test --locked --workspace --no-fail-fast
 
+echo "== the Python and TypeScript clients against live servers (and their OpenAPI snapshot)"
+bash scripts/test-clients.sh
+
 echo "== the memory browser (/ui) in headless chromium"
 bash scripts/test-ui.sh

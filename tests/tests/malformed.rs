@@ -569,6 +569,39 @@ fn cases() -> Vec<Case> {
                 body: None,
             });
         }
+        v.push(Case {
+            label: format!("conversation {c} (list turns)"),
+            method: "GET",
+            path: format!("/v1/conversations/{c}/turns"),
+            content_type: None,
+            body: None,
+        });
+    }
+    // Bad paging of both listings.
+    for q in [
+        "?limit=0",
+        "?limit=501",
+        "?limit=-1",
+        "?limit=ten",
+        "?limit=1.5",
+        "?limit=99999999999999999999",
+        "?cursor=%%",
+        "?cursor=%FF",
+        "?cursor=bm90LWEtY3Vyc29y",
+        "?cursor=",
+        "?limit=1&limit=2",
+        "?colour=red",
+        "?cursor[]=x",
+    ] {
+        for base in ["/v1/conversations", TURNS] {
+            v.push(Case {
+                label: format!("listing {base}{q}"),
+                method: "GET",
+                path: format!("{base}{q}"),
+                content_type: None,
+                body: None,
+            });
+        }
     }
     for id in [
         "not-an-id",
@@ -610,8 +643,10 @@ fn cases() -> Vec<Case> {
     }
     // Wrong methods on every route.
     for (method, path) in [
-        ("GET", TURNS),
+        ("DELETE", TURNS),
         ("PUT", TURNS),
+        ("POST", "/v1/conversations"),
+        ("DELETE", "/v1/conversations"),
         ("GET", "/v1/recall"),
         ("DELETE", "/v1/recall"),
         ("POST", "/v1/memories/00000000-0000-4000-8000-000000000000"),

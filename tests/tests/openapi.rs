@@ -52,9 +52,25 @@ fn validate(doc: &Value, schema: &Value, v: &Value, at: &str, errors: &mut Vec<S
         }
     }
     if let Some(all) = s.get("allOf").and_then(Value::as_array) {
+        // An object composed of parts (serde's flatten): each part documents some of its
+        // properties, so the parts are merged before the object is checked as a whole.
+        let mut props = serde_json::Map::new();
+        let mut required = Vec::new();
         for sub in all {
-            validate(doc, sub, v, at, errors);
+            let sub = resolve(doc, sub);
+            if let Some(p) = sub.get("properties").and_then(Value::as_object) {
+                props.extend(p.iter().map(|(k, v)| (k.clone(), v.clone())));
+            }
+            required.extend(
+                sub.get("required")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default(),
+            );
         }
+        let merged =
+            serde_json::json!({"type": "object", "properties": props, "required": required});
+        validate(doc, &merged, v, at, errors);
     }
     match s.get("type") {
         Some(Value::String(t)) if !type_matches(t, v) => {
@@ -374,6 +390,23 @@ fn openapi_document_matches_the_served_api(mode: Mode) {
         "/v1/conversations/{id}",
         "/v1/conversations/chat-1",
         None,
+    );
+    let listed = check_2xx(
+        "get",
+        "/v1/conversations",
+        "/v1/conversations?limit=1",
+        None,
+    );
+    assert_eq!(listed["conversations"][0], "chat-1", "{listed}");
+    let page = check_2xx(
+        "get",
+        "/v1/conversations/{id}/turns",
+        "/v1/conversations/chat-1/turns?limit=1",
+        None,
+    );
+    assert!(
+        page["next_cursor"].is_string(),
+        "two turns, one a page: {page}"
     );
     for p in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
         check_2xx("get", p, p, None);

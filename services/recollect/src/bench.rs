@@ -41,6 +41,9 @@ pub struct BenchArgs {
     /// Keep each store under DIR/<turns> (reused when it already holds the turns).
     #[arg(long)]
     pub keep: Option<std::path::PathBuf>,
+    /// Also write every figure as JSON, with the latency distribution of each size (for plots).
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
 }
 
 /// xorshift64*: reproducible synthetic data without a dependency.
@@ -250,6 +253,7 @@ impl Embedder for Precomputed {
 }
 
 /// One measured store size.
+#[derive(serde::Serialize)]
 struct Row {
     turns: usize,
     durable_per_s: f64,
@@ -266,6 +270,8 @@ struct Row {
     bytes_beyond_vectors: f64,
     rss_mib: f64,
     reopen_s: f64,
+    /// Recall latency of new questions at percentiles 0, 1, …, 100 (the CDF).
+    latency_percentiles_ms: Vec<f64>,
 }
 
 fn turn_input(i: usize, c: usize, user: &str, assistant: &str, p: usize) -> TurnInput {
@@ -524,13 +530,16 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
         let mut lat = Vec::with_capacity(a.queries);
         let cpu0 = cpu_seconds();
         let mut r = Rng(0xabad_1dea);
+        let bar = crate::progress::bar(a.queries as u64, &format!("{size}: recall"));
         for q in 0..a.queries {
+            bar.inc(1);
             let (c, req) = query(&mut r, q, conversations, tenants.len());
             app.query_cache.clear();
             let t = Instant::now();
             let _ = app.recall.recall(&tenants[c % tenants.len()], &req).await?;
             lat.push(t.elapsed().as_secs_f64() * 1000.0);
         }
+        bar.finish_and_clear();
         let cpu = (cpu_seconds() - cpu0) / a.queries.max(1) as f64 * 1000.0;
         lat.sort_by(f64::total_cmp);
         // Repeated questions (embeddings cached): everything but the model, on a subset.
@@ -576,6 +585,9 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
             bytes_beyond_vectors: total.saturating_sub(vectors) as f64 / n as f64,
             rss_mib: peak_rss_mib(),
             reopen_s,
+            latency_percentiles_ms: (0..=100)
+                .map(|p| percentile(&lat, p as f64 / 100.0))
+                .collect(),
         };
         println!(
             "{size}: recall of new questions p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms, {:.1} ms CPU; \
@@ -606,6 +618,19 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
              query embedding alone p50 {query_embed_p50:.1} ms",
             a.e2e_sample
         );
+    }
+    if let Some(path) = &a.json {
+        let doc = serde_json::json!({
+            "cores": cores,
+            "embedder": model.model_name(),
+            "model_load_s": model_load_s,
+            "query_embedding_p50_ms": query_embed_p50,
+            "end_to_end_with_model_turns_per_s": e2e_model,
+            "queries_per_size": a.queries,
+            "sizes": rows,
+        });
+        std::fs::write(path, serde_json::to_vec_pretty(&doc)?)?;
+        println!("figures written to {}", path.display());
     }
     Ok(())
 }

@@ -195,6 +195,20 @@ impl Scores {
         }
     }
 
+    /// recall@k for every k from 1 to `kmax` (`curve@k`), for the recall@k plot.
+    fn add_curve(&mut self, cat: u8, kmax: usize, ranked: &[Vec<String>], gold: &[String]) {
+        let m = self.by_cat.entry(cat).or_default();
+        let mut covered: HashSet<&String> = HashSet::new();
+        for k in 1..=kmax {
+            if let Some(ids) = ranked.get(k - 1) {
+                covered.extend(ids.iter().filter(|d| gold.contains(d)));
+            }
+            m.entry(format!("curve@{k}"))
+                .or_default()
+                .push(covered.len() as f64 / gold.len() as f64);
+        }
+    }
+
     /// Session-level figures, as session-granularity systems report them: the ranking becomes
     /// the distinct sessions of its rounds in first-seen order (a LoCoMo dia id `D3:12` is in
     /// session `D3`), and the gold is the set of sessions holding the evidence. Relevance is
@@ -508,6 +522,7 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
                 .collect();
             scores.add(q.category, &ks, &ranked, &q.gold);
             scores.add_sessions(q.category, &ranked, &q.gold);
+            scores.add_curve(q.category, kmax, &ranked, &q.gold);
             rankings.push(Ranking {
                 sample_id: q.sample.clone(),
                 qa_index: q.qa_index,

@@ -1,0 +1,1 @@
+"""Generated code: do not edit; `make clients` rewrites it from clients/openapi.json."""
