@@ -58,20 +58,9 @@ fi
 if have_python_deps; then
     exit 0
 fi
-if [[ ! -x "$VENV/bin/python" ]]; then
-    mkdir -p "$(dirname "$VENV")"
-    if ! python3 -m venv "$VENV" 2>/dev/null; then
-        # Debian's python3 ships venv separately.
-        if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
-            apt-get install -y -qq python3-venv >/dev/null
-            rm -rf "$VENV"
-            python3 -m venv "$VENV"
-        else
-            echo "setup-clients: python3 -m venv failed; install python3-venv" >&2
-            exit 1
-        fi
-    fi
-fi
+# shellcheck source=scripts/venv.sh
+source "$(dirname "${BASH_SOURCE[0]}")/venv.sh"
+ensure_venv "$VENV" setup-clients || exit 1
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQS"
 have_python_deps || { echo "setup-clients: install into $VENV did not take" >&2; exit 1; }
 echo "setup-clients: $(grep -v '^#' "$REQS" | xargs) in $VENV"

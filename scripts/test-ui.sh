@@ -19,6 +19,9 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
     exit 1
   fi
 fi
+# shellcheck source=scripts/venv.sh
+source scripts/venv.sh
+ensure_venv "$VENV" test-ui || exit 1
 if ! "$VENV/bin/python" -c "import selenium, sys; sys.exit(selenium.__version__ != '$SELENIUM_VERSION')" 2>/dev/null; then
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "selenium==$SELENIUM_VERSION"
 fi

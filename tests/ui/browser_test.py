@@ -6,6 +6,7 @@ do what a user does in the page and check what it shows. Run by scripts/test-ui.
 
 import json
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -33,6 +34,16 @@ def texts(driver, css):
         return [e.text for e in driver.find_elements(By.CSS_SELECTOR, css)]
     except StaleElementReferenceException:
         return None
+
+
+def retry_stale(action, tries=20):
+    """Runs action, again while the page is still replacing the elements it touches."""
+    for _ in range(tries - 1):
+        try:
+            return action()
+        except StaleElementReferenceException:
+            time.sleep(0.1)
+    return action()
 
 
 def api(method, path, body=None, key=KEY):
@@ -111,29 +122,33 @@ try:
     check(True, "previous goes back to the first page")
 
     # A turn's extraction.
-    driver.find_elements(By.CSS_SELECTOR, "#turns .turn")[3].click()
+    retry_stale(lambda: driver.find_elements(By.CSS_SELECTOR, "#turns .turn")[3].click())
     details = wait.until(ec.presence_of_element_located((By.ID, "extraction")))
     tags = [t.lower() for t in texts(driver, "#extraction dd.tags span")]
     check("porto" in tags, f"the turn's details show its extracted location ({tags})")
     check("ines" in tags, "and its entities")
     check("lighthouse" in tags and "kayaking" in tags, "and its keywords")
+    versions = driver.find_element(By.ID, "versions").text
+    check(versions.startswith("1, recorded 20"), f"and its versions ({versions!r})")
 
     # A recall, scoped to the selected conversation: hits with sources and score parts.
     driver.find_element(By.ID, "query").send_keys("Where did Maya go kayaking?")
     driver.find_element(By.ID, "recall").click()
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#hits .hit")) > 0)
-    hits = driver.find_elements(By.CSS_SELECTOR, "#hits .hit")
-    check(len(hits) == 10, f"k = 10 hits are shown ({len(hits)})")
-    check(all("trip" in h.text for h in hits), "every hit is from the selected conversation")
-    sources = hits[0].find_element(By.CSS_SELECTOR, ".sources").text
+    hit_texts = retry_stale(lambda: texts(driver, "#hits .hit") or [])
+    check(len(hit_texts) == 10, f"k = 10 hits are shown ({len(hit_texts)})")
+    check(all("trip" in h for h in hit_texts), "every hit is from the selected conversation")
+    sources = retry_stale(lambda: driver.find_element(By.CSS_SELECTOR, "#hits .hit .sources").text)
     check(len(sources) > 0, f"a hit shows its sources ({sources!r})")
-    parts = hits[0].find_elements(By.CSS_SELECTOR, "table.parts tr")
-    check(len(parts) > 0, f"a hit shows its score parts ({len(parts)} rows)")
+    parts = retry_stale(lambda: len(driver.find_elements(By.CSS_SELECTOR, "#hits .hit:first-child table.parts tr")))
+    check(parts > 0, f"a hit shows its score parts ({parts} rows)")
 
     # Clicking a hit shows that memory's extraction (read through GET /v1/memories/{id}).
-    hits[0].click()
-    details = wait.until(ec.presence_of_element_located((By.ID, "extraction")))
-    check("porto" in details.text.lower(), "a hit's details come from its memory")
+    shown = driver.find_element(By.ID, "extraction")
+    retry_stale(lambda: driver.find_element(By.CSS_SELECTOR, "#hits .hit").click())
+    wait.until(ec.staleness_of(shown))
+    details = retry_stale(lambda: wait.until(ec.presence_of_element_located((By.ID, "extraction"))).text)
+    check("porto" in details.lower(), "a hit's details come from its memory")
 finally:
     driver.quit()
 

@@ -270,18 +270,27 @@ impl Scores {
             let mut row = BTreeMap::new();
             let names: HashSet<&String> = self.by_cat.values().flat_map(|m| m.keys()).collect();
             for name in names {
-                let vals: Vec<f64> = cats
-                    .iter()
-                    .filter_map(|c| self.by_cat.get(c))
-                    .flat_map(|x| x.get(name).cloned().unwrap_or_default())
-                    .collect();
-                if !vals.is_empty() {
-                    row.insert(name.clone(), vals.iter().sum::<f64>() / vals.len() as f64);
+                let (mean, n) = self.mean(&cats, name);
+                if n > 0 {
+                    row.insert(name.clone(), mean);
                 }
             }
             out.insert(label, row);
         }
         out
+    }
+
+    /// The mean of `metric` over the questions of `cats`, and how many there are (0.0 for none).
+    fn mean(&self, cats: &[u8], metric: &str) -> (f64, usize) {
+        let vals: Vec<f64> = cats
+            .iter()
+            .filter_map(|c| self.by_cat.get(c))
+            .flat_map(|x| x.get(metric).cloned().unwrap_or_default())
+            .collect();
+        if vals.is_empty() {
+            return (0.0, 0);
+        }
+        (vals.iter().sum::<f64>() / vals.len() as f64, vals.len())
     }
 
     fn rows(&self) -> Vec<(String, Vec<u8>)> {
@@ -313,17 +322,8 @@ impl Scores {
             s.push_str(&format!("{label:<15}"));
             let mut n = 0;
             for m in metrics {
-                let vals: Vec<f64> = cats
-                    .iter()
-                    .filter_map(|c| self.by_cat.get(c))
-                    .flat_map(|x| x.get(m).cloned().unwrap_or_default())
-                    .collect();
-                n = vals.len();
-                let mean = if vals.is_empty() {
-                    0.0
-                } else {
-                    vals.iter().sum::<f64>() / vals.len() as f64
-                };
+                let (mean, count) = self.mean(&cats, m);
+                n = count;
                 s.push_str(&format!("{mean:>w$.3}", w = width(m)));
             }
             s.push_str(&format!("{n:>7}\n"));
