@@ -18,7 +18,7 @@
 
 mod kafka_common;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -263,32 +263,21 @@ fn kafka_pipeline_survives_kill9_of_every_worker_kind() {
     probe.stop();
 
     // Exactly once, in order: each conversation holds its 100 turns, turn tNNN at position NNN.
-    let (mut rows, mut distinct, mut misplaced) = (0, 0, Vec::new());
+    let mut placement = Placement::default();
     for c in 0..CONVERSATIONS {
-        let turns = stored_turns(&store, &format!("conv-{c:02}"));
-        rows += turns.len();
-        let turn_ids: HashSet<&str> = turns
+        let conversation = format!("conv-{c:02}");
+        let turns: Vec<(String, u64)> = stored_turns(&store, &conversation)
             .iter()
-            .map(|t| t["turn"]["turn_id"].as_str().unwrap())
+            .map(|t| {
+                (
+                    t["turn"]["turn_id"].as_str().unwrap().to_string(),
+                    t["turn"]["position"].as_u64().unwrap(),
+                )
+            })
             .collect();
-        distinct += turn_ids.len();
-        for t in &turns {
-            let id = t["turn"]["turn_id"].as_str().unwrap();
-            let position = t["turn"]["position"].as_u64().unwrap();
-            if id[1..].parse::<u64>().ok() != Some(position) {
-                misplaced.push(format!("conv-{c:02}/{id}@{position}"));
-            }
-        }
+        placement.add(&conversation, &turns);
     }
-    let (lost, duplicated) = (expected - distinct.min(expected), rows - distinct);
-    assert_eq!(lost, 0, "lost turns");
-    assert_eq!(duplicated, 0, "duplicated turns");
-    assert!(
-        misplaced.is_empty(),
-        "{} turns not at their index, e.g. {:?}",
-        misplaced.len(),
-        &misplaced[..misplaced.len().min(10)]
-    );
+    let (lost, duplicated) = placement.assert_exactly_once(expected);
     let vectors = store_call(
         &store,
         "/v1/store/vectors",
@@ -303,24 +292,7 @@ fn kafka_pipeline_survives_kill9_of_every_worker_kind() {
         assert_eq!(body["conversation_id"], format!("conv-{c:02}"));
         assert_eq!(body["turn_id"], format!("t{t:03}"));
     }
-    for c in (0..CONVERSATIONS).step_by(6) {
-        let (status, body) = query.post(
-            "/v1/recall",
-            Some(KEY),
-            &json!({"query": format!("when did I visit lighthouse{c}x42?"), "conversation_ids": [format!("conv-{c:02}")], "k": 10}),
-        );
-        assert_eq!(status, 200, "{body}");
-        let hits: Vec<&str> = body["memories"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|m| m["turn"]["turn_id"].as_str().or(m["turn_id"].as_str()))
-            .collect();
-        assert!(
-            hits.contains(&"t042"),
-            "conv-{c:02}: recall missed t042: {hits:?}"
-        );
-    }
+    assert_recall_finds_t042(&query, KEY, (0..CONVERSATIONS).step_by(6));
 
     // The dead-letter topic holds the poison and nothing else.
     let dead = dead_letters(&bus, &rt);

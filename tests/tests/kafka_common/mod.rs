@@ -420,3 +420,79 @@ pub fn topic_census(
         (messages, ids)
     })
 }
+
+/// Where every stored turn of the test's conversations stands: turn `tNNN` belongs at position
+/// NNN, once.
+#[derive(Default)]
+pub struct Placement {
+    rows: usize,
+    distinct: usize,
+    misplaced: Vec<String>,
+}
+
+impl Placement {
+    /// Adds one conversation's stored turns as (turn id, position) pairs.
+    pub fn add(&mut self, conversation: &str, turns: &[(String, u64)]) {
+        self.rows += turns.len();
+        self.distinct += turns
+            .iter()
+            .map(|(id, _)| id)
+            .collect::<std::collections::HashSet<_>>()
+            .len();
+        for (id, position) in turns {
+            if id[1..].parse::<u64>().ok() != Some(*position) {
+                self.misplaced
+                    .push(format!("{conversation}/{id}@{position}"));
+            }
+        }
+    }
+
+    /// (lost, duplicated) against the `expected` number of turns.
+    pub fn lost_and_duplicated(&self, expected: usize) -> (usize, usize) {
+        (
+            expected - self.distinct.min(expected),
+            self.rows - self.distinct,
+        )
+    }
+
+    /// Exactly once, in order; returns (lost, duplicated), both 0.
+    pub fn assert_exactly_once(&self, expected: usize) -> (usize, usize) {
+        let (lost, duplicated) = self.lost_and_duplicated(expected);
+        assert_eq!(lost, 0, "lost turns");
+        assert_eq!(duplicated, 0, "duplicated turns");
+        assert!(
+            self.misplaced.is_empty(),
+            "{} turns not at their index, e.g. {:?}",
+            self.misplaced.len(),
+            &self.misplaced[..self.misplaced.len().min(10)]
+        );
+        (lost, duplicated)
+    }
+}
+
+/// Recall through the query service finds turn t042 of each of `conversations` by its content
+/// (`turn_text` puts `lighthouse{c}x{t}` in every turn).
+pub fn assert_recall_finds_t042(
+    query: &Server,
+    key: &str,
+    conversations: impl Iterator<Item = usize>,
+) {
+    for c in conversations {
+        let (status, body) = query.post(
+            "/v1/recall",
+            Some(key),
+            &json!({"query": format!("when did I visit lighthouse{c}x42?"), "conversation_ids": [format!("conv-{c:02}")], "k": 10}),
+        );
+        assert_eq!(status, 200, "{body}");
+        let hits: Vec<&str> = body["memories"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|m| m["turn"]["turn_id"].as_str().or(m["turn_id"].as_str()))
+            .collect();
+        assert!(
+            hits.contains(&"t042"),
+            "conv-{c:02}: recall missed t042: {hits:?}"
+        );
+    }
+}
