@@ -105,19 +105,9 @@ PY
   } | tee "$dir/env"
 }
 
-stop() {
-  local dir="$1" pid
-  [[ -f "$dir/pid" ]] || return 0
-  pid=$(cat "$dir/pid")
-  if kill "$pid" 2>/dev/null; then
-    for _ in $(seq 1 40); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.25
-    done
-    kill -9 "$pid" 2>/dev/null || true
-  fi
-  rm -f "$dir/pid"
-}
+# shellcheck source=scripts/stop.sh
+source "$(dirname "${BASH_SOURCE[0]}")/stop.sh"
+stop() { stop_server "$1"; }
 
 case "${1:-}" in
   install) install ;;

@@ -220,19 +220,15 @@ fn kafka_pipeline_survives_kill9_of_every_worker_kind() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(600);
-    let deadline = ingest_end + Duration::from_secs(patience);
-    // Drained once every turn is stored and a broker reading taken after that shows every
-    // group at the end of its topic (the last stage's input is produced after the store).
-    let mut all_stored: Option<Instant> = None;
-    loop {
-        let n = stored_total(&store);
-        if n >= expected {
-            let at = *all_stored.get_or_insert_with(Instant::now);
-            if drained(&probe, &groups, at) {
-                break;
-            }
-        }
-        if Instant::now() >= deadline {
+    let drained_at = match wait_drained(
+        &mut probe,
+        &groups,
+        expected,
+        Duration::from_secs(patience),
+        || stored_total(&store),
+    ) {
+        Ok(at) => at,
+        Err(n) => {
             // Where the turns went missing: what each topic carries, and each group's offsets.
             for topic in [
                 topics::RAW,
@@ -253,14 +249,9 @@ fn kafka_pipeline_survives_kill9_of_every_worker_kind() {
             }
             panic!("only {n} of {expected} turns stored (or lag not drained) {patience} s after the intake ended");
         }
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    let drain = ingest_end.elapsed();
-    let all_done = started.elapsed();
-    // A few more readings, so a recovery that completed just before the drain spans the 2 s
-    // window `LagProbe::recovery` asks for.
-    std::thread::sleep(Duration::from_secs(3));
-    probe.stop();
+    };
+    let drain = drained_at - ingest_end;
+    let all_done = drained_at - started;
 
     // Exactly once, in order: each conversation holds its 100 turns, turn tNNN at position NNN.
     let mut placement = Placement::default();

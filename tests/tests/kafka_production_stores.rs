@@ -216,28 +216,20 @@ log_level = "warn"
             .expect("conversation turns")
     };
     let ingest_end = Instant::now();
-    let deadline = ingest_end + Duration::from_secs(600);
-    let mut all_stored: Option<Instant> = None;
-    loop {
-        let n: usize = (0..CONVERSATIONS).map(|c| stored(c).len()).sum();
-        if n >= expected {
-            let at = *all_stored.get_or_insert_with(Instant::now);
-            if drained(&probe, &groups, at) {
-                break;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
+    let drained_at = match wait_drained(
+        &mut probe,
+        &groups,
+        expected,
+        Duration::from_secs(600),
+        || (0..CONVERSATIONS).map(|c| stored(c).len()).sum(),
+    ) {
+        Ok(at) => at,
+        Err(n) => panic!(
             "only {n} of {expected} turns in the graph (or lag not drained) 600 s after the intake ended"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    let drain = ingest_end.elapsed();
-    let all_done = started.elapsed();
-    // A few more readings, so a recovery that completed just before the drain spans the 2 s
-    // window `LagProbe::recovery` asks for.
-    std::thread::sleep(Duration::from_secs(3));
-    probe.stop();
+        ),
+    };
+    let drain = drained_at - ingest_end;
+    let all_done = drained_at - started;
 
     let mut placement = Placement::default();
     for c in 0..CONVERSATIONS {

@@ -116,21 +116,23 @@ impl QueryState {
     ) -> Result<ConversationPage, RecollectError> {
         let limit = page.limit()?;
         let after = page.decode(Cursor::Conversation)?;
-        let mut ids = self
-            .recall
-            .graph()
-            .conversations(tenant)
-            .await
-            .map_err(RecollectError::from_classified)?;
-        if let Some(raw) = self.raw.clone() {
-            let t = tenant.clone();
-            ids.extend(
+        // Embedded, the raw store holds every conversation the graph has and those not
+        // enriched yet; distributed, the graph is what the query service can see.
+        let mut ids = match self.raw.clone() {
+            Some(raw) => {
+                let t = tenant.clone();
                 tokio::task::spawn_blocking(move || raw.conversations(&t))
                     .await
                     .map_err(RecollectError::internal)?
-                    .map_err(RecollectError::from_classified)?,
-            );
-        }
+                    .map_err(RecollectError::from_classified)?
+            }
+            None => self
+                .recall
+                .graph()
+                .conversations(tenant)
+                .await
+                .map_err(RecollectError::from_classified)?,
+        };
         ids.sort_unstable();
         ids.dedup();
         // A key cursor, not an offset: conversations created meanwhile never shift a page.
@@ -233,26 +235,29 @@ impl QueryState {
         tenant: &TenantId,
         id: &str,
     ) -> Result<TurnView, RecollectError> {
-        let turn = self.memory(tenant, id).await?;
-        let rec = self
-            .recall
-            .graph()
-            .turns(tenant, &[turn.memory_id])
-            .await
-            .map_err(RecollectError::from_classified)?
-            .into_iter()
-            .next();
-        Ok(match rec {
-            Some(r) => TurnView {
-                turn,
-                extraction: Some(r.extraction),
-                fragments: r.fragments,
-            },
-            None => TurnView {
-                turn,
-                extraction: None,
-                fragments: Vec::new(),
-            },
+        // The graph's record carries the turn too: one read for an enriched turn.
+        if let Some(mid) = MemoryId::parse(id) {
+            let rec = self
+                .recall
+                .graph()
+                .turns(tenant, &[mid])
+                .await
+                .map_err(RecollectError::from_classified)?
+                .into_iter()
+                .next();
+            if let Some(r) = rec {
+                return Ok(TurnView {
+                    turn: r.turn,
+                    extraction: Some(r.extraction),
+                    fragments: r.fragments,
+                });
+            }
+        }
+        // Pending (embedded: only in the raw store yet), unknown or not an id: `memory` says which.
+        Ok(TurnView {
+            turn: self.memory(tenant, id).await?,
+            extraction: None,
+            fragments: Vec::new(),
         })
     }
 

@@ -66,6 +66,24 @@ fn unit(v: &mut [f32]) {
     v.iter_mut().for_each(|x| *x /= n);
 }
 
+/// Turn 0 of conversation "c" with an 8-dimensional user vector and nothing else.
+#[cfg(test)]
+fn first_point(t: &TenantId) -> TurnPoint {
+    TurnPoint {
+        memory_id: MemoryId::derive(t, "c", "0"),
+        tenant: t.clone(),
+        conversation_id: "c".into(),
+        turn_id: "0".into(),
+        position: 0,
+        timestamp: Utc::now(),
+        user_speaker: None,
+        assistant_speaker: None,
+        user: vector(8, 1),
+        assistant: None,
+        lexical: SparseVector::default(),
+    }
+}
+
 fn vector(dim: usize, seed: usize) -> Vec<f32> {
     let mut v: Vec<f32> = (0..dim)
         .map(|i| (((i * 31 + seed * 17) % 23) as f32) - 11.0)
@@ -990,21 +1008,7 @@ mod tests {
             .await
             .unwrap();
         let t = TenantId("t".into());
-        v.upsert_turns(vec![TurnPoint {
-            memory_id: MemoryId::derive(&t, "c", "0"),
-            tenant: t.clone(),
-            conversation_id: "c".into(),
-            turn_id: "0".into(),
-            position: 0,
-            timestamp: Utc::now(),
-            user_speaker: None,
-            assistant_speaker: None,
-            user: vector(8, 1),
-            assistant: None,
-            lexical: SparseVector::default(),
-        }])
-        .await
-        .unwrap();
+        v.upsert_turns(vec![first_point(&t)]).await.unwrap();
         assert_eq!(v.count(&t, &Scope::all()).await.unwrap(), 1);
     }
 
@@ -1105,21 +1109,7 @@ mod tests {
         let t = TenantId("t".into());
         {
             let v = EdgeVectorIndex::open(dir.path(), 8).unwrap();
-            v.upsert_turns(vec![TurnPoint {
-                memory_id: MemoryId::derive(&t, "c", "0"),
-                tenant: t.clone(),
-                conversation_id: "c".into(),
-                turn_id: "0".into(),
-                position: 0,
-                timestamp: Utc::now(),
-                user_speaker: None,
-                assistant_speaker: None,
-                user: vector(8, 1),
-                assistant: None,
-                lexical: SparseVector::default(),
-            }])
-            .await
-            .unwrap();
+            v.upsert_turns(vec![first_point(&t)]).await.unwrap();
         }
         let v = EdgeVectorIndex::open(dir.path(), 8).unwrap();
         assert_eq!(v.count(&t, &Scope::all()).await.unwrap(), 1);

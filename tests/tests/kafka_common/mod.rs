@@ -372,11 +372,39 @@ pub fn secs(d: Option<Duration>) -> String {
         .unwrap_or_else(|| "not recovered".into())
 }
 
-/// Drained: the broker's latest reading of every group, taken after `since`, shows each
-/// partition committed up to its end. (Members' own lag gauges cannot say it: a partition no
-/// member holds reports no lag at all.)
-pub fn drained(probe: &LagProbe, groups: &[String], since: Instant) -> bool {
-    probe.drained_since(groups, since)
+/// Waits until every turn is stored (`stored()` reaches `expected`) and a broker reading taken
+/// after that shows each of `groups` committed to the end of its topic (the last stage's input
+/// is produced after the store, so the order matters). Then keeps the probe reading 3 s more,
+/// so a recovery that completed just before the drain spans the 2 s window
+/// [`LagProbe::recovery`] asks for, and stops it. Returns when the drain was seen; `Err` with
+/// the last count if `patience` runs out first. (Members' own lag gauges cannot say "drained": a partition no member holds
+/// reports no lag at all.)
+pub fn wait_drained(
+    probe: &mut LagProbe,
+    groups: &[String],
+    expected: usize,
+    patience: Duration,
+    mut stored: impl FnMut() -> usize,
+) -> Result<Instant, usize> {
+    let deadline = Instant::now() + patience;
+    let mut all_stored: Option<Instant> = None;
+    loop {
+        let n = stored();
+        if n >= expected {
+            let at = *all_stored.get_or_insert_with(Instant::now);
+            if probe.drained_since(groups, at) {
+                break;
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(n);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let drained = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    probe.stop();
+    Ok(drained)
 }
 
 /// Distinct (conversation, turn id) pairs carried by every message of `topic`, read from the
