@@ -28,6 +28,8 @@ fuzz_target!(|data: &[u8]| {
             timestamp: anchor,
             recorded_at: anchor,
             metadata: Default::default(),
+            user_id: None,
+            agent_id: None,
         };
         let ex = x.extract_sync(&turn, &mut state);
         assert!(ex.times.iter().all(|t| t.start <= t.end));

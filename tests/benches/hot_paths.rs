@@ -29,6 +29,8 @@ fn turn() -> Turn {
         timestamp: Utc.with_ymd_and_hms(2023, 5, 8, 13, 56, 0).unwrap(),
         recorded_at: Utc::now(),
         metadata: Default::default(),
+        user_id: None,
+        agent_id: None,
     }
 }
 

@@ -1,8 +1,12 @@
 //! The gRPC `Memory` service end to end, against a live `recollect serve`: round trip, streaming
-//! bulk ingest, idempotent retries, bad input, tenant isolation and authentication. The HTTP API
+//! bulk ingest, idempotent retries, bad input, tenant isolation and authentication, end users
+//! and filters, paged listings. The HTTP API
 //! of the same server cross-checks that both edges see the same data.
 
-use recollect_proto::v1::{DeleteRequest, GetRequest, RecallRequest, StoreRequest, TurnInput};
+use recollect_proto::v1::{
+    DeleteRequest, GetRequest, ListConversationsRequest, ListTurnsRequest, RecallRequest,
+    StoreRequest, TurnInput,
+};
 use recollect_tests::distributed::{Deployment, GrpcClients, Mode};
 use recollect_tests::Server;
 use tonic::Code;
@@ -59,6 +63,8 @@ fn turn(id: &str, user: &str, assistant: &str, speakers: (&str, &str), ts: &str)
         assistant_speaker: Some(speakers.1.into()),
         timestamp: ts.into(),
         metadata_json: String::new(),
+        user_id: None,
+        agent_id: None,
     }
 }
 
@@ -672,5 +678,228 @@ fn each_service_names_the_one_that_serves_an_operation() {
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::Unimplemented);
+    });
+}
+
+#[test]
+fn end_users_filters_and_listings_embedded() {
+    end_users_filters_and_listings(Mode::Embedded);
+}
+
+#[test]
+fn end_users_filters_and_listings_distributed() {
+    if Mode::distributed_available() {
+        end_users_filters_and_listings(Mode::Distributed);
+    }
+}
+
+fn end_users_filters_and_listings(mode: Mode) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(mode, dir.path());
+    runtime().block_on(async {
+        let mut c = client(&s).await;
+        let ka = Some("key-a");
+        for (conv, user) in [("u1-chat", "u-1"), ("u2-chat", "u-2")] {
+            let turns = (0..5)
+                .map(|i| {
+                    let mut t = turn(
+                        &i.to_string(),
+                        &format!("I baked sourdough bread again, loaf {i}."),
+                        "Nice crumb!",
+                        ("Maya", "Bot"),
+                        &format!("2024-02-0{}T09:00:00Z", i + 1),
+                    );
+                    t.user_id = Some(user.into());
+                    t.agent_id = Some("baker-bot".into());
+                    t.metadata_json = format!(r#"{{"loaf": {i}}}"#);
+                    t
+                })
+                .collect();
+            c.store(authed(
+                StoreRequest {
+                    conversation_id: conv.into(),
+                    turns,
+                    wait: true,
+                },
+                ka,
+            ))
+            .await
+            .unwrap();
+        }
+        // Recall scoped to one end user, a time range and metadata.
+        let r = c
+            .recall(authed(
+                RecallRequest {
+                    query: "sourdough bread".into(),
+                    k: Some(10),
+                    user_ids: vec!["u-2".into()],
+                    from: Some("2024-02-02T00:00:00Z".into()),
+                    to: Some("2024-02-05T00:00:00Z".into()),
+                    ..Default::default()
+                },
+                ka,
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .memories;
+        assert_eq!(r.len(), 3, "{r:?}");
+        assert!(r
+            .iter()
+            .all(|m| m.user_id.as_deref() == Some("u-2") && m.conversation_id == "u2-chat"));
+        assert!(r.iter().all(|m| m.metadata_json.contains("loaf")));
+        let r = c
+            .recall(authed(
+                RecallRequest {
+                    query: "sourdough bread".into(),
+                    metadata_json: r#"{"loaf": 4}"#.into(),
+                    agent_ids: vec!["baker-bot".into()],
+                    ..Default::default()
+                },
+                ka,
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .memories;
+        assert_eq!(r.len(), 2, "one per user: {r:?}");
+        for (req, field) in [
+            (
+                RecallRequest {
+                    query: "x".into(),
+                    user_ids: vec!["a b".into()],
+                    ..Default::default()
+                },
+                "user_ids[0]",
+            ),
+            (
+                RecallRequest {
+                    query: "x".into(),
+                    metadata_json: r#"{"tags": ["a"]}"#.into(),
+                    ..Default::default()
+                },
+                "metadata.tags",
+            ),
+            (
+                RecallRequest {
+                    query: "x".into(),
+                    metadata_json: "[1]".into(),
+                    ..Default::default()
+                },
+                "metadata_json",
+            ),
+        ] {
+            let e = c.recall(authed(req, ka)).await.unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+            assert!(e.message().contains(field), "{field}: {e:?}");
+        }
+
+        // Listings: conversations (all, by user, paged) and turns with their extraction.
+        let list = |limit: Option<i64>, cursor: Option<String>, user: Option<&str>| {
+            authed(
+                ListConversationsRequest {
+                    limit,
+                    cursor,
+                    user_id: user.map(String::from),
+                    agent_id: None,
+                },
+                ka,
+            )
+        };
+        let mut rp = c.read_path.clone();
+        let p1 = rp
+            .list_conversations(list(Some(1), None, None))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(p1.conversation_ids, ["u1-chat"]);
+        let p2 = rp
+            .list_conversations(list(Some(1), p1.next_cursor.clone(), None))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(p2.conversation_ids, ["u2-chat"]);
+        assert!(p2.next_cursor.is_none());
+        let mine = rp
+            .list_conversations(list(None, None, Some("u-2")))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(mine.conversation_ids, ["u2-chat"]);
+        let theirs = rp
+            .list_conversations(authed(
+                ListConversationsRequest {
+                    user_id: Some("u-2".into()),
+                    ..Default::default()
+                },
+                Some("key-b"),
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(theirs.conversation_ids.is_empty(), "tenant B sees none");
+        let t = rp
+            .list_turns(authed(
+                ListTurnsRequest {
+                    conversation_id: "u1-chat".into(),
+                    limit: Some(3),
+                    cursor: None,
+                },
+                ka,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(t.turns.len(), 3);
+        let first = &t.turns[0];
+        assert_eq!(first.turn.as_ref().unwrap().position, 0);
+        assert_eq!(first.turn.as_ref().unwrap().user_id.as_deref(), Some("u-1"));
+        assert!(first.extraction_json.contains("sourdough"), "{first:?}");
+        let rest = rp
+            .list_turns(authed(
+                ListTurnsRequest {
+                    conversation_id: "u1-chat".into(),
+                    limit: Some(3),
+                    cursor: t.next_cursor.clone(),
+                },
+                ka,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(rest.turns.len(), 2);
+        assert!(rest.next_cursor.is_none());
+        for (req, code, field) in [
+            (list(Some(0), None, None), Code::InvalidArgument, "limit"),
+            (
+                list(None, Some("%%".into()), None),
+                Code::InvalidArgument,
+                "cursor",
+            ),
+            (
+                list(None, None, Some("a b")),
+                Code::InvalidArgument,
+                "user_id",
+            ),
+        ] {
+            let e = rp.list_conversations(req).await.unwrap_err();
+            assert_eq!(e.code(), code, "{e:?}");
+            assert!(e.message().contains(field), "{field}: {e:?}");
+        }
+        let e = rp
+            .list_turns(authed(
+                ListTurnsRequest {
+                    conversation_id: "u1-chat".into(),
+                    ..Default::default()
+                },
+                Some("key-b"),
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.code(),
+            Code::NotFound,
+            "another tenant's conversation: {e:?}"
+        );
     });
 }

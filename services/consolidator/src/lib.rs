@@ -443,6 +443,8 @@ mod tests {
                 timestamp: Utc::now(),
                 recorded_at: Utc::now(),
                 metadata: Default::default(),
+                user_id: None,
+                agent_id: None,
             },
             extraction: Extraction::default(),
             fragments: vec![],

@@ -190,6 +190,8 @@ impl Gateway {
                     timestamp: input.timestamp,
                     recorded_at: now,
                     metadata: input.metadata,
+                    user_id: input.user_id,
+                    agent_id: input.agent_id,
                 }
             })
             .collect();

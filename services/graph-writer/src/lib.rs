@@ -52,6 +52,9 @@ impl GraphWriterStage {
                 timestamp: e.turn.timestamp,
                 user_speaker: e.turn.user_speaker.clone(),
                 assistant_speaker: e.turn.assistant_speaker.clone(),
+                user_id: e.turn.user_id.clone(),
+                agent_id: e.turn.agent_id.clone(),
+                metadata: e.turn.metadata.clone(),
                 user: e.embeddings.user.clone(),
                 assistant: (!e.embeddings.assistant.is_empty())
                     .then(|| e.embeddings.assistant.clone()),
@@ -336,6 +339,14 @@ mod tests {
         }
         async fn write_fragments(&self, f: &[Fragment]) -> Result<(), StoreError> {
             self.inner.write_fragments(f).await
+        }
+        async fn conversations_of(
+            &self,
+            t: &TenantId,
+            u: &[String],
+            a: &[String],
+        ) -> Result<Vec<String>, StoreError> {
+            self.inner.conversations_of(t, u, a).await
         }
         async fn turns(
             &self,

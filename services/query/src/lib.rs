@@ -107,18 +107,38 @@ impl QueryState {
         })
     }
 
-    /// One page of the tenant's conversation ids in ascending order, after `cursor`. Embedded,
-    /// conversations whose turns are stored but not yet enriched are listed too.
+    /// One page of the tenant's conversation ids in ascending order, after `cursor`; with
+    /// `user_id`/`agent_id`, only the conversations with a turn of that end user/agent. Embedded,
+    /// conversations whose turns are stored but not yet enriched are listed too (by participant:
+    /// once their turns are enriched, since the graph indexes participants).
     pub async fn list_conversations(
         &self,
         tenant: &TenantId,
-        page: &PageParams,
+        q: &ConversationParams,
     ) -> Result<ConversationPage, RecollectError> {
+        let page = PageParams {
+            limit: q.limit,
+            cursor: q.cursor.clone(),
+        };
         let limit = page.limit()?;
         let after = page.decode(Cursor::Conversation)?;
+        let users: Vec<String> = q.user_id.iter().cloned().collect();
+        let agents: Vec<String> = q.agent_id.iter().cloned().collect();
+        for (field, v) in [("user_id", &q.user_id), ("agent_id", &q.agent_id)] {
+            if let Some(v) = v {
+                recollect_model::filter::validate_scope_id(field, v)
+                    .map_err(RecollectError::Invalid)?;
+            }
+        }
         // Embedded, the raw store holds every conversation the graph has and those not
         // enriched yet; distributed, the graph is what the query service can see.
         let mut ids = match self.raw.clone() {
+            _ if !users.is_empty() || !agents.is_empty() => self
+                .recall
+                .graph()
+                .conversations_of(tenant, &users, &agents)
+                .await
+                .map_err(RecollectError::from_classified)?,
             Some(raw) => {
                 let t = tenant.clone();
                 tokio::task::spawn_blocking(move || raw.conversations(&t))
@@ -383,6 +403,21 @@ pub struct PageParams {
     pub cursor: Option<String>,
 }
 
+/// `GET /v1/conversations` query: paging, and optionally one end user's or agent's.
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ConversationParams {
+    /// Items per page, 1 to 500 (default 50).
+    pub limit: Option<i64>,
+    /// The `next_cursor` of the previous page; absent for the first one.
+    pub cursor: Option<String>,
+    /// Only conversations with a turn of this end user.
+    pub user_id: Option<String>,
+    /// Only conversations with a turn of this agent (with `user_id`: of both).
+    pub agent_id: Option<String>,
+}
+
 /// What a cursor points into; a cursor of one listing is refused by the other.
 #[derive(Clone, Copy)]
 enum Cursor {
@@ -468,20 +503,22 @@ fn page_params(q: PageQuery) -> Result<PageParams, RecollectError> {
 
 /// The caller's conversations, a page at a time.
 #[utoipa::path(get, path = "/v1/conversations", tag = "query",
-    params(PageParams),
+    params(ConversationParams),
     responses(
         (status = 200, description = "one page of conversation ids", body = ConversationPage),
-        (status = 400, description = "bad limit or cursor; names it", body = recollect_api::ErrorBody),
+        (status = 400, description = "bad limit, cursor, user_id or agent_id; names it", body = recollect_api::ErrorBody),
         (status = 401, description = "missing or unknown API key", body = recollect_api::ErrorBody),
     ),
     security((), ("bearer" = [])))]
 pub async fn list_conversations(
     State(s): State<QueryState>,
     Tenant(tenant): Tenant,
-    q: PageQuery,
+    q: Result<axum::extract::Query<ConversationParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<axum::Json<ConversationPage>, ApiError> {
-    let page = page_params(q)?;
-    Ok(axum::Json(s.list_conversations(&tenant, &page).await?))
+    let q = q
+        .map(|q| q.0)
+        .map_err(|e| RecollectError::invalid(format!("invalid query string: {}", e.body_text())))?;
+    Ok(axum::Json(s.list_conversations(&tenant, &q).await?))
 }
 
 /// A conversation's turns in order, a page at a time, with their extraction.
@@ -545,5 +582,39 @@ impl recollect_serve::QueryRole for QueryState {
 
     async fn memory(&self, tenant: &TenantId, id: &str) -> Result<Turn, RecollectError> {
         QueryState::memory(self, tenant, id).await
+    }
+
+    async fn conversations_page(
+        &self,
+        tenant: &TenantId,
+        page: recollect_serve::ConversationPageRequest,
+    ) -> Result<(Vec<String>, Option<String>), RecollectError> {
+        let q = ConversationParams {
+            limit: page.limit,
+            cursor: page.cursor,
+            user_id: page.user_id,
+            agent_id: page.agent_id,
+        };
+        let p = self.list_conversations(tenant, &q).await?;
+        Ok((p.conversations, p.next_cursor))
+    }
+
+    async fn turns_page(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        limit: Option<i64>,
+        cursor: Option<String>,
+    ) -> Result<(Vec<recollect_serve::ListedTurn>, Option<String>), RecollectError> {
+        let p = self
+            .list_turns(tenant, conversation, &PageParams { limit, cursor })
+            .await?;
+        Ok((
+            p.turns
+                .into_iter()
+                .map(|v| (v.turn, v.extraction, v.fragments))
+                .collect(),
+            p.next_cursor,
+        ))
     }
 }

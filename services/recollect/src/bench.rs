@@ -285,6 +285,8 @@ fn turn_input(i: usize, c: usize, user: &str, assistant: &str, p: usize) -> Turn
         assistant_speaker: Some(s2.into()),
         timestamp: start_day + Duration::hours((i * 7) as i64) + Duration::minutes(c as i64),
         metadata: Default::default(),
+        user_id: None,
+        agent_id: None,
     }
 }
 
@@ -450,6 +452,8 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
                 timestamp: Utc::now(),
                 recorded_at: Utc::now(),
                 metadata: Default::default(),
+                user_id: None,
+                agent_id: None,
             };
             let ex = rules.extract_sync(&turn, &mut ReferenceState::default());
             texts.extend(ex.keywords.into_iter().map(|k| k.text));

@@ -31,6 +31,24 @@ pub struct RecallArgs {
     /// Limit to these conversations (repeatable).
     #[arg(long = "conversation")]
     pub conversations: Vec<String>,
+    /// Only turns of this end user (repeatable: any of them).
+    #[arg(long = "user")]
+    pub users: Vec<String>,
+    /// Only turns of this agent (repeatable).
+    #[arg(long = "agent")]
+    pub agents: Vec<String>,
+    /// Only turns at or after this RFC 3339 time.
+    #[arg(long)]
+    pub from: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only turns before this RFC 3339 time.
+    #[arg(long)]
+    pub to: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only turns where this speaker spoke (repeatable).
+    #[arg(long = "speaker")]
+    pub speakers: Vec<String>,
+    /// Only turns whose metadata has KEY equal to VALUE (a JSON number, true/false, or text).
+    #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = meta_pair)]
+    pub metadata: Vec<(String, serde_json::Value)>,
     #[arg(long, default_value_t = 10)]
     pub k: i64,
     #[arg(long)]
@@ -152,11 +170,33 @@ pub async fn ingest(settings: Settings, a: IngestArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--meta key=value`: JSON scalars as themselves, anything else as text.
+fn meta_pair(s: &str) -> Result<(String, serde_json::Value), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))?;
+    let v = match serde_json::from_str::<serde_json::Value>(v) {
+        Ok(j @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => j,
+        _ => serde_json::Value::String(v.to_string()),
+    };
+    Ok((k.to_string(), v))
+}
+
+fn some_if_any<T: Clone>(v: &[T]) -> Option<Vec<T>> {
+    (!v.is_empty()).then(|| v.to_vec())
+}
+
 pub async fn recall(settings: Settings, a: RecallArgs) -> anyhow::Result<()> {
     let req = RecallRequest {
         query: a.query.clone(),
-        conversation_ids: (!a.conversations.is_empty()).then(|| a.conversations.clone()),
+        conversation_ids: some_if_any(&a.conversations),
         k: Some(a.k),
+        user_ids: some_if_any(&a.users),
+        agent_ids: some_if_any(&a.agents),
+        speakers: some_if_any(&a.speakers),
+        from: a.from,
+        to: a.to,
+        metadata: (!a.metadata.is_empty()).then(|| a.metadata.iter().cloned().collect()),
         ..Default::default()
     };
     let body = match &a.server {

@@ -153,6 +153,8 @@ fn rounds_of(conv: &Value) -> anyhow::Result<Vec<Round>> {
                     assistant_speaker: second.and_then(|t| t["speaker"].as_str()).map(String::from),
                     timestamp: ts,
                     metadata: Default::default(),
+                    user_id: None,
+                    agent_id: None,
                 },
             });
         }

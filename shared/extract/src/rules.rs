@@ -435,6 +435,8 @@ mod tests {
             timestamp: ts,
             recorded_at: ts,
             metadata: Default::default(),
+            user_id: None,
+            agent_id: None,
         }
     }
 

@@ -22,6 +22,8 @@ fn turn(user: &str, assistant: &str, ts: DateTime<Utc>) -> Turn {
         timestamp: ts,
         recorded_at: ts,
         metadata: Default::default(),
+        user_id: None,
+        agent_id: None,
     }
 }
 

@@ -8,8 +8,10 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
 pub mod error;
+pub mod filter;
 pub mod request;
 pub use error::{Classify, ErrorKind, RecollectError};
+pub use filter::TurnFilter;
 
 /// Version of every message put on the bus; readers accept this and all older versions.
 /// Version 2: raw turns may leave out `memory_id`, `position` and `recorded_at` (producers that
@@ -191,6 +193,12 @@ pub struct TurnInput {
     #[serde(default)]
     #[schema(value_type = Object)]
     pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// The platform's end user this turn belongs to; recall can be scoped to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+    /// The agent (assistant persona) that took part; recall can be scoped to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
 }
 
 /// The raw turn, written durably before anything else happens to it: the source of truth
@@ -226,6 +234,12 @@ pub struct Turn {
     #[serde(default)]
     #[schema(value_type = Object)]
     pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// Left out of the JSON when absent, so messages and records written before these fields
+    /// existed read back unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
 }
 
 fn unsequenced() -> u64 {
@@ -497,6 +511,13 @@ pub struct RecalledMemory {
     pub user_speaker: Option<String>,
     pub assistant_speaker: Option<String>,
     pub timestamp: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub metadata: serde_json::Map<String, serde_json::Value>,
     pub score: f32,
     /// B, C, BC, lexical, dense, neighbour, fallback
     pub sources: Vec<String>,

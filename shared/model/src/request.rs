@@ -126,6 +126,12 @@ pub fn validate_store(
         }
         check_label("user_speaker", i, &t.user_speaker)?;
         check_label("assistant_speaker", i, &t.assistant_speaker)?;
+        for (field, v) in [("user_id", &t.user_id), ("agent_id", &t.agent_id)] {
+            if let Some(v) = v {
+                crate::filter::validate_scope_id(&format!("turns[{i}].{field}"), v)
+                    .map_err(|m| reject("bad_scope_id", m))?;
+            }
+        }
         if let Some(id) = &t.turn_id {
             if id.is_empty() || id.len() > 128 || id.chars().any(char::is_control) {
                 return Err(reject(
@@ -187,6 +193,7 @@ mod tests {
             br#"{"turns":[{"user":"hi","timestamp":"2023-05-08T13:56:00Z","tenant":"b"}]}"#,
             br#"{"turns":[]}"#,
             br#"{"turns":[{"user":"hi","timestamp":"1800-05-08T13:56:00Z"}]}"#,
+            br#"{"turns":[{"user":"hi","timestamp":"2023-05-08T13:56:00Z","user_id":"a b"}]}"#,
         ] {
             assert!(decode_store("c", bad, 10, 100).is_err());
         }

@@ -46,6 +46,8 @@ impl v1::TurnInput {
             assistant_speaker: self.assistant_speaker.clone(),
             timestamp: parse_time(&format!("turns[{i}].timestamp"), &self.timestamp)?,
             metadata: parse_object(&format!("turns[{i}].metadata_json"), &self.metadata_json)?,
+            user_id: self.user_id.clone(),
+            agent_id: self.agent_id.clone(),
         })
     }
 }
@@ -64,6 +66,8 @@ impl From<&recollect_model::TurnInput> for v1::TurnInput {
             } else {
                 serde_json::Value::Object(t.metadata.clone()).to_string()
             },
+            user_id: t.user_id.clone(),
+            agent_id: t.agent_id.clone(),
         }
     }
 }
@@ -82,6 +86,8 @@ impl From<recollect_model::Turn> for v1::Turn {
             timestamp: rfc3339(&t.timestamp),
             recorded_at: rfc3339(&t.recorded_at),
             metadata_json: serde_json::Value::Object(t.metadata).to_string(),
+            user_id: t.user_id,
+            agent_id: t.agent_id,
         }
     }
 }
@@ -99,6 +105,9 @@ impl From<RecalledMemory> for v1::RecalledMemory {
             assistant_speaker: m.assistant_speaker,
             timestamp: rfc3339(&m.timestamp),
             score: m.score,
+            user_id: m.user_id,
+            agent_id: m.agent_id,
+            metadata_json: serde_json::Value::Object(m.metadata).to_string(),
             sources: m.sources,
             score_parts: Some(v1::ScoreParts {
                 dense: p.dense,

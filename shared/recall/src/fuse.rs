@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 
 use recollect_extract::{QueryAnalysis, QueryType, Want};
-use recollect_model::{MemoryId, RecalledMemory, ScoreParts, TenantId};
+use recollect_model::{MemoryId, RecalledMemory, ScoreParts, TenantId, TurnFilter};
 
 use crate::softtfidf;
 use crate::{Ablation, PathB, PathC, QueryVectors, Recall, RecallError};
@@ -55,6 +55,7 @@ fn normaliser(values: impl Iterator<Item = f32>) -> f32 {
 pub async fn score(
     r: &Recall,
     tenant: &TenantId,
+    filter: &TurnFilter,
     qa: &QueryAnalysis,
     qv: &QueryVectors,
     b: &PathB,
@@ -78,7 +79,12 @@ pub async fn score(
         r.graph.turns(tenant, &ids),
         r.vectors.field_vectors(tenant, &ids)
     );
-    let (records, vectors) = (records?, vectors?);
+    let (mut records, vectors) = (records?, vectors?);
+    // The graph paths reach turns through conversation-level nodes: the turn filter applies
+    // here, before any scoring, as the vector index applied it inside its searches.
+    if !filter.is_empty() {
+        records.retain(|rec| filter.matches(&rec.turn));
+    }
 
     struct Row {
         idx: usize,
@@ -283,6 +289,9 @@ pub async fn score(
                 user_speaker: t.user_speaker.clone(),
                 assistant_speaker: t.assistant_speaker.clone(),
                 timestamp: t.timestamp,
+                user_id: t.user_id.clone(),
+                agent_id: t.agent_id.clone(),
+                metadata: t.metadata.clone(),
                 score: s,
                 sources,
                 score_parts: parts,

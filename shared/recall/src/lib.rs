@@ -9,7 +9,7 @@ mod path_b;
 mod path_c;
 pub mod softtfidf;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,6 +18,7 @@ use recollect_embed::Embedder;
 use recollect_extract::{analyse_query, QueryAnalysis};
 use recollect_model::{
     Classify, ErrorKind, MemoryId, RecalledMemory, ReferenceState, SparseVector, TenantId,
+    TurnFilter,
 };
 use recollect_store::{Graph, Scope, StoreError, VectorField, VectorIndex, VectorQuery};
 use recollect_telemetry as metrics;
@@ -66,6 +67,40 @@ pub struct RecallRequest {
     /// Anchor for relative times in the query ("last week"); absent: only absolute dates count.
     #[serde(default)]
     pub now: Option<DateTime<Utc>>,
+    /// Only turns of these end users (any of them).
+    #[serde(default)]
+    pub user_ids: Option<Vec<String>>,
+    /// Only turns of these agents (any of them).
+    #[serde(default)]
+    pub agent_ids: Option<Vec<String>>,
+    /// Only turns whose timestamp is at or after this.
+    #[serde(default)]
+    pub from: Option<DateTime<Utc>>,
+    /// Only turns whose timestamp is before this.
+    #[serde(default)]
+    pub to: Option<DateTime<Utc>>,
+    /// Only turns where one of these spoke (exact match on either speaker).
+    #[serde(default)]
+    pub speakers: Option<Vec<String>>,
+    /// Only turns whose metadata has each of these keys equal to the value given (string,
+    /// number or boolean; keys of letters, digits, _ and -).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<BTreeMap<String, serde_json::Value>>,
+}
+
+impl RecallRequest {
+    /// The turn-level part of the request's scope.
+    pub fn filter(&self) -> TurnFilter {
+        TurnFilter {
+            user_ids: self.user_ids.clone().unwrap_or_default(),
+            agent_ids: self.agent_ids.clone().unwrap_or_default(),
+            speakers: self.speakers.clone().unwrap_or_default(),
+            from: self.from,
+            to: self.to,
+            metadata: self.metadata.clone().unwrap_or_default(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
@@ -290,6 +325,19 @@ impl Recall {
                 self.config.max_k
             )));
         }
+        for (field, list) in [
+            ("user_ids", &req.user_ids),
+            ("agent_ids", &req.agent_ids),
+            ("speakers", &req.speakers),
+        ] {
+            if list.as_ref().is_some_and(Vec::is_empty) {
+                return Err(RecallError::Invalid(format!(
+                    "{field}, when given, must not be empty"
+                )));
+            }
+        }
+        let filter = req.filter();
+        filter.validate().map_err(RecallError::Invalid)?;
         if let Some(convs) = &req.conversation_ids {
             if convs.is_empty() {
                 return Err(RecallError::Invalid(
@@ -309,9 +357,23 @@ impl Recall {
                 return Err(RecallError::UnknownConversation(unknown.clone()));
             }
         }
+        let mut conversations = req.conversation_ids.clone();
+        // An end user's or agent's turns live in their conversations: every path, Path B's
+        // keyword and graph lookups included, searches just those.
+        if filter.has_participants() {
+            let theirs = self
+                .graph
+                .conversations_of(tenant, &filter.user_ids, &filter.agent_ids)
+                .await?;
+            conversations = Some(match conversations {
+                Some(asked) => asked.into_iter().filter(|c| theirs.contains(c)).collect(),
+                None => theirs,
+            });
+        }
         Ok((
             Scope {
-                conversations: req.conversation_ids.clone(),
+                conversations,
+                filter,
             },
             k as usize,
         ))
@@ -334,6 +396,10 @@ impl Recall {
     ) -> Result<Vec<RecalledMemory>, RecallError> {
         let started = Instant::now();
         let (scope, k) = self.validate(tenant, req).await?;
+        if scope.conversations.as_ref().is_some_and(Vec::is_empty) {
+            // The users or agents asked for have no conversations (or none of those named).
+            return Ok(vec![]);
+        }
         let (qa, qv) = self.analyse(req).await?;
         metrics::RECALL_LATENCY
             .with_label_values(&["analyse"])
@@ -392,7 +458,17 @@ impl Recall {
 
         // Phase 3: source-aware scoring, fused with lexical and dense evidence.
         let out = fuse::score(
-            self, tenant, &qa, &qv, &b, &c, &dense, &lexical, k, ablation,
+            self,
+            tenant,
+            &scope.filter,
+            &qa,
+            &qv,
+            &b,
+            &c,
+            &dense,
+            &lexical,
+            k,
+            ablation,
         )
         .await?;
         if out.is_empty() {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use recollect_api::{grpc_status, Guard};
 use recollect_model::{RecollectError, ReferenceState, TenantId};
 use recollect_proto::v1::memory_server::{Memory, MemoryServer};
-use recollect_proto::{parse_time, v1};
+use recollect_proto::{parse_object, parse_time, v1};
 use recollect_recall::RecallRequest;
 use recollect_telemetry as metrics;
 use tonic::{Request, Response, Status, Streaming};
@@ -124,6 +124,20 @@ fn recall_request(r: v1::RecallRequest) -> Result<RecallRequest, RecollectError>
         k: r.k,
         attention_state,
         now: r.now.map(|n| parse_time("now", &n)).transpose()?,
+        user_ids: (!r.user_ids.is_empty()).then_some(r.user_ids),
+        agent_ids: (!r.agent_ids.is_empty()).then_some(r.agent_ids),
+        from: r.from.map(|t| parse_time("from", &t)).transpose()?,
+        to: r.to.map(|t| parse_time("to", &t)).transpose()?,
+        speakers: (!r.speakers.is_empty()).then_some(r.speakers),
+        metadata: if r.metadata_json.trim().is_empty() {
+            None
+        } else {
+            Some(
+                parse_object("metadata_json", &r.metadata_json)?
+                    .into_iter()
+                    .collect(),
+            )
+        },
     })
 }
 
@@ -231,6 +245,63 @@ impl Memory for MemoryService {
         counted("Recall", r)
     }
 
+    async fn list_conversations(
+        &self,
+        request: Request<v1::ListConversationsRequest>,
+    ) -> Result<Response<v1::ListConversationsResponse>, Status> {
+        let r: Result<Response<v1::ListConversationsResponse>, Status> = async {
+            let (tenant, _permit) = self.admit("ListConversations", Role::Query, &request)?;
+            let q = request.into_inner();
+            let (conversation_ids, next_cursor) = self
+                .query()
+                .conversations_page(
+                    &tenant,
+                    crate::ConversationPageRequest {
+                        limit: q.limit,
+                        cursor: q.cursor,
+                        user_id: q.user_id,
+                        agent_id: q.agent_id,
+                    },
+                )
+                .await
+                .map_err(grpc_status)?;
+            Ok(Response::new(v1::ListConversationsResponse {
+                conversation_ids,
+                next_cursor,
+            }))
+        }
+        .await;
+        counted("ListConversations", r)
+    }
+
+    async fn list_turns(
+        &self,
+        request: Request<v1::ListTurnsRequest>,
+    ) -> Result<Response<v1::ListTurnsResponse>, Status> {
+        let r: Result<Response<v1::ListTurnsResponse>, Status> = async {
+            let (tenant, _permit) = self.admit("ListTurns", Role::Query, &request)?;
+            let q = request.into_inner();
+            let (turns, next_cursor) = self
+                .query()
+                .turns_page(&tenant, &q.conversation_id, q.limit, q.cursor)
+                .await
+                .map_err(grpc_status)?;
+            let turns = turns
+                .into_iter()
+                .map(|(turn, extraction, fragments)| v1::ListedTurn {
+                    turn: Some(turn.into()),
+                    extraction_json: extraction
+                        .and_then(|x| serde_json::to_string(&x).ok())
+                        .unwrap_or_default(),
+                    fragments,
+                })
+                .collect();
+            Ok(Response::new(v1::ListTurnsResponse { turns, next_cursor }))
+        }
+        .await;
+        counted("ListTurns", r)
+    }
+
     async fn get(&self, request: Request<v1::GetRequest>) -> Result<Response<v1::Turn>, Status> {
         let r: Result<Response<v1::Turn>, Status> = async {
             let (tenant, _permit) = self.admit("Get", Role::Query, &request)?;
@@ -280,8 +351,16 @@ mod tests {
             k: Some(5),
             attention_state_json: Some(r#"{"entities":["Melanie"],"locations":[],"events":[],"times":[],"bindings":{},"turns_seen":1}"#.into()),
             now: Some("2023-05-09T00:00:00Z".into()),
+            user_ids: vec!["u1".into()],
+            from: Some("2023-05-01T00:00:00Z".into()),
+            metadata_json: r#"{"channel":"web"}"#.into(),
+            ..Default::default()
         })
         .unwrap();
+        assert_eq!(r.user_ids, Some(vec!["u1".to_string()]));
+        assert!(r.agent_ids.is_none() && r.speakers.is_none() && r.to.is_none());
+        assert_eq!(r.from.unwrap().to_rfc3339(), "2023-05-01T00:00:00+00:00");
+        assert_eq!(r.metadata.unwrap()["channel"], "web");
         assert_eq!(r.conversation_ids, Some(vec!["chat-1".to_string()]));
         assert_eq!(r.k, Some(5));
         assert_eq!(r.attention_state.unwrap().entities, vec!["Melanie"]);
@@ -306,5 +385,12 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.to_string().contains("attention_state_json"), "{e}");
+        let e = recall_request(v1::RecallRequest {
+            query: "x".into(),
+            to: Some("later".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().starts_with("to:"), "{e}");
     }
 }

@@ -118,7 +118,35 @@ pub trait QueryRole: Send + Sync {
     ) -> Result<RecallResponse, RecollectError>;
     /// One memory by id of the caller's tenant.
     async fn memory(&self, tenant: &TenantId, id: &str) -> Result<Turn, RecollectError>;
+    /// One page of the caller's conversation ids and the next cursor
+    /// (`GET /v1/conversations`).
+    async fn conversations_page(
+        &self,
+        tenant: &TenantId,
+        page: ConversationPageRequest,
+    ) -> Result<(Vec<String>, Option<String>), RecollectError>;
+    /// One page of a conversation's turns, each with its extraction (None while pending) and
+    /// fragments, and the next cursor (`GET /v1/conversations/{id}/turns`).
+    async fn turns_page(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        limit: Option<i64>,
+        cursor: Option<String>,
+    ) -> Result<(Vec<ListedTurn>, Option<String>), RecollectError>;
 }
+
+/// What a conversation listing asks for, whichever edge it came through.
+#[derive(Debug, Clone, Default)]
+pub struct ConversationPageRequest {
+    pub limit: Option<i64>,
+    pub cursor: Option<String>,
+    pub user_id: Option<String>,
+    pub agent_id: Option<String>,
+}
+
+/// A listed turn: the turn, what the extractor found (None while pending), its fragments.
+pub type ListedTurn = (Turn, Option<recollect_model::Extraction>, Vec<String>);
 
 /// The roles one process serves: both in the embedded binary, one in each distributed service.
 #[derive(Clone, Default)]

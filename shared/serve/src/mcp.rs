@@ -123,7 +123,10 @@ impl MemoryTools {
                     "query": {"type": "string", "description": "what to remember, in natural language"},
                     "k": {"type": "integer", "minimum": 1, "maximum": 1000, "description": "how many memories to return (default 10)"},
                     "conversation_id": {"type": "string", "description": "only this conversation (default: all of them)"},
-                    "now": {"type": "string", "format": "date-time", "description": "RFC 3339 anchor for relative times in the query (\"last week\")"}
+                    "now": {"type": "string", "format": "date-time", "description": "RFC 3339 anchor for relative times in the query (\"last week\")"},
+                    "user_id": {"type": "string", "description": "only turns of this end user"},
+                    "agent_id": {"type": "string", "description": "only turns of this agent"},
+                    "metadata": {"type": "object", "description": "only turns whose metadata has these keys equal to these string, number or boolean values"}
                 },
                 "required": ["query"],
                 "additionalProperties": false
@@ -145,7 +148,9 @@ impl MemoryTools {
                             "user_speaker": {"type": "string", "description": "the user's name"},
                             "assistant_speaker": {"type": "string", "description": "the assistant's name"},
                             "timestamp": {"type": "string", "format": "date-time", "description": "RFC 3339 time of the turn (default: now)"},
-                            "metadata": {"type": "object", "description": "anything else to keep with the turn"}
+                            "metadata": {"type": "object", "description": "anything else to keep with the turn"},
+                            "user_id": {"type": "string", "description": "the end user this turn belongs to (recall can be scoped to it)"},
+                            "agent_id": {"type": "string", "description": "the agent that took part"}
                         },
                         "required": ["conversation_id", "user"],
                         "additionalProperties": false
@@ -172,6 +177,10 @@ impl MemoryTools {
                     k: Some(a.k.unwrap_or(10)),
                     attention_state: None,
                     now: a.now,
+                    user_ids: a.user_id.map(|u| vec![u]),
+                    agent_ids: a.agent_id.map(|u| vec![u]),
+                    metadata: a.metadata,
+                    ..Default::default()
                 };
                 match self.tenant(ctx) {
                     Ok(t) => self.backend.search(&t, req).await.map(
@@ -190,6 +199,8 @@ impl MemoryTools {
                     assistant_speaker: a.assistant_speaker,
                     timestamp: a.timestamp.unwrap_or_else(Utc::now),
                     metadata: a.metadata,
+                    user_id: a.user_id,
+                    agent_id: a.agent_id,
                 };
                 match self.tenant(ctx) {
                     Ok(t) => self
@@ -243,6 +254,12 @@ struct SearchArgs {
     conversation_id: Option<String>,
     #[serde(default)]
     now: Option<DateTime<Utc>>,
+    #[serde(default)]
+    user_id: Option<String>,
+    #[serde(default)]
+    agent_id: Option<String>,
+    #[serde(default)]
+    metadata: Option<std::collections::BTreeMap<String, Value>>,
 }
 
 #[derive(Deserialize)]
@@ -262,6 +279,10 @@ struct StoreArgs {
     timestamp: Option<DateTime<Utc>>,
     #[serde(default)]
     metadata: serde_json::Map<String, Value>,
+    #[serde(default)]
+    user_id: Option<String>,
+    #[serde(default)]
+    agent_id: Option<String>,
 }
 
 /// Decodes tool arguments; a bad one is an invalid-params error that says what is wrong.
@@ -281,6 +302,9 @@ fn memory_view(m: &RecalledMemory) -> Value {
         "user": m.user,
         "assistant_speaker": m.assistant_speaker,
         "assistant": m.assistant,
+        "user_id": m.user_id,
+        "agent_id": m.agent_id,
+        "metadata": m.metadata,
         "score": m.score,
         "sources": m.sources,
     })

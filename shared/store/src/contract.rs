@@ -34,6 +34,8 @@ fn turn(tenant: &TenantId, conv: &str, pos: u64, text: &str) -> Turn {
             + Duration::minutes(pos as i64),
         recorded_at: Utc::now(),
         metadata: Default::default(),
+        user_id: None,
+        agent_id: None,
     }
 }
 
@@ -81,6 +83,9 @@ fn first_point(t: &TenantId) -> TurnPoint {
         user: vector(8, 1),
         assistant: None,
         lexical: SparseVector::default(),
+        user_id: None,
+        agent_id: None,
+        metadata: Default::default(),
     }
 }
 
@@ -98,7 +103,62 @@ pub async fn graph_contract(g: Arc<dyn Graph>, residue: Residue) {
     graph_semantics(g.clone(), residue.clone()).await;
     graph_unicode(g.clone(), residue.clone()).await;
     graph_erasure(g.clone(), residue.clone()).await;
+    graph_participants(g.clone()).await;
     graph_batch_sizes(g, residue).await;
+}
+
+/// The conversations of end users and agents: any of the ids, both kinds intersected, other
+/// tenants apart, gone with their conversation.
+async fn graph_participants(g: Arc<dyn Graph>) {
+    let a = TenantId("tenant-participants".into());
+    let b = TenantId("tenant-participants-b".into());
+    let with = |t: &TenantId, conv: &str, pos: u64, user: Option<&str>, agent: Option<&str>| {
+        let mut turn = turn(t, conv, pos, "we talked about kayaks");
+        turn.user_id = user.map(String::from);
+        turn.agent_id = agent.map(String::from);
+        (turn, extraction(&["kayak"], "Ines", 8))
+    };
+    g.write_turns(&[
+        with(&a, "p1", 0, Some("u-1"), Some("agent-x")),
+        with(&a, "p1", 1, Some("u-1"), None),
+        with(&a, "p2", 0, Some("u-2"), Some("agent-x")),
+        with(&a, "p3", 0, Some("u-1"), Some("agent-y")),
+        with(&a, "p4", 0, None, None),
+        with(&b, "p9", 0, Some("u-1"), None),
+    ])
+    .await
+    .unwrap();
+    let of = |u: &[&str], ag: &[&str]| {
+        let g = g.clone();
+        let a = a.clone();
+        let u: Vec<String> = u.iter().map(|s| s.to_string()).collect();
+        let ag: Vec<String> = ag.iter().map(|s| s.to_string()).collect();
+        async move { g.conversations_of(&a, &u, &ag).await.unwrap() }
+    };
+    assert_eq!(of(&["u-1"], &[]).await, vec!["p1", "p3"]);
+    assert_eq!(of(&["u-1", "u-2"], &[]).await, vec!["p1", "p2", "p3"]);
+    assert_eq!(of(&[], &["agent-x"]).await, vec!["p1", "p2"]);
+    assert_eq!(of(&["u-1"], &["agent-x"]).await, vec!["p1"]);
+    assert!(of(&["nobody"], &[]).await.is_empty());
+    assert!(of(&[], &[]).await.is_empty());
+    // Idempotent rewrite, then erasure of one conversation.
+    g.write_turns(&[with(&a, "p1", 0, Some("u-1"), Some("agent-x"))])
+        .await
+        .unwrap();
+    assert_eq!(of(&["u-1"], &[]).await, vec!["p1", "p3"]);
+    g.delete_conversation(&a, "p1").await.unwrap();
+    assert_eq!(of(&["u-1"], &[]).await, vec!["p3"]);
+    assert_eq!(
+        g.conversations_of(&b, &["u-1".into()], &[]).await.unwrap(),
+        vec!["p9"]
+    );
+    for c in ["p2", "p3", "p4"] {
+        g.delete_conversation(&a, c).await.unwrap();
+    }
+    g.delete_conversation(&b, "p9").await.unwrap();
+    assert!(of(&["u-1", "u-2"], &["agent-x", "agent-y"])
+        .await
+        .is_empty());
 }
 
 /// A marker read back: equal to the erase time, or up to a microsecond later (servers that keep
@@ -675,7 +735,133 @@ async fn graph_semantics(g: Arc<dyn Graph>, residue: Residue) {
 
 /// VectorIndex contract: idempotent upserts, field search, lexical search, tenant isolation,
 /// keyword neighbours, erasure, batch sizes.
+/// Turn filters inside the search: every condition, and `limit` matching turns whenever that
+/// many exist, however many better-scoring turns fail the filter.
+async fn vector_filters(v: Arc<dyn VectorIndex>, dim: usize) {
+    let t = TenantId("tenant-filters".into());
+    let base = Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap();
+    let pts: Vec<TurnPoint> = (0..60)
+        .map(|i| TurnPoint {
+            memory_id: MemoryId::derive(&t, "f", &i.to_string()),
+            tenant: t.clone(),
+            conversation_id: "f".into(),
+            turn_id: i.to_string(),
+            position: i as u64,
+            timestamp: base + Duration::days(i as i64),
+            user_speaker: Some(if i % 2 == 0 { "Maya" } else { "Leo" }.into()),
+            assistant_speaker: Some("Bot".into()),
+            // Nearly the same vector everywhere: the filter, not the score, decides.
+            user: vector(dim, 7 + (i % 2)),
+            assistant: (i % 5 == 0).then(|| vector(dim, 7)),
+            lexical: SparseVector {
+                indices: vec![42],
+                values: vec![1.0 + i as f32 / 100.0],
+            },
+            user_id: Some(format!("u-{}", i % 3)),
+            agent_id: (i % 4 == 0).then(|| "agent-x".to_string()),
+            metadata: serde_json::json!({"tier": if i < 10 { "gold" } else { "free" },
+                                         "n": i % 6, "paid": i % 2 == 1, "score": 0.5})
+            .as_object()
+            .unwrap()
+            .clone(),
+        })
+        .collect();
+    v.upsert_turns(pts.clone()).await.unwrap();
+    let q = VectorQuery::Dense {
+        field: VectorField::User,
+        vector: vector(dim, 7),
+    };
+    let lex = VectorQuery::Lexical(SparseVector {
+        indices: vec![42],
+        values: vec![1.0],
+    });
+    let by_id: std::collections::HashMap<MemoryId, &TurnPoint> =
+        pts.iter().map(|p| (p.memory_id, p)).collect();
+    let scope = |f: serde_json::Value| Scope {
+        conversations: Some(vec!["f".into()]),
+        filter: serde_json::from_value(f).unwrap(),
+    };
+    type Want = Box<dyn Fn(&TurnPoint) -> bool>;
+    let cases: Vec<(serde_json::Value, Want)> = vec![
+        (
+            serde_json::json!({"user_ids": ["u-1"]}),
+            Box::new(|p| p.user_id.as_deref() == Some("u-1")),
+        ),
+        (
+            serde_json::json!({"user_ids": ["u-1", "u-2"], "agent_ids": ["agent-x"]}),
+            Box::new(|p| p.user_id.as_deref() != Some("u-0") && p.agent_id.is_some()),
+        ),
+        (
+            serde_json::json!({"speakers": ["Leo"]}),
+            Box::new(|p| p.user_speaker.as_deref() == Some("Leo")),
+        ),
+        (
+            serde_json::json!({"speakers": ["Bot"]}),
+            Box::new(|p| p.assistant.is_some()),
+        ),
+        (
+            serde_json::json!({"from": "2024-01-11T00:00:00Z", "to": "2024-01-21T00:00:00Z"}),
+            Box::new(|p| (10..20).contains(&p.position)),
+        ),
+        (
+            serde_json::json!({"metadata": {"tier": "gold"}}),
+            Box::new(|p| p.position < 10),
+        ),
+        (
+            serde_json::json!({"metadata": {"n": 4, "paid": false, "score": 0.5}}),
+            Box::new(|p| p.position % 6 == 4),
+        ),
+        (
+            serde_json::json!({"metadata": {"n": 4.0}}),
+            Box::new(|p| p.position % 6 == 4),
+        ),
+    ];
+    for (f, want) in &cases {
+        let expected = pts.iter().filter(|p| want(p)).count();
+        assert!(expected > 0, "{f}");
+        for query in [&q, &lex] {
+            for limit in [3usize, 100] {
+                let hits = v.search(&t, &scope(f.clone()), query, limit).await.unwrap();
+                assert_eq!(hits.len(), expected.min(limit), "{f} limit {limit}");
+                for (id, _) in &hits {
+                    assert!(want(by_id[id]), "{f}: turn {} passed", by_id[id].position);
+                }
+            }
+        }
+        assert_eq!(
+            v.count(&t, &scope(f.clone())).await.unwrap(),
+            expected as u64,
+            "{f}"
+        );
+    }
+    // Keyword points belong to conversations: a turn filter does not hide them.
+    v.upsert_keywords(
+        &t,
+        "f",
+        vec![KeywordVector {
+            keyword: "kayak".into(),
+            vector: vector(dim, 3),
+        }],
+    )
+    .await
+    .unwrap();
+    let kw = v
+        .search_keywords(
+            &t,
+            &scope(serde_json::json!({"user_ids": ["u-1"]})),
+            &vector(dim, 3),
+            5,
+            0.5,
+        )
+        .await
+        .unwrap();
+    assert_eq!(kw.len(), 1);
+    v.delete_conversation(&t, "f").await.unwrap();
+    assert_eq!(v.count(&t, &Scope::all()).await.unwrap(), 0);
+}
+
 pub async fn vector_contract(v: Arc<dyn VectorIndex>, dim: usize) {
+    vector_filters(v.clone(), dim).await;
     let a = TenantId("tenant-a".into());
     let b = TenantId("tenant-b".into());
     let point = |t: &TenantId, conv: &str, i: usize| TurnPoint {
@@ -693,6 +879,9 @@ pub async fn vector_contract(v: Arc<dyn VectorIndex>, dim: usize) {
             indices: vec![i as u32, 99_999],
             values: vec![1.0, 0.5],
         },
+        user_id: None,
+        agent_id: None,
+        metadata: Default::default(),
     };
     for size in [1usize, 10, 1000, 10_000] {
         let pts: Vec<TurnPoint> = (0..size)

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use recollect_model::{Extraction, Fragment, MemoryId, ReferenceState, TenantId, Turn};
+use recollect_model::{Extraction, Fragment, MemoryId, ReferenceState, TenantId, Turn, TurnFilter};
 use serde::{Deserialize, Serialize};
 
 use crate::StoreError;
@@ -136,21 +136,31 @@ pub struct LinkedTurn {
     pub conversation_id: String,
 }
 
-/// Which conversations of a tenant a query may see (None: all of them).
+/// Which conversations of a tenant a query may see (None: all of them), and which of their
+/// turns ([`TurnFilter`]; empty: all). Structural nodes and keyword points belong to
+/// conversations, so only turn-level searches apply the filter.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Scope {
     pub conversations: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "TurnFilter::is_empty")]
+    pub filter: TurnFilter,
 }
 
 impl Scope {
     pub fn all() -> Self {
-        Self {
-            conversations: None,
-        }
+        Self::default()
     }
     pub fn of(conversations: &[&str]) -> Self {
         Self {
             conversations: Some(conversations.iter().map(|s| s.to_string()).collect()),
+            filter: TurnFilter::default(),
+        }
+    }
+    /// The same conversations without the turn filter (for conversation-level data).
+    pub fn conversations_only(&self) -> Self {
+        Self {
+            conversations: self.conversations.clone(),
+            filter: TurnFilter::default(),
         }
     }
 }
@@ -314,6 +324,16 @@ pub trait Graph: Send + Sync + 'static {
 
     /// Conversation ids of a tenant that have stored turns.
     async fn conversations(&self, tenant: &TenantId) -> Result<Vec<String>, StoreError>;
+
+    /// Conversations of a tenant with a turn of one of `user_ids` and (when both are given) one
+    /// of `agent_ids`, sorted; empty when neither is given. A superset is allowed (a
+    /// conversation whose last turn of that user was erased): recall filters turns again.
+    async fn conversations_of(
+        &self,
+        tenant: &TenantId,
+        user_ids: &[String],
+        agent_ids: &[String],
+    ) -> Result<Vec<String>, StoreError>;
 
     /// Distinct node names of `kind` linked from turns in scope (for containment and range matching).
     async fn vocabulary(

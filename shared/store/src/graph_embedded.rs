@@ -34,6 +34,48 @@ const FRAGMENTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("fragments
 const CONV_FRAGMENTS: TableDefinition<&[u8], ()> = TableDefinition::new("conversation_fragments");
 /// tenant\0conversation\0 (empty conversation: the whole tenant) → erased at, ns since the epoch
 const ERASURES: TableDefinition<&[u8], i64> = TableDefinition::new("erasures");
+/// tenant\0participant\0conversation\0 → (), participant `u:<user id>` or `a:<agent id>`: the
+/// conversations of an end user or agent, for recall scoped to them
+const PARTICIPANT_CONVS: TableDefinition<&[u8], ()> =
+    TableDefinition::new("participant_conversations");
+/// tenant\0conversation\0participant\0 → (): the same pairs by conversation, for erasure
+const CONV_PARTICIPANTS: TableDefinition<&[u8], ()> =
+    TableDefinition::new("conversation_participants");
+
+/// The participants a turn adds to its conversation.
+fn participants(t: &Turn) -> impl Iterator<Item = String> + '_ {
+    let u = t.user_id.iter().map(|u| format!("u:{u}"));
+    let a = t.agent_id.iter().map(|a| format!("a:{a}"));
+    u.chain(a)
+}
+
+/// Forgets every participant of a conversation (the conversation is gone).
+fn forget_participants(
+    w: &redb::WriteTransaction,
+    tenant: &str,
+    conversation: &str,
+) -> Result<(), StoreError> {
+    let cp = keys::join(&[tenant, conversation]);
+    let cend = keys::prefix_end(&cp);
+    let mut by_conv = w.open_table(CONV_PARTICIPANTS)?;
+    let mut by_part = w.open_table(PARTICIPANT_CONVS)?;
+    let parts: Vec<String> = by_conv
+        .range(cp.as_slice()..cend.as_slice())?
+        .map(|e| {
+            e.map(|(k, _)| {
+                keys::split(k.value())
+                    .get(2)
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .unwrap_or_default()
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    for p in parts {
+        by_part.remove(keys::join(&[tenant, &p, conversation]).as_slice())?;
+    }
+    by_conv.retain_in(cp.as_slice()..cend.as_slice(), |_, _| false)?;
+    Ok(())
+}
 
 fn nanos(t: DateTime<Utc>) -> i64 {
     t.timestamp_nanos_opt().unwrap_or(i64::MAX)
@@ -96,6 +138,8 @@ impl EmbeddedGraph {
         w.open_table(FRAGMENTS)?;
         w.open_table(CONV_FRAGMENTS)?;
         w.open_table(ERASURES)?;
+        w.open_table(PARTICIPANT_CONVS)?;
+        w.open_table(CONV_PARTICIPANTS)?;
         w.commit()?;
         Ok(Self { db: Arc::new(db) })
     }
@@ -161,6 +205,8 @@ impl EmbeddedGraph {
             let mut links = w.open_table(LINKS)?;
             let mut vocab = w.open_table(VOCAB)?;
             let mut count = w.open_table(CONV_COUNT)?;
+            let mut by_part = w.open_table(PARTICIPANT_CONVS)?;
+            let mut by_conv = w.open_table(CONV_PARTICIPANTS)?;
             // The erasure guard, under the write lock: an eraser's marker is either committed
             // before this transaction (and seen here) or after it (and its delete follows).
             let erased = w.open_table(ERASURES)?;
@@ -196,6 +242,10 @@ impl EmbeddedGraph {
                     let k = keys::join(&[tenant, cid]);
                     let n = count.get(k.as_slice())?.map(|v| v.value()).unwrap_or(0);
                     count.insert(k.as_slice(), n + 1)?;
+                }
+                for p in participants(turn) {
+                    by_part.insert(keys::join(&[tenant, &p, cid]).as_slice(), ())?;
+                    by_conv.insert(keys::join(&[tenant, cid, &p]).as_slice(), ())?;
                 }
                 let valid_from = x.event_time.unwrap_or(turn.timestamp);
                 for kind in NodeKind::ALL {
@@ -365,6 +415,45 @@ impl Graph for EmbeddedGraph {
         let tenant = tenant.clone();
         self.blocking(move |db| Self::scope_conversations(db, tenant.as_str(), &Scope::all()))
             .await
+    }
+
+    async fn conversations_of(
+        &self,
+        tenant: &TenantId,
+        user_ids: &[String],
+        agent_ids: &[String],
+    ) -> Result<Vec<String>, StoreError> {
+        let tenant = tenant.clone();
+        let (users, agents) = (user_ids.to_vec(), agent_ids.to_vec());
+        self.blocking(move |db| {
+            let r = db.begin_read()?;
+            let t = r.open_table(PARTICIPANT_CONVS)?;
+            let of = |prefix: &str, ids: &[String]| -> Result<BTreeSet<String>, StoreError> {
+                let mut out = BTreeSet::new();
+                for id in ids {
+                    let p = keys::join(&[tenant.as_str(), &format!("{prefix}{id}")]);
+                    let end = keys::prefix_end(&p);
+                    for e in t.range(p.as_slice()..end.as_slice())? {
+                        let (k, _) = e?;
+                        if let Some(c) = keys::split(k.value()).get(2) {
+                            out.insert(String::from_utf8_lossy(c).into_owned());
+                        }
+                    }
+                }
+                Ok(out)
+            };
+            let found = match (users.is_empty(), agents.is_empty()) {
+                (false, false) => {
+                    let a = of("a:", &agents)?;
+                    of("u:", &users)?.intersection(&a).cloned().collect()
+                }
+                (false, true) => of("u:", &users)?,
+                (true, false) => of("a:", &agents)?,
+                (true, true) => BTreeSet::new(),
+            };
+            Ok(found.into_iter().collect())
+        })
+        .await
     }
 
     async fn vocabulary(
@@ -661,6 +750,7 @@ impl Graph for EmbeddedGraph {
                 }
                 cf.retain_in(cp.as_slice()..cend.as_slice(), |_, _| false)?;
             }
+            forget_participants(&w, &tenant, &conversation)?;
             w.commit()?;
             Ok(n)
         })
@@ -727,6 +817,9 @@ impl EmbeddedGraph {
             .saturating_sub(removed.len() as u64);
         if left == 0 {
             count.remove(cp.as_slice())?;
+            // A partly erased conversation keeps its participants: the index may then name a
+            // conversation with no turn of theirs left, which the turn filter still excludes.
+            forget_participants(w, tenant, conversation)?;
         } else {
             count.insert(cp.as_slice(), left)?;
         }

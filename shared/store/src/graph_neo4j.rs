@@ -11,7 +11,7 @@
 //!
 //! The Cypher stays in what Neo4j 5 and ArcadeDB share: no APOC, no CALL subqueries, no COUNT {}.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -189,6 +189,12 @@ impl Neo4jGraph {
             ));
             statements.push(format!(
                 "CREATE INDEX {low}_conversation IF NOT EXISTS FOR (n:{l}) ON (n.tenant, n.conversation)"
+            ));
+        }
+        // Recall scoped to an end user or agent finds their conversations through these.
+        for p in ["user_id", "agent_id"] {
+            statements.push(format!(
+                "CREATE INDEX turn_{p} IF NOT EXISTS FOR (n:Turn) ON (n.tenant, n.{p})"
             ));
         }
         for k in NodeKind::ALL {
@@ -428,13 +434,13 @@ fn write_turns_statement(new_turns: bool) -> String {
         "UNWIND $rows AS r CREATE (t:Turn {key: r.key, tenant: r.tenant, \
          conversation: r.conversation, turn_id: r.turn_id, position: r.position, \
          timestamp: r.timestamp, user: r.user, assistant: r.assistant, turn_json: r.turn_json, \
-         extraction_json: r.extraction_json})"
+         extraction_json: r.extraction_json, user_id: r.user_id, agent_id: r.agent_id})"
     } else {
         "UNWIND $rows AS r MERGE (t:Turn {key: r.key}) \
          SET t.tenant = r.tenant, t.conversation = r.conversation, t.turn_id = r.turn_id, \
          t.position = r.position, t.timestamp = r.timestamp, t.user = r.user, \
          t.assistant = r.assistant, t.turn_json = r.turn_json, \
-         t.extraction_json = r.extraction_json"
+         t.extraction_json = r.extraction_json, t.user_id = r.user_id, t.agent_id = r.agent_id"
     });
     for kind in NodeKind::ALL {
         let (label, edge, field) = (kind.label(), kind.edge(), links_field(kind));
@@ -471,6 +477,8 @@ fn turn_rows(turns: &[(Turn, Extraction)]) -> Result<Vec<Value>, StoreError> {
             "timestamp": t.timestamp.to_rfc3339(),
             "user": t.user,
             "assistant": t.assistant,
+            "user_id": t.user_id,
+            "agent_id": t.agent_id,
             "turn_json": serde_json::to_string(t)?,
             "extraction_json": serde_json::to_string(x)?,
             "valid_from": micros(x.event_time.unwrap_or(t.timestamp)),
@@ -675,6 +683,44 @@ impl Graph for Neo4jGraph {
                 .collect::<Result<Vec<_>, _>>()?;
             out.sort();
             Ok(out)
+        })
+        .await
+    }
+
+    async fn conversations_of(
+        &self,
+        tenant: &TenantId,
+        user_ids: &[String],
+        agent_ids: &[String],
+    ) -> Result<Vec<String>, StoreError> {
+        self.observed(false, async {
+            let mut sets: Vec<BTreeSet<String>> = Vec::new();
+            for (prop, ids) in [("user_id", user_ids), ("agent_id", agent_ids)] {
+                if ids.is_empty() {
+                    continue;
+                }
+                let rows = self
+                    .rows(
+                        query(&format!(
+                            "MATCH (t:Turn) WHERE t.tenant = $tenant AND t.{prop} IN $ids \
+                             RETURN DISTINCT t.conversation AS conversation"
+                        ))
+                        .param("tenant", tenant.as_str())
+                        .param("ids", ids.to_vec()),
+                    )
+                    .await?;
+                sets.push(
+                    rows.iter()
+                        .map(|r| get::<String>(r, "conversation"))
+                        .collect::<Result<_, _>>()?,
+                );
+            }
+            let mut it = sets.into_iter();
+            let first = it.next().unwrap_or_default();
+            Ok(it
+                .fold(first, |acc, s| acc.intersection(&s).cloned().collect())
+                .into_iter()
+                .collect())
         })
         .await
     }
@@ -1211,6 +1257,8 @@ mod batch_tests {
             timestamp: Utc.with_ymd_and_hms(2023, 5, 8, 12, 0, 0).unwrap(),
             recorded_at: Utc::now(),
             metadata: Default::default(),
+            user_id: None,
+            agent_id: None,
         };
         let d = chrono::NaiveDate::from_ymd_opt(2023, 5, 1).unwrap();
         let x = Extraction {

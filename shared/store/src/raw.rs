@@ -95,6 +95,8 @@ impl RawStore {
                     timestamp: input.timestamp,
                     recorded_at: now,
                     metadata: input.metadata.clone(),
+                    user_id: input.user_id.clone(),
+                    agent_id: input.agent_id.clone(),
                 };
                 turns.insert(id.as_u128(), serde_json::to_vec(&turn)?.as_slice())?;
                 let mut ik = conv_key.clone();
@@ -334,6 +336,8 @@ mod tests {
             assistant_speaker: None,
             timestamp: Utc::now(),
             metadata: Default::default(),
+            user_id: None,
+            agent_id: None,
         }
     }
 

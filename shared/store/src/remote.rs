@@ -47,6 +47,11 @@ pub enum GraphCall {
     Conversations {
         tenant: TenantId,
     },
+    ConversationsOf {
+        tenant: TenantId,
+        user_ids: Vec<String>,
+        agent_ids: Vec<String>,
+    },
     Vocabulary {
         tenant: TenantId,
         scope: Scope,
@@ -203,6 +208,11 @@ pub async fn dispatch_graph(
                 .await?,
         ),
         GraphCall::Conversations { tenant } => json(g.conversations(&tenant).await?),
+        GraphCall::ConversationsOf {
+            tenant,
+            user_ids,
+            agent_ids,
+        } => json(g.conversations_of(&tenant, &user_ids, &agent_ids).await?),
         GraphCall::Vocabulary {
             tenant,
             scope,
@@ -465,6 +475,19 @@ impl Graph for RemoteGraph {
     async fn conversations(&self, tenant: &TenantId) -> Result<Vec<String>, StoreError> {
         self.call(GraphCall::Conversations {
             tenant: tenant.clone(),
+        })
+        .await
+    }
+    async fn conversations_of(
+        &self,
+        tenant: &TenantId,
+        user_ids: &[String],
+        agent_ids: &[String],
+    ) -> Result<Vec<String>, StoreError> {
+        self.call(GraphCall::ConversationsOf {
+            tenant: tenant.clone(),
+            user_ids: user_ids.to_vec(),
+            agent_ids: agent_ids.to_vec(),
         })
         .await
     }

@@ -26,6 +26,13 @@ pub struct TurnPoint {
     pub timestamp: DateTime<Utc>,
     pub user_speaker: Option<String>,
     pub assistant_speaker: Option<String>,
+    /// What a recall's [`recollect_model::TurnFilter`] can select on, besides the above.
+    #[serde(default)]
+    pub user_id: Option<String>,
+    #[serde(default)]
+    pub agent_id: Option<String>,
+    #[serde(default)]
+    pub metadata: serde_json::Map<String, serde_json::Value>,
     pub user: Vec<f32>,
     /// None when the turn has no assistant text.
     pub assistant: Option<Vec<f32>>,
@@ -70,7 +77,9 @@ pub trait VectorIndex: Send + Sync + 'static {
     /// Upserts turn points (idempotent on memory id); returns when durable.
     async fn upsert_turns(&self, points: Vec<TurnPoint>) -> Result<(), StoreError>;
 
-    /// Best `limit` turns in scope for the query, highest score first.
+    /// Best `limit` turns in scope (its conversations and its turn filter) for the query,
+    /// highest score first: the filter applies inside the search, so `limit` matching turns
+    /// come back whenever that many exist.
     async fn search(
         &self,
         tenant: &TenantId,
@@ -94,7 +103,8 @@ pub trait VectorIndex: Send + Sync + 'static {
         keywords: Vec<KeywordVector>,
     ) -> Result<(), StoreError>;
 
-    /// Keywords in scope nearest to `vector` with cosine ≥ `min_score` (name, score).
+    /// Keywords of the scope's conversations nearest to `vector` with cosine ≥ `min_score`
+    /// (name, score). Keywords belong to conversations: the turn filter does not apply.
     async fn search_keywords(
         &self,
         tenant: &TenantId,

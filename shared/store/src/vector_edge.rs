@@ -9,12 +9,13 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use qdrant_edge::external::ordered_float::OrderedFloat;
 use qdrant_edge::external::uuid::Uuid;
 use qdrant_edge::{
-    AnyVariants, Condition, CountRequest, Distance, EdgeConfigBuilder, EdgeShard,
+    AnyVariants, Condition, CountRequest, DateTimeWrapper, Distance, EdgeConfigBuilder, EdgeShard,
     EdgeSparseVectorParamsBuilder, EdgeVectorParamsBuilder, FieldCondition, Filter, JsonPath,
     KeywordIndexParams, Match, Modifier, NamedQuery, PayloadFieldSchema, PayloadSchemaParams,
-    PointId, PointInsertOperations, PointOperations, PointStruct, QueryEnum, SearchRequest,
+    PointId, PointInsertOperations, PointOperations, PointStruct, QueryEnum, Range, SearchRequest,
     UpdateOperation, ValueVariants, Vector, VectorInternal, VectorStructInternal, Vectors,
     WithPayloadInterface, WithVector,
 };
@@ -147,14 +148,82 @@ fn match_value(key: &str, value: &str) -> Condition {
     ))
 }
 
-/// Tenant always; conversations when the scope names them.
+fn shard_count(shard: &EdgeShard, filter: Filter) -> Result<u64, StoreError> {
+    Ok(shard
+        .count(CountRequest {
+            filter: Some(filter),
+            exact: true,
+        })
+        .map_err(err)? as u64)
+}
+
+/// Both speakers of a turn in one array, for the `speakers` filter.
+fn speakers(p: &TurnPoint) -> Vec<&str> {
+    let mut v: Vec<&str> = p.user_speaker.iter().map(String::as_str).collect();
+    if p.assistant.is_some() {
+        v.extend(p.assistant_speaker.as_deref());
+    }
+    v
+}
+
+fn match_any(key: &str, values: &[String]) -> Condition {
+    Condition::Field(FieldCondition::new_match(
+        json_path(key),
+        Match::new_any(AnyVariants::Strings(values.iter().cloned().collect())),
+    ))
+}
+
+/// Tenant always; conversations when the scope names them; the turn filter's conditions (on
+/// turn points; keyword points carry none of those fields, see [`Scope::conversations_only`]).
 fn scope_filter(tenant: &TenantId, scope: &Scope) -> Filter {
     let mut must = vec![match_value("tenant", tenant.as_str())];
     if let Some(convs) = &scope.conversations {
-        must.push(Condition::Field(FieldCondition::new_match(
-            json_path("conversation"),
-            Match::new_any(AnyVariants::Strings(convs.iter().cloned().collect())),
+        must.push(match_any("conversation", convs));
+    }
+    let f = &scope.filter;
+    for (key, values) in [
+        ("user_id", &f.user_ids),
+        ("agent_id", &f.agent_ids),
+        ("speakers", &f.speakers),
+    ] {
+        if !values.is_empty() {
+            must.push(match_any(key, values));
+        }
+    }
+    if f.from.is_some() || f.to.is_some() {
+        must.push(Condition::Field(FieldCondition::new_datetime_range(
+            json_path("timestamp"),
+            Range {
+                gte: f.from.map(DateTimeWrapper),
+                lt: f.to.map(DateTimeWrapper),
+                gt: None,
+                lte: None,
+            },
         )));
+    }
+    for (k, v) in &f.metadata {
+        let path = json_path(&format!("metadata.{k}"));
+        must.push(Condition::Field(match v {
+            serde_json::Value::String(s) => {
+                FieldCondition::new_match(path, Match::new_value(ValueVariants::String(s.clone())))
+            }
+            serde_json::Value::Bool(b) => {
+                FieldCondition::new_match(path, Match::new_value(ValueVariants::Bool(*b)))
+            }
+            // Numbers by value, integer or not (validated finite): a closed one-point range.
+            v => {
+                let x = OrderedFloat(v.as_f64().unwrap_or(f64::NAN));
+                FieldCondition::new_range(
+                    path,
+                    Range {
+                        gte: Some(x),
+                        lte: Some(x),
+                        gt: None,
+                        lt: None,
+                    },
+                )
+            }
+        }));
     }
     Filter {
         must: Some(must),
@@ -171,7 +240,9 @@ fn open_shard(path: &Path, config: qdrant_edge::EdgeConfig) -> Result<EdgeShard,
         EdgeShard::new(path, config)
     };
     let shard = shard.map_err(err)?;
-    for field in ["tenant", "conversation"] {
+    // user_id and agent_id: a recall scoped to one end user is a small slice of a tenant,
+    // which the planner scans through the index instead of filtering an HNSW walk.
+    for field in ["tenant", "conversation", "user_id", "agent_id"] {
         let params = KeywordIndexParams {
             is_tenant: Some(field == "tenant"),
             ..Default::default()
@@ -306,6 +377,10 @@ impl VectorIndex for EdgeVectorIndex {
                 "timestamp": p.timestamp.to_rfc3339(),
                 "user_speaker": p.user_speaker,
                 "assistant_speaker": p.assistant_speaker,
+                "speakers": speakers(p),
+                "user_id": p.user_id,
+                "agent_id": p.agent_id,
+                "metadata": p.metadata,
             });
             structs.push(
                 PointStruct::new(point_id(p.memory_id), Vectors::new_named(named), payload).into(),
@@ -472,7 +547,7 @@ impl VectorIndex for EdgeVectorIndex {
                 VectorInternal::from(Vector::new_dense(vector.to_vec())),
                 KEYWORD_VECTOR,
             )),
-            filter: Some(scope_filter(tenant, scope)),
+            filter: Some(scope_filter(tenant, &scope.conversations_only())),
             params: None,
             limit: limit * 4,
             offset: 0,
@@ -541,7 +616,7 @@ impl VectorIndex for EdgeVectorIndex {
         let scope = Scope::of(&[conversation]);
         let n = self.count(tenant, &scope).await?;
         let filter = scope_filter(tenant, &scope);
-        let f2 = filter.clone();
+        let f2 = scope_filter(tenant, &scope.conversations_only());
         self.write(&self.turns, move |s| {
             s.update(UpdateOperation::PointOperation(
                 PointOperations::DeletePointsByFilter(filter),
@@ -586,20 +661,17 @@ impl VectorIndex for EdgeVectorIndex {
 impl EdgeVectorIndex {
     /// (turn points, keyword points) in scope, without an async runtime: erasure audits and tests.
     pub fn audit_counts(&self, tenant: &TenantId, scope: &Scope) -> Result<(u64, u64), StoreError> {
-        let count = |shard: &EdgeShard| -> Result<u64, StoreError> {
-            Ok(shard
-                .count(CountRequest {
-                    filter: Some(scope_filter(tenant, scope)),
-                    exact: true,
-                })
-                .map_err(err)? as u64)
-        };
-        Ok((count(&self.turns)?, count(&self.keywords)?))
+        let count = |shard: &EdgeShard| shard_count(shard, scope_filter(tenant, scope));
+        let keywords = shard_count(
+            &self.keywords,
+            scope_filter(tenant, &scope.conversations_only()),
+        )?;
+        Ok((count(&self.turns)?, keywords))
     }
 
     /// Keyword points in scope (erasure checks).
     pub async fn keyword_count(&self, tenant: &TenantId, scope: &Scope) -> Result<u64, StoreError> {
-        let filter = scope_filter(tenant, scope);
+        let filter = scope_filter(tenant, &scope.conversations_only());
         Self::blocking(&self.keywords, move |s| {
             Ok(s.count(CountRequest {
                 filter: Some(filter),

@@ -16,12 +16,12 @@ use qdrant_client::qdrant::r#match::MatchValue;
 use qdrant_client::qdrant::{
     point_id::PointIdOptions, value::Kind, Condition, CountPointsBuilder, CreateCollection,
     CreateCollectionBuilder, CreateFieldIndexCollection, CreateFieldIndexCollectionBuilder,
-    DatetimeIndexParamsBuilder, DeletePointsBuilder, Distance, FieldType, Filter, Fusion,
-    GetPointsBuilder, IntegerIndexParamsBuilder, KeywordIndexParamsBuilder, Modifier,
+    DatetimeIndexParamsBuilder, DatetimeRange, DeletePointsBuilder, Distance, FieldType, Filter,
+    Fusion, GetPointsBuilder, IntegerIndexParamsBuilder, KeywordIndexParamsBuilder, Modifier,
     PayloadIncludeSelector, PointId, PointStruct, PrefetchQueryBuilder, Query,
-    QueryBatchPointsBuilder, QueryPoints, QueryPointsBuilder, ScoredPoint,
-    SparseVectorParamsBuilder, SparseVectorsConfigBuilder, Value as QValue, Vector, VectorInput,
-    VectorParamsBuilder, VectorsConfigBuilder, VectorsSelector,
+    QueryBatchPointsBuilder, QueryPoints, QueryPointsBuilder, Range, ScoredPoint,
+    SparseVectorParamsBuilder, SparseVectorsConfigBuilder, Timestamp, Value as QValue, Vector,
+    VectorInput, VectorParamsBuilder, VectorsConfigBuilder, VectorsSelector,
 };
 use qdrant_client::{Payload, Qdrant};
 use recollect_model::{KeywordVector, MemoryId, SparseVector, TenantId};
@@ -123,6 +123,49 @@ pub fn scope_filter(tenant: &TenantId, scope: &Scope) -> Filter {
     if let Some(convs) = &scope.conversations {
         must.push(Condition::matches("conversation", convs.clone()));
     }
+    let f = &scope.filter;
+    for (key, values) in [
+        ("user_id", &f.user_ids),
+        ("agent_id", &f.agent_ids),
+        ("speakers", &f.speakers),
+    ] {
+        if !values.is_empty() {
+            must.push(Condition::matches(key, values.clone()));
+        }
+    }
+    if f.from.is_some() || f.to.is_some() {
+        let ts = |t: chrono::DateTime<chrono::Utc>| Timestamp {
+            seconds: t.timestamp(),
+            nanos: t.timestamp_subsec_nanos() as i32,
+        };
+        must.push(Condition::datetime_range(
+            "timestamp",
+            DatetimeRange {
+                gte: f.from.map(ts),
+                lt: f.to.map(ts),
+                ..Default::default()
+            },
+        ));
+    }
+    for (k, v) in &f.metadata {
+        let key = format!("metadata.{k}");
+        must.push(match v {
+            serde_json::Value::String(s) => Condition::matches(key, MatchValue::Keyword(s.clone())),
+            serde_json::Value::Bool(b) => Condition::matches(key, *b),
+            // Numbers by value, integer or not (validated finite): a closed one-point range.
+            v => {
+                let x = v.as_f64().unwrap_or(f64::NAN);
+                Condition::range(
+                    key,
+                    Range {
+                        gte: Some(x),
+                        lte: Some(x),
+                        ..Default::default()
+                    },
+                )
+            }
+        });
+    }
     Filter::must(must)
 }
 
@@ -182,6 +225,13 @@ pub fn payload_indexes(collection: &str, turns: bool) -> Vec<CreateFieldIndexCol
             .build(),
     ];
     if turns {
+        for field in ["user_id", "agent_id"] {
+            out.push(
+                CreateFieldIndexCollectionBuilder::new(collection, field, FieldType::Keyword)
+                    .wait(true)
+                    .build(),
+            );
+        }
         out.push(
             CreateFieldIndexCollectionBuilder::new(collection, "turn_id", FieldType::Keyword)
                 .wait(true)
@@ -212,6 +262,28 @@ fn opt_text(v: &Option<String>) -> QValue {
     }
 }
 
+/// JSON metadata as a payload value (the client's serde conversion is behind a feature this
+/// workspace leaves off).
+fn json_value(v: &serde_json::Value) -> QValue {
+    use qdrant_client::qdrant::{ListValue, Struct};
+    let kind = match v {
+        serde_json::Value::Null => Kind::NullValue(0),
+        serde_json::Value::Bool(b) => Kind::BoolValue(*b),
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(i) => Kind::IntegerValue(i),
+            None => Kind::DoubleValue(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        serde_json::Value::String(s) => Kind::StringValue(s.clone()),
+        serde_json::Value::Array(a) => Kind::ListValue(ListValue {
+            values: a.iter().map(json_value).collect(),
+        }),
+        serde_json::Value::Object(o) => Kind::StructValue(Struct {
+            fields: o.iter().map(|(k, v)| (k.clone(), json_value(v))).collect(),
+        }),
+    };
+    QValue { kind: Some(kind) }
+}
+
 /// A turn's point: its vectors by name and the payload filters and indexes use.
 pub fn turn_point(p: &TurnPoint) -> PointStruct {
     let mut vectors: HashMap<String, Vector> = HashMap::new();
@@ -231,6 +303,17 @@ pub fn turn_point(p: &TurnPoint) -> PointStruct {
     payload.insert("timestamp", p.timestamp.to_rfc3339());
     payload.insert("user_speaker", opt_text(&p.user_speaker));
     payload.insert("assistant_speaker", opt_text(&p.assistant_speaker));
+    let mut speakers: Vec<&str> = p.user_speaker.iter().map(String::as_str).collect();
+    if p.assistant.is_some() {
+        speakers.extend(p.assistant_speaker.as_deref());
+    }
+    payload.insert("speakers", speakers);
+    payload.insert("user_id", opt_text(&p.user_id));
+    payload.insert("agent_id", opt_text(&p.agent_id));
+    payload.insert(
+        "metadata",
+        json_value(&serde_json::Value::Object(p.metadata.clone())),
+    );
     PointStruct::new(point_id(p.memory_id), vectors, payload)
 }
 
@@ -478,7 +561,7 @@ impl QdrantVectorIndex {
             .client
             .count(
                 CountPointsBuilder::new(&self.keywords)
-                    .filter(scope_filter(tenant, scope))
+                    .filter(scope_filter(tenant, &scope.conversations_only()))
                     .exact(true),
             )
             .await
@@ -645,7 +728,7 @@ impl VectorIndex for QdrantVectorIndex {
             let req = QueryPointsBuilder::new(&self.keywords)
                 .query(Query::new_nearest(VectorInput::new_dense(vector.to_vec())))
                 .using(KEYWORD_VECTOR)
-                .filter(scope_filter(tenant, scope))
+                .filter(scope_filter(tenant, &scope.conversations_only()))
                 .limit((limit * 4) as u64)
                 .score_threshold(min_score)
                 .with_payload(PayloadIncludeSelector::new(vec!["keyword".to_string()]));
@@ -794,13 +877,22 @@ mod tests {
         let fields: Vec<_> = idx.iter().map(|i| i.field_name.as_str()).collect();
         assert_eq!(
             fields,
-            vec!["tenant", "conversation", "turn_id", "position", "timestamp"]
+            vec![
+                "tenant",
+                "conversation",
+                "user_id",
+                "agent_id",
+                "turn_id",
+                "position",
+                "timestamp"
+            ]
         );
         assert_eq!(idx[0].field_type, Some(FieldType::Keyword as i32));
         let params = format!("{:?}", idx[0].field_index_params);
         assert!(params.contains("is_tenant: Some(true)"), "{params}");
-        assert_eq!(idx[3].field_type, Some(FieldType::Integer as i32));
-        assert_eq!(idx[4].field_type, Some(FieldType::Datetime as i32));
+        assert_eq!(idx[2].field_type, Some(FieldType::Keyword as i32));
+        assert_eq!(idx[5].field_type, Some(FieldType::Integer as i32));
+        assert_eq!(idx[6].field_type, Some(FieldType::Datetime as i32));
         assert!(idx.iter().all(|i| i.wait == Some(true)));
         assert_eq!(payload_indexes("rc_kw", false).len(), 2);
     }
@@ -839,6 +931,9 @@ mod tests {
                 indices: vec![9, 3, 9],
                 values: vec![1.0, 2.0, 3.0],
             },
+            user_id: None,
+            agent_id: None,
+            metadata: Default::default(),
         };
         let s = turn_point(&p);
         assert_eq!(memory_id(&s.id), Some(p.memory_id));
