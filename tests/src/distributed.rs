@@ -53,6 +53,7 @@ pub fn is_store_path(method: &Method, path: &str) -> bool {
     path == "/v1/tenant"
         || (method == Method::POST && conversation.is_some_and(|c| c.ends_with("/turns")))
         || (method == Method::DELETE && conversation.is_some())
+        || (method == Method::DELETE && path.starts_with("/v1/memories/"))
 }
 
 /// The pieces of a distributed deployment beside its front door; killed on drop.

@@ -14,7 +14,8 @@ fn turns(prefix: &str) -> Value {
     json!({"turns": [
         {"turn_id": "1", "user": format!("{prefix} I adopted a greyhound named Biscuit in Lisbon."),
          "assistant": "Congratulations on Biscuit!", "user_speaker": "Maya", "assistant_speaker": "Bot",
-         "timestamp": "2023-05-08T13:56:00Z"},
+         "timestamp": "2023-05-08T13:56:00Z", "user_id": "b-user", "agent_id": "b-agent",
+         "metadata": {"owner": "b"}},
         {"turn_id": "2", "user": format!("{prefix} My sister Ines visits next Friday for the marathon."),
          "assistant": "Good luck to Ines at the marathon.", "timestamp": "2023-05-08T14:01:00Z"},
         {"turn_id": "3", "user": format!("{prefix} Biscuit hates the rain in Lisbon."),
@@ -49,6 +50,10 @@ fn snapshot(s: &Server, convs: &[&str], ids: &[String]) -> Value {
         .collect();
     got.sort();
     out.insert("recall".into(), json!(got));
+    out.insert(
+        "conversations:b-user".into(),
+        s.get("/v1/conversations?user_id=b-user", Some(B)).1,
+    );
     Value::Object(out)
 }
 
@@ -96,6 +101,11 @@ fn tenant_a_cannot_reach_tenant_b(mode: Mode) {
     let before = snapshot(&s, &b_convs, &b_ids);
     assert_eq!(before["info:b-private"]["turns"], 3, "{before}");
     assert_eq!(before["recall"].as_array().unwrap().len(), 6, "{before}");
+    assert_eq!(
+        before["conversations:b-user"]["conversations"],
+        json!(["b-private", "shared"]),
+        "{before}"
+    );
 
     let mut probes = 0;
     // Recall: tenant-wide, scoped to B's conversations, B's ids as conversation ids.
@@ -148,6 +158,35 @@ fn tenant_a_cannot_reach_tenant_b(mode: Mode) {
         let never = "11111111-1111-4111-8111-111111111111";
         let (st2, r2) = s.get(&format!("/v1/memories/{never}"), Some(A));
         assert_eq!(shape(st, &r, id), shape(st2, &r2, never));
+        // Erasing one of B's memories with A's key: not found, like an id nobody has.
+        let (st, r) = s.delete(&format!("/v1/memories/{id}"), Some(A));
+        probes += 1;
+        assert_eq!(st, 404, "A erased B's memory {id}: {r}");
+        let (st2, r2) = s.delete(&format!("/v1/memories/{never}"), Some(A));
+        assert_eq!(shape(st, &r, id), shape(st2, &r2, never));
+    }
+
+    // B's end user, agent and metadata as A's filters and listing: nothing of B's.
+    for body in [
+        json!({"query": "Biscuit", "user_ids": ["b-user"]}),
+        json!({"query": "Biscuit", "agent_ids": ["b-agent"]}),
+        json!({"query": "Biscuit", "metadata": {"owner": "b"}}),
+        json!({"query": "Biscuit", "speakers": ["Maya"]}),
+    ] {
+        let (st, r) = s.post("/v1/recall", Some(A), &body);
+        probes += 1;
+        assert_eq!(st, 200, "{body}: {r}");
+        assert!(r["memories"].as_array().unwrap().is_empty(), "A saw B: {r}");
+    }
+    for q in [
+        "user_id=b-user",
+        "agent_id=b-agent",
+        "user_id=b-user&agent_id=b-agent",
+    ] {
+        let (st, r) = s.get(&format!("/v1/conversations?{q}"), Some(A));
+        probes += 1;
+        assert_eq!(st, 200, "{q}: {r}");
+        assert_eq!(r["conversations"], json!([]), "A listed B's: {r}");
     }
 
     // Conversation info and delete on B's conversation ids.

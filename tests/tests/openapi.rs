@@ -411,6 +411,14 @@ fn openapi_document_matches_the_served_api(mode: Mode) {
     for p in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
         check_2xx("get", p, p, None);
     }
+    let second = stored["memory_ids"][1].as_str().unwrap().to_string();
+    let forgotten = check_2xx(
+        "delete",
+        "/v1/memories/{id}",
+        &format!("/v1/memories/{second}"),
+        None,
+    );
+    assert_eq!(forgotten["conversation_id"], "chat-1", "{forgotten}");
     check_2xx(
         "delete",
         "/v1/conversations/{id}",

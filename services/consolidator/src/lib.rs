@@ -226,16 +226,16 @@ impl ConsolidatorStage {
         conversation: &str,
     ) -> Result<usize, StageError> {
         let mut made = 0;
-        let marker = |g: Arc<dyn Graph>| async move {
+        let markers = |g: Arc<dyn Graph>| async move {
             g.erasures(tenant, &[conversation.to_string()])
                 .await
-                .map(|e| e.marker(conversation))
                 .map_err(transient)
         };
         loop {
             // An erasure under way: what it covers is not consolidated (its eraser or the
             // graph-writer removes it; turns recorded after it start a fresh state).
-            let erased = marker(self.graph.clone()).await?;
+            let marks = markers(self.graph.clone()).await?;
+            let erased = marks.marker(conversation);
             let state = self
                 .graph
                 .conversation_state(tenant, conversation)
@@ -250,13 +250,13 @@ impl ConsolidatorStage {
                 .conversation_turns(tenant, conversation, from, from + self.window)
                 .await
                 .map_err(transient)?;
-            if (records.len() as u64) < self.window {
+            // A position whose turn was erased on its own stays empty for good: the window is
+            // complete without it.
+            let gaps = marks.erased_positions(from, from + self.window) as u64;
+            if (records.len() as u64) + gaps < self.window || records.is_empty() {
                 return Ok(made);
             }
-            let covers = |m: Option<chrono::DateTime<Utc>>| {
-                m.is_some_and(|m| records.iter().any(|r| r.turn.recorded_at <= m))
-            };
-            if covers(erased) {
+            if records.iter().any(|r| marks.covers_turn(&r.turn)) {
                 return Ok(made);
             }
             let ids: Vec<MemoryId> = records.iter().map(|r| r.turn.memory_id).collect();
@@ -329,8 +329,8 @@ impl ConsolidatorStage {
                 .map_err(transient)?;
             // Erased while the window was read: remove what the fragments or the advance may
             // have put back (purging what no marker covers removes nothing).
-            let now = marker(self.graph.clone()).await?;
-            if now != erased {
+            let now = markers(self.graph.clone()).await?;
+            if now != marks {
                 self.graph
                     .purge_erased(tenant, conversation)
                     .await

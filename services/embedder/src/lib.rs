@@ -105,7 +105,7 @@ impl EmbedderStage {
             .map(|r| {
                 r.as_ref().is_ok_and(|e| {
                     let t = &e.body.turn;
-                    m.covers(&t.tenant, &t.conversation_id, t.recorded_at)
+                    m.covers_turn(t)
                 })
             })
             .collect()

@@ -88,7 +88,7 @@ impl Stage for ExtractorStage {
             let r: Result<Vec<Message>, StageError> = async {
                 let env = env?;
                 let mut turn = env.body;
-                if erased.covers(&turn.tenant, &turn.conversation_id, turn.recorded_at) {
+                if erased.covers_turn(&turn) {
                     return Ok(Vec::new());
                 }
                 seen = Some((

@@ -56,6 +56,98 @@ pub async fn delete_conversation(
     }
 }
 
+/// What erasing one memory removed.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct MemoryErased {
+    #[schema(value_type = String)]
+    pub memory_id: MemoryId,
+    pub conversation_id: String,
+    pub turn_id: String,
+}
+
+/// Erases one memory (turn) of the caller's tenant from every store: what
+/// `DELETE /v1/memories/{id}` and gRPC `DeleteMemory` do.
+pub async fn delete_memory(
+    eraser: &dyn Eraser,
+    tenant: &TenantId,
+    id: &str,
+) -> Result<MemoryErased, RecollectError> {
+    let Some(mid) = MemoryId::parse(id) else {
+        return Err(RecollectError::invalid(format!(
+            "memory id {id:?} is not a memory id (a UUID)"
+        )));
+    };
+    match eraser.erase_memory(tenant, mid).await? {
+        None => Err(RecollectError::NotFound(format!("memory {id} not found"))),
+        Some(t) => Ok(MemoryErased {
+            memory_id: mid,
+            conversation_id: t.conversation_id,
+            turn_id: t.turn_id,
+        }),
+    }
+}
+
+/// Erases one turn from the graph and the vector index (the raw store, where there is one, is
+/// the caller's, last). The erasure record first, durably: from then on no stage writes the
+/// turn back, however far along the pipeline a copy of it is. Keyword points go with it when no
+/// other turn of the conversation links to them (they hold its words); fragments with it as a
+/// member go too (their descriptions quote it). The rest of the conversation stays recallable.
+pub async fn erase_turn_in_stores(
+    graph: &dyn Graph,
+    vectors: &dyn recollect_store::VectorIndex,
+    tenant: &TenantId,
+    turn: &Turn,
+) -> Result<(), RecollectError> {
+    let classified = RecollectError::from_classified;
+    let conv = turn.conversation_id.as_str();
+    // Never before the turn was recorded (clocks of gateways and this process may differ), or
+    // the record would not cover it.
+    let at = chrono::Utc::now().max(turn.recorded_at);
+    let stored = graph
+        .turns(tenant, &[turn.memory_id])
+        .await
+        .map_err(classified)?;
+    let position = stored.first().map_or(turn.position, |r| r.turn.position);
+    graph
+        .record_turn_erasure(
+            tenant,
+            conv,
+            turn.memory_id,
+            recollect_store::TurnErasure { at, position },
+        )
+        .await
+        .map_err(classified)?;
+    let keywords = stored
+        .first()
+        .map(|r| recollect_store::NodeKind::Keyword.names(&r.extraction))
+        .unwrap_or_default();
+    let links = graph
+        .linked_turns(
+            tenant,
+            &recollect_store::Scope::of(&[conv]),
+            recollect_store::NodeKind::Keyword,
+            &keywords,
+            None,
+            None,
+        )
+        .await
+        .map_err(classified)?;
+    let only_ours: Vec<String> = keywords
+        .into_iter()
+        .filter(|k| {
+            links
+                .iter()
+                .all(|l| l.name != *k || l.memory_id == turn.memory_id)
+        })
+        .collect();
+    vectors
+        .delete_turns(tenant, conv, &[turn.memory_id], &only_ours)
+        .await
+        .map_err(classified)?;
+    graph.purge_erased(tenant, conv).await.map_err(classified)?;
+    Ok(())
+}
+
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub max_turns_per_request: usize,
@@ -372,6 +464,33 @@ impl Eraser for StoreEraser {
         Ok(Some(n))
     }
 
+    async fn erase_memory(
+        &self,
+        tenant: &TenantId,
+        id: MemoryId,
+    ) -> Result<Option<Turn>, RecollectError> {
+        // Distributed, the graph holds the raw turns the query service can see; a turn still
+        // on Kafka is not found yet (store with "wait" to delete right after storing).
+        let Some(rec) = self
+            .graph
+            .turns(tenant, &[id])
+            .await
+            .map_err(RecollectError::from_classified)?
+            .into_iter()
+            .next()
+        else {
+            return Ok(None);
+        };
+        erase_turn_in_stores(
+            self.graph.as_ref(),
+            self.vectors.as_ref(),
+            tenant,
+            &rec.turn,
+        )
+        .await?;
+        Ok(Some(rec.turn))
+    }
+
     async fn erase_tenant(&self, tenant: &TenantId) -> Result<(u64, u64), RecollectError> {
         self.graph
             .record_erasure(tenant, None, chrono::Utc::now())
@@ -402,7 +521,7 @@ pub mod http {
     use recollect_model::RecollectError;
     use serde::Serialize;
 
-    use super::{Erased, Eraser, Gateway, StoreRequest, StoreResponse};
+    use super::{Erased, Eraser, Gateway, MemoryErased, StoreRequest, StoreResponse};
 
     #[derive(Clone)]
     pub struct GatewayState {
@@ -524,9 +643,34 @@ pub mod http {
         ))
     }
 
+    /// Erases one memory (turn) from every store; the rest of its conversation stays.
+    #[utoipa::path(
+        delete,
+        path = "/v1/memories/{id}",
+        tag = "store",
+        params(("id" = String, Path, description = "memory id (a UUID)")),
+        responses(
+            (status = 200, description = "erased from raw store, graph and vectors", body = MemoryErased),
+            (status = 400, description = "not a memory id", body = recollect_api::ErrorBody),
+            (status = 401, description = "missing or unknown API key", body = recollect_api::ErrorBody),
+            (status = 404, description = "no such memory for this tenant (or already erased)", body = recollect_api::ErrorBody),
+        ),
+        security((), ("bearer" = []))
+    )]
+    pub async fn delete_memory(
+        State(s): State<GatewayState>,
+        Tenant(tenant): Tenant,
+        PathParam(id): PathParam,
+    ) -> Result<axum::Json<MemoryErased>, ApiError> {
+        let r = super::delete_memory(s.eraser.as_ref(), &tenant, &id).await?;
+        tracing::info!(conversation = %r.conversation_id, "memory erased");
+        Ok(axum::Json(r))
+    }
+
     pub fn router(state: GatewayState) -> Router {
         Router::new()
             .route("/v1/conversations/{id}/turns", post(store_turns))
+            .route("/v1/memories/{id}", delete(delete_memory))
             .route("/v1/conversations/{id}", delete(delete_conversation))
             .route("/v1/tenant", delete(delete_tenant))
             .with_state(state)
@@ -534,7 +678,7 @@ pub mod http {
 
     /// The OpenAPI paths of the store path.
     #[derive(utoipa::OpenApi)]
-    #[openapi(paths(store_turns, delete_conversation, delete_tenant))]
+    #[openapi(paths(store_turns, delete_conversation, delete_memory, delete_tenant))]
     pub struct GatewayApi;
 
     /// The gateway as the shared serving layer (HTTP, gRPC) calls it.
@@ -581,6 +725,15 @@ pub mod http {
                     .turns_erased,
             )
         }
+
+        async fn delete_memory(
+            &self,
+            tenant: &recollect_model::TenantId,
+            id: &str,
+        ) -> Result<(String, String), RecollectError> {
+            let r = super::delete_memory(self.eraser.as_ref(), tenant, id).await?;
+            Ok((r.conversation_id, r.turn_id))
+        }
     }
 }
 
@@ -596,4 +749,12 @@ pub trait Eraser: Send + Sync {
 
     /// Erases every conversation of `tenant`: (conversations, turns) erased.
     async fn erase_tenant(&self, tenant: &TenantId) -> Result<(u64, u64), RecollectError>;
+
+    /// Erases one turn of `tenant` from every store; the turn erased, None when the tenant has
+    /// no such memory.
+    async fn erase_memory(
+        &self,
+        tenant: &TenantId,
+        id: MemoryId,
+    ) -> Result<Option<Turn>, RecollectError>;
 }

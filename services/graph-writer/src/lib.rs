@@ -11,7 +11,7 @@ use recollect_bus::{Delivery, Message, Stage, StageError};
 use recollect_model::{
     bus_key, topics, EmbeddedTurn, Envelope, KeywordVector, MemoryId, StoredTurn, TenantId,
 };
-use recollect_store::{ErasureMap, Graph, StoreError, TurnPoint, VectorIndex};
+use recollect_store::{ErasureMap, Graph, NodeKind, Scope, StoreError, TurnPoint, VectorIndex};
 use recollect_telemetry as metrics;
 
 /// Embedded-mode hook after the write: report the turns handled (stored, or dropped as erased).
@@ -111,7 +111,7 @@ fn pairs(turns: &[&EmbeddedTurn]) -> Vec<(TenantId, String)> {
 }
 
 fn covered(m: &ErasureMap, e: &EmbeddedTurn) -> bool {
-    m.covers(&e.turn.tenant, &e.turn.conversation_id, e.turn.recorded_at)
+    m.covers_turn(&e.turn)
 }
 
 impl GraphWriterStage {
@@ -166,6 +166,26 @@ impl GraphWriterStage {
         for ((tenant, conv), (ids, mut keywords)) in by_conv {
             keywords.sort();
             keywords.dedup();
+            // A turn erased on its own leaves the rest of its conversation: keep the keyword
+            // points that other turns still link to (an erased conversation has none).
+            let ours: std::collections::HashSet<MemoryId> = ids.iter().copied().collect();
+            let links = self
+                .graph
+                .linked_turns(
+                    &tenant,
+                    &Scope::of(&[conv.as_str()]),
+                    NodeKind::Keyword,
+                    &keywords,
+                    None,
+                    None,
+                )
+                .await
+                .map_err(transient)?;
+            keywords.retain(|k| {
+                links
+                    .iter()
+                    .all(|l| l.name != *k || ours.contains(&l.memory_id))
+            });
             self.vectors
                 .delete_turns(&tenant, &conv, &ids, &keywords)
                 .await
@@ -339,6 +359,15 @@ mod tests {
         }
         async fn write_fragments(&self, f: &[Fragment]) -> Result<(), StoreError> {
             self.inner.write_fragments(f).await
+        }
+        async fn record_turn_erasure(
+            &self,
+            t: &TenantId,
+            c: &str,
+            id: MemoryId,
+            e: recollect_store::TurnErasure,
+        ) -> Result<(), StoreError> {
+            self.inner.record_turn_erasure(t, c, id, e).await
         }
         async fn conversations_of(
             &self,

@@ -13,7 +13,7 @@ use recollect_embedder::EmbedderStage;
 use recollect_extractor::ExtractorStage;
 use recollect_gateway::{Eraser, Gateway, Limits};
 use recollect_graph_writer::{GraphWriterStage, StoreHooks};
-use recollect_model::{topics, MemoryId, RecollectError, TenantId};
+use recollect_model::{topics, MemoryId, RecollectError, TenantId, Turn};
 use recollect_recall::{Recall, RecallConfig};
 use recollect_store::{open_graph, open_vectors, Graph, RawStore, VectorIndex};
 use recollect_telemetry as metrics;
@@ -102,6 +102,49 @@ impl Eraser for EmbeddedEraser {
         self.query_cache.clear();
         tracing::info!(turns = n, "conversation erased");
         Ok(Some(n))
+    }
+
+    async fn erase_memory(
+        &self,
+        tenant: &TenantId,
+        id: MemoryId,
+    ) -> Result<Option<Turn>, RecollectError> {
+        let raw = self.raw.clone();
+        let in_raw = tokio::task::spawn_blocking(move || raw.get(id))
+            .await
+            .map_err(RecollectError::internal)?
+            .map_err(RecollectError::from_classified)?
+            .filter(|t| t.tenant == *tenant);
+        let turn = match in_raw {
+            Some(t) => t,
+            None => match self
+                .graph
+                .turns(tenant, &[id])
+                .await
+                .map_err(RecollectError::from_classified)?
+                .into_iter()
+                .next()
+            {
+                Some(rec) => rec.turn,
+                None => return Ok(None),
+            },
+        };
+        // Derived stores, then the raw turn: a crash part-way leaves the raw turn, and the
+        // delete can be repeated (the erasure record drops the turn if it is replayed).
+        recollect_gateway::erase_turn_in_stores(
+            self.graph.as_ref(),
+            self.vectors.as_ref(),
+            tenant,
+            &turn,
+        )
+        .await?;
+        let (raw, t) = (self.raw.clone(), tenant.clone());
+        tokio::task::spawn_blocking(move || raw.delete_turn(&t, id))
+            .await
+            .map_err(RecollectError::internal)?
+            .map_err(RecollectError::from_classified)?;
+        self.query_cache.clear();
+        Ok(Some(turn))
     }
 
     async fn erase_tenant(&self, tenant: &TenantId) -> Result<(u64, u64), RecollectError> {

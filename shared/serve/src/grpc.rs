@@ -337,6 +337,28 @@ impl Memory for MemoryService {
         .await;
         counted("Delete", r)
     }
+
+    async fn delete_memory(
+        &self,
+        request: Request<v1::DeleteMemoryRequest>,
+    ) -> Result<Response<v1::DeleteMemoryResponse>, Status> {
+        let r: Result<Response<v1::DeleteMemoryResponse>, Status> = async {
+            let (tenant, _permit) = self.admit("DeleteMemory", Role::Gateway, &request)?;
+            let memory_id = request.into_inner().memory_id;
+            let (conversation_id, turn_id) = self
+                .gateway()
+                .delete_memory(&tenant, &memory_id)
+                .await
+                .map_err(grpc_status)?;
+            Ok(Response::new(v1::DeleteMemoryResponse {
+                memory_id,
+                conversation_id,
+                turn_id,
+            }))
+        }
+        .await;
+        counted("DeleteMemory", r)
+    }
 }
 
 #[cfg(test)]

@@ -71,6 +71,7 @@ impl Role {
 pub const OPERATIONS: &[(&str, &str, Role)] = &[
     ("POST", "/v1/conversations/{id}/turns", Role::Gateway),
     ("DELETE", "/v1/conversations/{id}", Role::Gateway),
+    ("DELETE", "/v1/memories/{id}", Role::Gateway),
     ("DELETE", "/v1/tenant", Role::Gateway),
     ("POST", "/v1/recall", Role::Query),
     ("GET", "/v1/memories/{id}", Role::Query),
@@ -104,6 +105,13 @@ pub trait StoreRole: Send + Sync {
         tenant: &TenantId,
         conversation: &str,
     ) -> Result<u64, RecollectError>;
+    /// Erases one memory: (conversation id, turn id) it had, NotFound when the tenant has no
+    /// such memory.
+    async fn delete_memory(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+    ) -> Result<(String, String), RecollectError>;
 }
 
 /// The read path as the serving layer calls it (implemented by `recollect-query`).

@@ -11,6 +11,7 @@ use recollect_model::{
 
 use futures::future::BoxFuture;
 
+use crate::graph::{ConversationState, TurnErasure};
 use crate::vector::{TurnPoint, VectorField, VectorQuery};
 use crate::{Graph, NodeKind, Scope, VectorIndex};
 
@@ -104,7 +105,126 @@ pub async fn graph_contract(g: Arc<dyn Graph>, residue: Residue) {
     graph_unicode(g.clone(), residue.clone()).await;
     graph_erasure(g.clone(), residue.clone()).await;
     graph_participants(g.clone()).await;
+    graph_turn_erasure(g.clone()).await;
     graph_batch_sizes(g, residue).await;
+}
+
+/// One turn erased on its own: its record is read back with its position, a late write of it
+/// is refused, purging removes it, its unshared keywords and its fragments and nothing else of
+/// the conversation, and a fresh store of the same id afterwards is a new memory.
+async fn graph_turn_erasure(g: Arc<dyn Graph>) {
+    let t = TenantId("tenant-turn-erasure".into());
+    let conv = "te";
+    let pairs: Vec<(Turn, Extraction)> = (0..5u64)
+        .map(|i| {
+            let words: &[&str] = if i == 1 {
+                &["kayak", "zeppelin"]
+            } else {
+                &["kayak"]
+            };
+            (
+                turn(&t, conv, i, &format!("turn {i}")),
+                extraction(words, "Ines", 8),
+            )
+        })
+        .collect();
+    g.write_turns(&pairs).await.unwrap();
+    let id = |i: usize| pairs[i].0.memory_id;
+    let fragment = |fid: &str, members: &[usize]| Fragment {
+        id: fid.into(),
+        tenant: t.clone(),
+        conversation_id: conv.into(),
+        description: "kayak, zeppelin".into(),
+        members: members.iter().map(|&i| id(i)).collect(),
+        keywords: vec!["kayak".into()],
+        created_at: Utc::now(),
+    };
+    g.write_fragments(&[fragment("f1", &[0, 1]), fragment("f2", &[2, 3])])
+        .await
+        .unwrap();
+    let mut state = ConversationState {
+        consolidated_until: 4,
+        ..Default::default()
+    };
+    state.derived_from(pairs[0].0.recorded_at);
+    assert!(g.save_conversation_state(&t, conv, &state).await.unwrap());
+
+    let at = Utc::now();
+    g.record_turn_erasure(&t, conv, id(1), TurnErasure { at, position: 1 })
+        .await
+        .unwrap();
+    let e = g.erasures(&t, &[conv.to_string()]).await.unwrap();
+    let rec = e.turns[&id(1)];
+    assert_eq!(rec.position, 1);
+    assert!((rec.at - at).num_milliseconds().abs() <= 1, "{rec:?}");
+    assert!(e.marker(conv).is_none(), "no conversation marker");
+    assert!(e.covers_turn(&pairs[1].0) && !e.covers_turn(&pairs[0].0));
+    assert_eq!(e.erased_positions(0, 10), 1);
+    assert_eq!(e.erased_positions(2, 10), 0);
+    // Another conversation's erasures do not list it.
+    assert!(g
+        .erasures(&t, &["other".to_string()])
+        .await
+        .unwrap()
+        .turns
+        .is_empty());
+
+    assert_eq!(g.purge_erased(&t, conv).await.unwrap(), 1);
+    assert!(g.turns(&t, &[id(1)]).await.unwrap().is_empty());
+    let left = g.turns(&t, &[id(0), id(2), id(3), id(4)]).await.unwrap();
+    assert_eq!(left.len(), 4, "the rest of the conversation stays");
+    let vocab = g
+        .vocabulary(&t, &Scope::of(&[conv]), NodeKind::Keyword)
+        .await
+        .unwrap();
+    assert_eq!(vocab, vec!["kayak"], "the erased turn's own keyword goes");
+    let frags = g.fragments(&t, &["f1".into(), "f2".into()]).await.unwrap();
+    assert_eq!(
+        frags.iter().map(|f| f.id.as_str()).collect::<Vec<_>>(),
+        vec!["f2"],
+        "a fragment quoting the erased turn goes"
+    );
+    assert_eq!(
+        g.conversation_state(&t, conv)
+            .await
+            .unwrap()
+            .consolidated_until,
+        4,
+        "the conversation's state stays"
+    );
+    assert_eq!(
+        g.conversation_turns(&t, conv, 0, 10)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.turn.position)
+            .collect::<Vec<_>>(),
+        vec![0, 2, 3, 4]
+    );
+
+    // A late write of the erased turn, and a fragment naming it, are refused.
+    g.write_turns(&pairs[1..2]).await.unwrap();
+    assert!(g.turns(&t, &[id(1)]).await.unwrap().is_empty());
+    g.write_fragments(&[fragment("f3", &[0, 1])]).await.unwrap();
+    assert!(g.fragments(&t, &["f3".into()]).await.unwrap().is_empty());
+
+    // Stored again after the erasure: a new memory under the same id.
+    let mut again = pairs[1].clone();
+    again.0.recorded_at = at + Duration::seconds(1);
+    again.0.position = 5;
+    g.write_turns(&[again]).await.unwrap();
+    assert_eq!(g.turns(&t, &[id(1)]).await.unwrap().len(), 1);
+    assert_eq!(g.purge_erased(&t, conv).await.unwrap(), 0);
+
+    // Erasing the conversation takes the turn records along.
+    g.record_erasure(&t, Some(conv), Utc::now()).await.unwrap();
+    g.delete_conversation(&t, conv).await.unwrap();
+    assert!(g
+        .erasures(&t, &[conv.to_string()])
+        .await
+        .unwrap()
+        .turns
+        .is_empty());
 }
 
 /// The conversations of end users and agents: any of the ids, both kinds intersected, other

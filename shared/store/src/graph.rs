@@ -234,6 +234,17 @@ impl ConversationState {
 pub struct Erasures {
     pub tenant: Option<DateTime<Utc>>,
     pub conversations: BTreeMap<String, DateTime<Utc>>,
+    /// Single turns erased in the asked-for conversations (`DELETE /v1/memories/{id}`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub turns: BTreeMap<MemoryId, TurnErasure>,
+}
+
+/// The erasure of one turn: when, and the position it held, so that consolidation knows the gap
+/// it leaves in its conversation is final.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnErasure {
+    pub at: DateTime<Utc>,
+    pub position: u64,
 }
 
 impl Erasures {
@@ -250,8 +261,26 @@ impl Erasures {
         self.marker(conversation).is_some_and(|m| recorded_at <= m)
     }
 
+    /// Whether a turn was erased: with its conversation or tenant, or on its own. A turn stored
+    /// again under the same id after its erasure is a new memory, not covered.
+    pub fn covers_turn(&self, t: &Turn) -> bool {
+        self.covers(&t.conversation_id, t.recorded_at)
+            || self
+                .turns
+                .get(&t.memory_id)
+                .is_some_and(|e| t.recorded_at <= e.at)
+    }
+
+    /// Positions in `from..to` of `conversation` whose turn was erased on its own.
+    pub fn erased_positions(&self, from: u64, to: u64) -> usize {
+        self.turns
+            .values()
+            .filter(|e| (from..to).contains(&e.position))
+            .count()
+    }
+
     pub fn is_empty(&self) -> bool {
-        self.tenant.is_none() && self.conversations.is_empty()
+        self.tenant.is_none() && self.conversations.is_empty() && self.turns.is_empty()
     }
 }
 
@@ -291,6 +320,11 @@ impl ErasureMap {
     ) -> bool {
         self.marker(tenant, conversation)
             .is_some_and(|m| recorded_at <= m)
+    }
+
+    /// Whether a turn was erased, with its conversation or tenant or on its own.
+    pub fn covers_turn(&self, t: &Turn) -> bool {
+        self.0.get(&t.tenant).is_some_and(|e| e.covers_turn(t))
     }
 }
 
@@ -406,6 +440,17 @@ pub trait Graph: Send + Sync + 'static {
         until: u64,
     ) -> Result<(), StoreError>;
 
+    /// Records, durably before returning, that one turn was erased at `at` (its position kept
+    /// for consolidation). Stages drop the turn if it is still in flight, [`Graph::purge_erased`]
+    /// removes it; a turn stored again under the same id afterwards is a new memory.
+    async fn record_turn_erasure(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        id: MemoryId,
+        erasure: TurnErasure,
+    ) -> Result<(), StoreError>;
+
     /// The tenant's marker and those of the given conversations, in one call.
     async fn erasures(
         &self,
@@ -414,8 +459,9 @@ pub trait Graph: Send + Sync + 'static {
     ) -> Result<Erasures, StoreError>;
 
     /// Removes what the markers cover in a conversation: turns recorded at or before the marker
-    /// with their edges, structural nodes left without a turn, fragments with such a member,
-    /// a covered state. A writer that lost a race with an eraser calls it; returns turns removed.
+    /// and turns erased on their own, with their edges, structural nodes left without a turn,
+    /// fragments with such a member, a covered state. A writer that lost a race with an eraser
+    /// calls it; returns turns removed.
     async fn purge_erased(&self, tenant: &TenantId, conversation: &str) -> Result<u64, StoreError>;
 
     /// Removes every node, edge, fragment and state of a conversation; returns turns removed.

@@ -11,7 +11,8 @@ use recollect_model::{Extraction, Fragment, MemoryId, TenantId, Turn};
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 
 use crate::graph::{
-    ConversationState, EdgeTimes, Erasures, Graph, LinkedTurn, NodeKind, Scope, TurnRecord,
+    ConversationState, EdgeTimes, Erasures, Graph, LinkedTurn, NodeKind, Scope, TurnErasure,
+    TurnRecord,
 };
 use crate::keys;
 use crate::StoreError;
@@ -34,6 +35,8 @@ const FRAGMENTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("fragments
 const CONV_FRAGMENTS: TableDefinition<&[u8], ()> = TableDefinition::new("conversation_fragments");
 /// tenant\0conversation\0 (empty conversation: the whole tenant) → erased at, ns since the epoch
 const ERASURES: TableDefinition<&[u8], i64> = TableDefinition::new("erasures");
+/// tenant\0conversation\0 + memory id → TurnErasure (JSON): turns erased on their own
+const TURN_ERASURES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("turn_erasures");
 /// tenant\0participant\0conversation\0 → (), participant `u:<user id>` or `a:<agent id>`: the
 /// conversations of an end user or agent, for recall scoped to them
 const PARTICIPANT_CONVS: TableDefinition<&[u8], ()> =
@@ -85,6 +88,7 @@ fn nanos(t: DateTime<Utc>) -> i64 {
 /// (inside a write transaction too, so a guarded write sees the markers it races with).
 fn markers_in(
     table: &impl ReadableTable<&'static [u8], i64>,
+    turn_table: &impl ReadableTable<&'static [u8], &'static [u8]>,
     tenant: &str,
     conversations: &[&str],
 ) -> Result<Erasures, StoreError> {
@@ -100,6 +104,18 @@ fn markers_in(
     for c in conversations {
         if let Some(m) = at(c)? {
             e.conversations.insert(c.to_string(), m);
+        }
+        let p = keys::join(&[tenant, c]);
+        let end = keys::prefix_end(&p);
+        for entry in turn_table.range(p.as_slice()..end.as_slice())? {
+            let (k, v) = entry?;
+            let id: [u8; 16] = k.value()[p.len()..]
+                .try_into()
+                .map_err(|_| StoreError::Corrupt("turn erasure key".into()))?;
+            e.turns.insert(
+                MemoryId(id),
+                serde_json::from_slice::<TurnErasure>(v.value())?,
+            );
         }
     }
     Ok(e)
@@ -138,6 +154,7 @@ impl EmbeddedGraph {
         w.open_table(FRAGMENTS)?;
         w.open_table(CONV_FRAGMENTS)?;
         w.open_table(ERASURES)?;
+        w.open_table(TURN_ERASURES)?;
         w.open_table(PARTICIPANT_CONVS)?;
         w.open_table(CONV_PARTICIPANTS)?;
         w.commit()?;
@@ -210,14 +227,15 @@ impl EmbeddedGraph {
             // The erasure guard, under the write lock: an eraser's marker is either committed
             // before this transaction (and seen here) or after it (and its delete follows).
             let erased = w.open_table(ERASURES)?;
+            let erased_turns = w.open_table(TURN_ERASURES)?;
             let mut markers: HashMap<(&str, &str), Erasures> = HashMap::new();
             for (turn, x) in turns {
                 let tenant = turn.tenant.as_str();
                 let cid = turn.conversation_id.as_str();
                 if let std::collections::hash_map::Entry::Vacant(v) = markers.entry((tenant, cid)) {
-                    v.insert(markers_in(&erased, tenant, &[cid])?);
+                    v.insert(markers_in(&erased, &erased_turns, tenant, &[cid])?);
                 }
-                if markers[&(tenant, cid)].covers(cid, turn.recorded_at) {
+                if markers[&(tenant, cid)].covers_turn(turn) {
                     continue;
                 }
                 let id = turn.memory_id.as_u128();
@@ -314,19 +332,17 @@ impl Graph for EmbeddedGraph {
                 let mut cf = w.open_table(CONV_FRAGMENTS)?;
                 let mut nodes = w.open_table(TURNS)?;
                 let erased = w.open_table(ERASURES)?;
+                let erased_turns = w.open_table(TURN_ERASURES)?;
                 for f in &fragments {
                     let t = f.tenant.as_str();
-                    let m = markers_in(&erased, t, &[f.conversation_id.as_str()])?;
-                    if let Some(marker) = m.marker(&f.conversation_id) {
+                    let m = markers_in(&erased, &erased_turns, t, &[f.conversation_id.as_str()])?;
+                    if !m.is_empty() {
                         let mut whole = true;
                         for id in &f.members {
                             whole &= match nodes.get(id.as_u128())? {
-                                Some(v) => {
-                                    serde_json::from_slice::<TurnRecord>(v.value())?
-                                        .turn
-                                        .recorded_at
-                                        > marker
-                                }
+                                Some(v) => !m.covers_turn(
+                                    &serde_json::from_slice::<TurnRecord>(v.value())?.turn,
+                                ),
                                 None => false,
                             };
                         }
@@ -610,7 +626,12 @@ impl Graph for EmbeddedGraph {
         let (t, c, st) = (tenant.clone(), conversation.to_string(), state.clone());
         self.blocking(move |db| {
             let w = db.begin_write()?;
-            let m = markers_in(&w.open_table(ERASURES)?, t.as_str(), &[c.as_str()])?;
+            let m = markers_in(
+                &w.open_table(ERASURES)?,
+                &w.open_table(TURN_ERASURES)?,
+                t.as_str(),
+                &[c.as_str()],
+            )?;
             if m.marker(&c).is_some_and(|m| st.covered_by(m)) {
                 return Ok(false);
             }
@@ -671,6 +692,36 @@ impl Graph for EmbeddedGraph {
         .await
     }
 
+    async fn record_turn_erasure(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        id: MemoryId,
+        erasure: TurnErasure,
+    ) -> Result<(), StoreError> {
+        let mut k = keys::join(&[tenant.as_str(), conversation]);
+        k.extend_from_slice(&id.0);
+        self.blocking(move |db| {
+            let w = db.begin_write()?;
+            {
+                let mut t = w.open_table(TURN_ERASURES)?;
+                let old: Option<TurnErasure> = match t.get(k.as_slice())? {
+                    Some(v) => Some(serde_json::from_slice(v.value())?),
+                    None => None,
+                };
+                // The later erasure wins, as for conversation markers.
+                let keep = match old {
+                    Some(o) if o.at >= erasure.at => o,
+                    _ => erasure,
+                };
+                t.insert(k.as_slice(), serde_json::to_vec(&keep)?.as_slice())?;
+            }
+            w.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn erasures(
         &self,
         tenant: &TenantId,
@@ -681,7 +732,12 @@ impl Graph for EmbeddedGraph {
         self.blocking(move |db| {
             let r = db.begin_read()?;
             let c: Vec<&str> = convs.iter().map(String::as_str).collect();
-            markers_in(&r.open_table(ERASURES)?, tenant.as_str(), &c)
+            markers_in(
+                &r.open_table(ERASURES)?,
+                &r.open_table(TURN_ERASURES)?,
+                tenant.as_str(),
+                &c,
+            )
         })
         .await
     }
@@ -751,6 +807,10 @@ impl Graph for EmbeddedGraph {
                 cf.retain_in(cp.as_slice()..cend.as_slice(), |_, _| false)?;
             }
             forget_participants(&w, &tenant, &conversation)?;
+            // The conversation's marker, recorded before this delete, covers every turn a
+            // single-turn erasure named.
+            w.open_table(TURN_ERASURES)?
+                .retain_in(cp.as_slice()..cend.as_slice(), |_, _| false)?;
             w.commit()?;
             Ok(n)
         })
@@ -765,11 +825,16 @@ impl EmbeddedGraph {
         tenant: &str,
         conversation: &str,
     ) -> Result<u64, StoreError> {
-        let Some(marker) =
-            markers_in(&w.open_table(ERASURES)?, tenant, &[conversation])?.marker(conversation)
-        else {
+        let m = markers_in(
+            &w.open_table(ERASURES)?,
+            &w.open_table(TURN_ERASURES)?,
+            tenant,
+            &[conversation],
+        )?;
+        if m.is_empty() {
             return Ok(0);
-        };
+        }
+        let marker = m.marker(conversation);
         let cp = keys::join(&[tenant, conversation]);
         let cend = keys::prefix_end(&cp);
         let mut nodes = w.open_table(TURNS)?;
@@ -786,7 +851,7 @@ impl EmbeddedGraph {
                 Some(v) => Some(serde_json::from_slice(v.value())?),
                 None => None,
             };
-            if rec.as_ref().is_some_and(|r| r.turn.recorded_at > marker) {
+            if rec.as_ref().is_some_and(|r| !m.covers_turn(&r.turn)) {
                 continue;
             }
             idx.remove(key.as_slice())?;
@@ -864,9 +929,13 @@ impl EmbeddedGraph {
             }
         }
         let mut states = w.open_table(CONV_STATE)?;
-        let covered = match states.get(cp.as_slice())? {
-            Some(v) => serde_json::from_slice::<ConversationState>(v.value())?.covered_by(marker),
-            None => false,
+        // Only a conversation or tenant marker reaches the state; a single turn's erasure
+        // leaves the rest of the conversation's state as it is.
+        let covered = match (states.get(cp.as_slice())?, marker) {
+            (Some(v), Some(marker)) => {
+                serde_json::from_slice::<ConversationState>(v.value())?.covered_by(marker)
+            }
+            _ => false,
         };
         if covered {
             states.remove(cp.as_slice())?;
@@ -889,6 +958,10 @@ impl EmbeddedGraph {
             .count() as u64;
         n += r.open_table(CONV_STATE)?.get(cp.as_slice())?.is_some() as u64;
         n += r.open_table(CONV_COUNT)?.get(cp.as_slice())?.is_some() as u64;
+        n += r
+            .open_table(CONV_PARTICIPANTS)?
+            .range(cp.as_slice()..cend.as_slice())?
+            .count() as u64;
         let links = r.open_table(LINKS)?;
         let vocab = r.open_table(VOCAB)?;
         for kind in NodeKind::ALL {

@@ -23,7 +23,8 @@ use recollect_telemetry as metrics;
 use serde_json::{json, Value};
 
 use crate::graph::{
-    ConversationState, ErasureMap, Erasures, Graph, LinkedTurn, NodeKind, Scope, TurnRecord,
+    ConversationState, ErasureMap, Erasures, Graph, LinkedTurn, NodeKind, Scope, TurnErasure,
+    TurnRecord,
 };
 use crate::keys;
 use crate::StoreError;
@@ -1006,6 +1007,41 @@ impl Graph for Neo4jGraph {
         .await
     }
 
+    async fn record_turn_erasure(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        id: MemoryId,
+        erasure: TurnErasure,
+    ) -> Result<(), StoreError> {
+        let at = micros_up(erasure.at);
+        self.observed(true, async {
+            self.run(
+                query(
+                    "MERGE (x:TurnErasure {key: $key}) \
+                     ON CREATE SET x.tenant = $tenant, x.conversation = $conv, x.at = $at, \
+                     x.position = $position",
+                )
+                .param("key", id.to_string())
+                .param("tenant", tenant.as_str())
+                .param("conv", conversation)
+                .param("at", at)
+                .param(
+                    "position",
+                    i64::try_from(erasure.position).unwrap_or(i64::MAX),
+                ),
+            )
+            .await?;
+            self.run(
+                query("MATCH (x:TurnErasure {key: $key}) WHERE x.at < $at SET x.at = $at")
+                    .param("key", id.to_string())
+                    .param("at", at),
+            )
+            .await
+        })
+        .await
+    }
+
     async fn erasures(
         &self,
         tenant: &TenantId,
@@ -1039,6 +1075,27 @@ impl Graph for Neo4jGraph {
                     e.conversations.insert(conv, at);
                 }
             }
+            if !conversations.is_empty() {
+                let rows = self
+                    .rows(
+                        query(
+                            "MATCH (x:TurnErasure) WHERE x.tenant = $tenant \
+                             AND x.conversation IN $convs \
+                             RETURN x.key AS id, x.at AS at, x.position AS position",
+                        )
+                        .param("tenant", tenant.as_str())
+                        .param("convs", conversations.to_vec()),
+                    )
+                    .await?;
+                for r in &rows {
+                    let id = MemoryId::parse(&get::<String>(r, "id")?)
+                        .ok_or_else(|| StoreError::Corrupt("turn erasure key".into()))?;
+                    let at = DateTime::from_timestamp_micros(get::<i64>(r, "at")?)
+                        .ok_or_else(|| StoreError::Corrupt("erasure time out of range".into()))?;
+                    let position = u64::try_from(get::<i64>(r, "position")?).unwrap_or(0);
+                    e.turns.insert(id, TurnErasure { at, position });
+                }
+            }
             Ok(e)
         })
         .await
@@ -1064,7 +1121,10 @@ impl Graph for Neo4jGraph {
                     .param("conv", conversation),
                 )
                 .await?;
-            let mut labels: Vec<&str> = vec!["Turn", "Fragment", "ConversationState"];
+            // TurnErasure too: the conversation's marker, recorded before this delete, covers
+            // every turn a single-turn erasure named.
+            let mut labels: Vec<&str> =
+                vec!["Turn", "Fragment", "ConversationState", "TurnErasure"];
             labels.extend(NodeKind::ALL.iter().map(|k| k.label()));
             for l in labels {
                 self.run(
@@ -1112,6 +1172,14 @@ impl Neo4jGraph {
         self.run(query(
             "CREATE CONSTRAINT erasure_key IF NOT EXISTS FOR (n:Erasure) REQUIRE n.key IS UNIQUE",
         ))
+        .await?;
+        self.run(query(
+            "CREATE CONSTRAINT turnerasure_key IF NOT EXISTS FOR (n:TurnErasure) REQUIRE n.key IS UNIQUE",
+        ))
+        .await?;
+        self.run(query(
+            "CREATE INDEX turnerasure_conversation IF NOT EXISTS FOR (n:TurnErasure) ON (n.tenant, n.conversation)",
+        ))
         .await
     }
 
@@ -1129,7 +1197,7 @@ impl Neo4jGraph {
         .await?;
         Ok(turns
             .iter()
-            .filter(|(t, _)| !m.covers(&t.tenant, &t.conversation_id, t.recorded_at))
+            .filter(|(t, _)| !m.covers_turn(t))
             .cloned()
             .collect())
     }
@@ -1149,10 +1217,12 @@ impl Neo4jGraph {
         .await?;
         let mut out = Vec::with_capacity(fragments.len());
         for f in fragments {
-            if let Some(marker) = m.marker(&f.tenant, &f.conversation_id) {
+            if m.0
+                .get(&f.tenant)
+                .is_some_and(|e| e.marker(&f.conversation_id).is_some() || !e.turns.is_empty())
+            {
                 let members = self.turns(&f.tenant, &f.members).await?;
-                if members.len() < f.members.len()
-                    || members.iter().any(|r| r.turn.recorded_at <= marker)
+                if members.len() < f.members.len() || members.iter().any(|r| m.covers_turn(&r.turn))
                 {
                     continue;
                 }
@@ -1163,13 +1233,11 @@ impl Neo4jGraph {
     }
 
     async fn purge(&self, tenant: &TenantId, conversation: &str) -> Result<u64, StoreError> {
-        let Some(marker) = self
-            .erasures(tenant, &[conversation.to_string()])
-            .await?
-            .marker(conversation)
-        else {
+        let m = self.erasures(tenant, &[conversation.to_string()]).await?;
+        if m.is_empty() {
             return Ok(0);
-        };
+        }
+        let marker = m.marker(conversation);
         let rows = self
             .rows(
                 query(
@@ -1183,7 +1251,7 @@ impl Neo4jGraph {
         let mut ids = Vec::new();
         for r in &rows {
             let turn: Turn = serde_json::from_str(&get::<String>(r, "turn_json")?)?;
-            if turn.recorded_at <= marker {
+            if m.covers_turn(&turn) {
                 ids.push(get::<String>(r, "id")?);
             }
         }
@@ -1221,11 +1289,15 @@ impl Neo4jGraph {
             )))
             .await?;
         }
-        if self
-            .conversation_state(tenant, conversation)
-            .await?
-            .covered_by(marker)
-        {
+        // Only a conversation or tenant marker reaches the state, not a single turn's erasure.
+        if let Some(marker) = marker {
+            if !self
+                .conversation_state(tenant, conversation)
+                .await?
+                .covered_by(marker)
+            {
+                return Ok(ids.len() as u64);
+            }
             self.run(
                 query("MATCH (s:ConversationState {key: $key}) DETACH DELETE s")
                     .param("key", state_key(tenant.as_str(), conversation)),

@@ -22,7 +22,9 @@ pub mod vector_edge;
 pub mod vector_qdrant;
 
 pub use error::StoreError;
-pub use graph::{EdgeTimes, ErasureMap, Erasures, Graph, LinkedTurn, NodeKind, Scope, TurnRecord};
+pub use graph::{
+    EdgeTimes, ErasureMap, Erasures, Graph, LinkedTurn, NodeKind, Scope, TurnErasure, TurnRecord,
+};
 pub use graph_embedded::EmbeddedGraph;
 pub use graph_neo4j::{Neo4jGraph, Neo4jSettings};
 pub use open::{open_graph, open_vectors};

@@ -243,6 +243,29 @@ impl RawStore {
         Ok(n)
     }
 
+    /// Removes one turn of `tenant` (its row, its place in the conversation, its pending mark);
+    /// the positions of the others do not change. False when there is no such turn.
+    pub fn delete_turn(&self, tenant: &TenantId, id: MemoryId) -> Result<bool, StoreError> {
+        let w = self.db.begin_write()?;
+        {
+            let mut turns = w.open_table(TURNS)?;
+            let turn: Turn = match turns.get(id.as_u128())? {
+                Some(v) => serde_json::from_slice(v.value())?,
+                None => return Ok(false),
+            };
+            if turn.tenant != *tenant {
+                return Ok(false);
+            }
+            turns.remove(id.as_u128())?;
+            w.open_table(PENDING)?.remove(id.as_u128())?;
+            let mut ik = keys::join(&[tenant.as_str(), &turn.conversation_id]);
+            ik.extend_from_slice(&turn.position.to_be_bytes());
+            w.open_table(CONV_INDEX)?.remove(ik.as_slice())?;
+        }
+        w.commit()?;
+        Ok(true)
+    }
+
     pub fn count(&self) -> Result<u64, StoreError> {
         let r = self.db.begin_read()?;
         Ok(r.open_table(TURNS)?.len()?)

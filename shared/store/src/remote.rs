@@ -16,7 +16,7 @@ use recollect_model::{Extraction, Fragment, KeywordVector, MemoryId, TenantId, T
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::graph::{ConversationState, Erasures};
+use crate::graph::{ConversationState, Erasures, TurnErasure};
 use crate::vector::FieldVectors;
 use crate::{
     Graph, LinkedTurn, NodeKind, Scope, StoreError, TurnPoint, TurnRecord, VectorIndex, VectorQuery,
@@ -97,6 +97,12 @@ pub enum GraphCall {
         tenant: TenantId,
         conversation: Option<String>,
         at: DateTime<Utc>,
+    },
+    RecordTurnErasure {
+        tenant: TenantId,
+        conversation: String,
+        id: MemoryId,
+        erasure: TurnErasure,
     },
     Erasures {
         tenant: TenantId,
@@ -269,6 +275,15 @@ pub async fn dispatch_graph(
             at,
         } => json(
             g.record_erasure(&tenant, conversation.as_deref(), at)
+                .await?,
+        ),
+        GraphCall::RecordTurnErasure {
+            tenant,
+            conversation,
+            id,
+            erasure,
+        } => json(
+            g.record_turn_erasure(&tenant, &conversation, id, erasure)
                 .await?,
         ),
         GraphCall::Erasures {
@@ -607,6 +622,21 @@ impl Graph for RemoteGraph {
             tenant: tenant.clone(),
             conversation: conversation.map(String::from),
             at,
+        })
+        .await
+    }
+    async fn record_turn_erasure(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        id: MemoryId,
+        erasure: TurnErasure,
+    ) -> Result<(), StoreError> {
+        self.call(GraphCall::RecordTurnErasure {
+            tenant: tenant.clone(),
+            conversation: conversation.to_string(),
+            id,
+            erasure,
         })
         .await
     }
