@@ -4,7 +4,8 @@
 //! conversations are erased while their latest turns are still in the pipeline. Once the
 //! pipeline has drained, the store service is asked directly: nothing of the 10 is left (turns,
 //! structural nodes, fragments, state, turn and keyword points), the 40 others are whole, and a
-//! turn stored in an erased conversation after its erase is kept.
+//! turn stored in an erased conversation after its erase is kept. Then one turn of a kept
+//! conversation is erased on its own (`DELETE /v1/memories/{id}`).
 //!
 //! Skips with a message when tansu is not installed, unless REQUIRE_KAFKA is set.
 
@@ -331,4 +332,20 @@ fn erasure_wins_against_turns_in_flight() {
         "kept conversations damaged:\n{}",
         broken.join("\n")
     );
+
+    // One turn of a kept conversation erased on its own through the distributed gateway: gone
+    // with its point, its 99 neighbours kept; a second delete finds nothing.
+    let kept = conv(ERASED);
+    let id = MemoryId::derive(&TenantId(TENANT.into()), &kept, "t050");
+    let (st, r) = gateway.delete(&format!("/v1/memories/{id}"), Some(KEY));
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["turn_id"], "t050", "{r}");
+    let turns = stored_turns(&store, &kept);
+    let ids = turn_ids(&turns);
+    assert_eq!(ids.len(), TURNS_PER_CONVERSATION - 1);
+    assert!(!ids.contains(&"t050".to_string()));
+    assert_eq!(points(&store, &kept), TURNS_PER_CONVERSATION as u64 - 1);
+    let (st, r) = gateway.delete(&format!("/v1/memories/{id}"), Some(KEY));
+    assert_eq!(st, 404, "{r}");
+    println!("one turn of {kept} erased on its own: 99 of 100 left, its point gone");
 }
