@@ -162,7 +162,7 @@ fn handshake_tools_store_search_isolation_and_errors_embedded() {
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["search_memory", "store_turn"]);
+    assert_eq!(names, ["search_memory", "store_turn", "forget_memory"]);
     for t in tools["result"]["tools"].as_array().unwrap() {
         assert_eq!(t["inputSchema"]["type"], "object", "{t}");
         assert!(t["description"].as_str().unwrap().len() > 20);
@@ -234,6 +234,26 @@ fn handshake_tools_store_search_isolation_and_errors_embedded() {
     a.send_line("{not json");
     // Still serving after all that.
     assert_eq!(a.request("ping", json!({}))["result"], json!({}));
+    // Forgetting the memory: gone from search; a second time, a tool error naming it.
+    let forgot = a.call("forget_memory", json!({"memory_id": id}));
+    assert_eq!(forgot["result"]["isError"], false, "{forgot}");
+    assert_eq!(
+        forgot["result"]["structuredContent"]["conversation_id"],
+        "chat-1"
+    );
+    let found = a.call(
+        "search_memory",
+        json!({"query": "What did Melanie paint?", "k": 5}),
+    );
+    assert!(memories(&found).is_empty(), "{found}");
+    let again = a.call("forget_memory", json!({"memory_id": id}));
+    assert_eq!(again["result"]["isError"], true, "{again}");
+    assert!(again["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("not found"));
+    let bad = a.call("forget_memory", json!({"memory_id": "nope"}));
+    assert_eq!(bad["result"]["isError"], true, "{bad}");
     a.finish();
 
     // Another key on the same data sees nothing of tenant A's.
@@ -307,6 +327,17 @@ fn against_a_running_server_the_key_decides_the_tenant(mode: Mode) {
         json!({"conversation_id": "chat-1", "user": ""}),
     );
     assert_eq!(refused["result"]["isError"], true, "{refused}");
+    // Forgetting through the server.
+    let forgot = a.call("forget_memory", json!({"memory_id": id}));
+    assert_eq!(forgot["result"]["isError"], false, "{forgot}");
+    assert_eq!(
+        s.get(
+            &format!("/v1/memories/{}", id.as_str().unwrap()),
+            Some("key-a")
+        )
+        .0,
+        404
+    );
     a.finish();
 
     let mut b = Mcp::start(elsewhere.path(), "key-b", Some(&s.url));
@@ -400,7 +431,7 @@ fn streamable_http_tools_with_the_tenant_from_the_key(mode: Mode) {
         .map(|t| t["name"].as_str().unwrap())
         .collect();
     match mode {
-        Mode::Embedded => assert_eq!(names, ["search_memory", "store_turn"]),
+        Mode::Embedded => assert_eq!(names, ["search_memory", "store_turn", "forget_memory"]),
         Mode::Distributed => assert_eq!(names, ["search_memory"], "the query service cannot store"),
     }
     // Tenant A's turn, stored through the HTTP API (the gateway in distributed mode).

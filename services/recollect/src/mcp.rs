@@ -1,7 +1,7 @@
 //! `recollect mcp`: memory as agent tools over the Model Context Protocol on stdio, on the
 //! official SDK (`rmcp`) through the serving layer's handler (`recollect_serve::mcp`), the same
 //! one `recollect serve` and `recollect-query` serve at `/mcp` over Streamable HTTP.
-//! Tools: `search_memory` and `store_turn`.
+//! Tools: `search_memory`, `store_turn` and `forget_memory`.
 //!
 //! The tenant comes from the credential only: with `--server` the key (RECOLLECT_API_KEY) goes to
 //! the server as a bearer token; without it the data directory is opened directly and the key is
@@ -79,6 +79,20 @@ impl MemoryBackend for Remote {
         .await?;
         serde_json::from_value(body["memory_ids"].clone())
             .map_err(|e| RecollectError::internal(format!("unexpected server answer: {e}")))
+    }
+
+    async fn forget(
+        &self,
+        _tenant: &TenantId,
+        memory_id: &str,
+    ) -> Result<(String, String), RecollectError> {
+        // Checked here too: the id becomes part of the URL.
+        let id = recollect_model::MemoryId::parse(memory_id).ok_or_else(|| {
+            RecollectError::invalid(format!("memory id {memory_id:?} is not a memory id"))
+        })?;
+        let body = remote(self.client.delete(format!("{}/v1/memories/{id}", self.url))).await?;
+        let field = |k: &str| body[k].as_str().unwrap_or_default().to_string();
+        Ok((field("conversation_id"), field("turn_id")))
     }
 
     fn can_store(&self) -> bool {

@@ -39,7 +39,14 @@ pub trait MemoryBackend: Send + Sync {
         conversation: &str,
         turn: TurnInput,
     ) -> Result<Vec<String>, RecollectError>;
-    /// False where this process cannot store (the query service): `store_turn` is not offered.
+    /// Erases one memory: (conversation id, turn id) it had.
+    async fn forget(
+        &self,
+        tenant: &TenantId,
+        memory_id: &str,
+    ) -> Result<(String, String), RecollectError>;
+    /// False where this process cannot store (the query service): `store_turn` and
+    /// `forget_memory` are not offered.
     fn can_store(&self) -> bool;
 }
 
@@ -71,6 +78,17 @@ impl MemoryBackend for Roles {
         };
         let ids = g.store(tenant, conversation, req, "mcp").await?;
         Ok(ids.iter().map(ToString::to_string).collect())
+    }
+
+    async fn forget(
+        &self,
+        tenant: &TenantId,
+        memory_id: &str,
+    ) -> Result<(String, String), RecollectError> {
+        let g = self.gateway.as_ref().ok_or_else(|| {
+            RecollectError::Unavailable(format!("erasing is served by {}", crate::GATEWAY_SERVICE))
+        })?;
+        g.delete_memory(tenant, memory_id).await
     }
 
     fn can_store(&self) -> bool {
@@ -158,6 +176,21 @@ impl MemoryTools {
                 )
                 .with_title("Store a turn"),
             );
+            tools.push(
+                Tool::new(
+                    "forget_memory",
+                    "Erase one remembered turn for good (by the memory_id search_memory or store_turn returned), from every store. The rest of its conversation is kept.",
+                    schema(json!({
+                        "type": "object",
+                        "properties": {
+                            "memory_id": {"type": "string", "description": "the memory's id (a UUID)"}
+                        },
+                        "required": ["memory_id"],
+                        "additionalProperties": false
+                    })),
+                )
+                .with_title("Forget a memory"),
+            );
         }
         tools
     }
@@ -213,6 +246,15 @@ impl MemoryTools {
                     Err(e) => Err(e),
                 }
             }
+            "forget_memory" if self.backend.can_store() => {
+                let a: ForgetArgs = arguments(name, args)?;
+                match self.tenant(ctx) {
+                    Ok(t) => self.backend.forget(&t, &a.memory_id).await.map(|(c, turn)| {
+                        json!({"memory_id": a.memory_id, "conversation_id": c, "turn_id": turn})
+                    }),
+                    Err(e) => Err(e),
+                }
+            }
             other => {
                 let offered: Vec<_> = self.tools().into_iter().map(|t| t.name).collect();
                 return Err(McpError::invalid_params(
@@ -260,6 +302,12 @@ struct SearchArgs {
     agent_id: Option<String>,
     #[serde(default)]
     metadata: Option<std::collections::BTreeMap<String, Value>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ForgetArgs {
+    memory_id: String,
 }
 
 #[derive(Deserialize)]
