@@ -62,7 +62,11 @@ pub struct RecallArgs {
 
 #[derive(Args)]
 pub struct DeleteArgs {
+    /// The conversation to erase (with --memory: the memory id of one turn).
     pub conversation: String,
+    /// Erase one memory (turn) by its id instead of a whole conversation.
+    #[arg(long)]
+    pub memory: bool,
     #[arg(long)]
     pub server: Option<String>,
     #[arg(long, env = "RECOLLECT_API_KEY")]
@@ -250,6 +254,9 @@ pub async fn recall(settings: Settings, a: RecallArgs) -> anyhow::Result<()> {
 }
 
 pub async fn delete(settings: Settings, a: DeleteArgs) -> anyhow::Result<()> {
+    if a.memory {
+        return delete_memory(settings, a).await;
+    }
     match &a.server {
         Some(url) => {
             let b = check(
@@ -272,6 +279,39 @@ pub async fn delete(settings: Settings, a: DeleteArgs) -> anyhow::Result<()> {
                 Some(n) => println!("erased conversation {} ({n} turns)", a.conversation),
                 None => bail!("conversation {:?} not found", a.conversation),
             }
+        }
+    }
+    Ok(())
+}
+
+/// `recollect delete --memory ID`: one turn, from every store.
+async fn delete_memory(settings: Settings, a: DeleteArgs) -> anyhow::Result<()> {
+    let id = &a.conversation;
+    match &a.server {
+        Some(url) => {
+            let b = check(
+                client(&a.api_key)?
+                    .delete(format!("{url}/v1/memories/{id}"))
+                    .send()
+                    .await?,
+            )
+            .await?;
+            println!("{b}");
+        }
+        None => {
+            let app = App::open(settings).await?;
+            let r = recollect_gateway::delete_memory(
+                app.eraser.as_ref(),
+                &TenantId::default_tenant(),
+                id,
+            )
+            .await;
+            app.shutdown().await;
+            let r = r?;
+            println!(
+                "erased memory {id} (turn {} of conversation {})",
+                r.turn_id, r.conversation_id
+            );
         }
     }
     Ok(())

@@ -231,7 +231,12 @@ fn scope_filter(tenant: &TenantId, scope: &Scope) -> Filter {
     }
 }
 
-fn open_shard(path: &Path, config: qdrant_edge::EdgeConfig) -> Result<EdgeShard, StoreError> {
+/// `turn_fields`: the shard of turn points, which also gets the end-user and agent indexes.
+fn open_shard(
+    path: &Path,
+    config: qdrant_edge::EdgeConfig,
+    turn_fields: bool,
+) -> Result<EdgeShard, StoreError> {
     std::fs::create_dir_all(path)?;
     let has_config = path.join("edge_config.json").exists();
     let shard = if has_config {
@@ -242,7 +247,12 @@ fn open_shard(path: &Path, config: qdrant_edge::EdgeConfig) -> Result<EdgeShard,
     let shard = shard.map_err(err)?;
     // user_id and agent_id: a recall scoped to one end user is a small slice of a tenant,
     // which the planner scans through the index instead of filtering an HNSW walk.
-    for field in ["tenant", "conversation", "user_id", "agent_id"] {
+    let fields: &[&str] = if turn_fields {
+        &["tenant", "conversation", "user_id", "agent_id"]
+    } else {
+        &["tenant", "conversation"]
+    };
+    for &field in fields {
         let params = KeywordIndexParams {
             is_tenant: Some(field == "tenant"),
             ..Default::default()
@@ -285,8 +295,8 @@ impl EdgeVectorIndex {
                 EdgeVectorParamsBuilder::new(dim, Distance::Cosine).build(),
             )
             .build();
-        let turns = Arc::new(open_shard(&dir.join("turns"), turns_cfg)?);
-        let keywords = Arc::new(open_shard(&dir.join("keywords"), kw_cfg)?);
+        let turns = Arc::new(open_shard(&dir.join("turns"), turns_cfg, true)?);
+        let keywords = Arc::new(open_shard(&dir.join("keywords"), kw_cfg, false)?);
         let optimizer = Optimizer::spawn([Arc::downgrade(&turns), Arc::downgrade(&keywords)]);
         Ok(Self {
             turns,
@@ -369,7 +379,7 @@ impl VectorIndex for EdgeVectorIndex {
             if !p.lexical.indices.is_empty() {
                 named.push((LEXICAL_VECTOR.into(), sparse(&p.lexical)?));
             }
-            let payload = serde_json::json!({
+            let mut payload = serde_json::json!({
                 "tenant": p.tenant.as_str(),
                 "conversation": p.conversation_id,
                 "turn_id": p.turn_id,
@@ -378,10 +388,17 @@ impl VectorIndex for EdgeVectorIndex {
                 "user_speaker": p.user_speaker,
                 "assistant_speaker": p.assistant_speaker,
                 "speakers": speakers(p),
-                "user_id": p.user_id,
-                "agent_id": p.agent_id,
-                "metadata": p.metadata,
             });
+            // Filter fields only when the turn has them: most turns of most deployments carry
+            // none, and every payload byte is written, indexed and read back.
+            for (k, v) in [("user_id", &p.user_id), ("agent_id", &p.agent_id)] {
+                if let Some(v) = v {
+                    payload[k] = serde_json::Value::String(v.clone());
+                }
+            }
+            if !p.metadata.is_empty() {
+                payload["metadata"] = serde_json::Value::Object(p.metadata.clone());
+            }
             structs.push(
                 PointStruct::new(point_id(p.memory_id), Vectors::new_named(named), payload).into(),
             );

@@ -308,12 +308,18 @@ pub fn turn_point(p: &TurnPoint) -> PointStruct {
         speakers.extend(p.assistant_speaker.as_deref());
     }
     payload.insert("speakers", speakers);
-    payload.insert("user_id", opt_text(&p.user_id));
-    payload.insert("agent_id", opt_text(&p.agent_id));
-    payload.insert(
-        "metadata",
-        json_value(&serde_json::Value::Object(p.metadata.clone())),
-    );
+    // Filter fields only when the turn has them (most turns carry none).
+    for (k, v) in [("user_id", &p.user_id), ("agent_id", &p.agent_id)] {
+        if let Some(v) = v {
+            payload.insert(k, v.as_str());
+        }
+    }
+    if !p.metadata.is_empty() {
+        payload.insert(
+            "metadata",
+            json_value(&serde_json::Value::Object(p.metadata.clone())),
+        );
+    }
     PointStruct::new(point_id(p.memory_id), vectors, payload)
 }
 
