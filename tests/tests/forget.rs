@@ -1,7 +1,8 @@
 //! One memory erased on its own (`DELETE /v1/memories/{id}`), through the real binary in both
 //! modes: gone for every read path, the rest of its conversation recallable and still
 //! consolidated across the gap, other tenants' ids not found, bad ids a 400, the same turn id
-//! stored again a new memory; and (embedded) no residue when every store is opened directly.
+//! stored again a new memory; a turn id that holds other content a 409 before that; and
+//! (embedded) no residue when every store is opened directly.
 
 use recollect_model::TenantId;
 use recollect_store::{EdgeVectorIndex, EmbeddedGraph, RawStore, Scope, VectorIndex};
@@ -100,6 +101,32 @@ fn forget(mode: Mode, dir: &std::path::Path) {
     assert!(consolidated(&s, "c", 0), "the first window is consolidated");
     let hits = recall(&s, MARKER);
     assert_eq!(hits[0]["memory_id"], ids[5].as_str(), "{hits:?}");
+
+    // A retried store of the same turn is a no-op; the same turn id with other content is a
+    // 409 naming the way to replace it, and nothing of that request is stored.
+    assert_eq!(store(&s, A, "c", vec![turn(5)]), vec![ids[5].clone()]);
+    let mut changed = turn(5);
+    changed["user"] = json!("Something else entirely.");
+    let (st, r) = s.post(
+        "/v1/conversations/c/turns",
+        Some(A),
+        &json!({"turns": [turn(40), changed], "wait": true}),
+    );
+    assert_eq!(st, 409, "{r}");
+    let msg = r["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("turns[1].turn_id")
+            && msg.contains(&format!("DELETE /v1/memories/{}", ids[5])),
+        "{msg}"
+    );
+    assert_eq!(r["error"]["code"], "conflict");
+    assert_eq!(
+        positions(&s, "c").len(),
+        12,
+        "nothing of the refused request stored"
+    );
+    let (_, m) = s.get(&format!("/v1/memories/{}", ids[5]), Some(A));
+    assert!(m["user"].as_str().unwrap().contains(MARKER), "{m}");
 
     // Another tenant's id is not there for B, and stays for A; a bad id is a 400.
     let (st, r) = s.delete(&format!("/v1/memories/{}", ids[5]), Some(B));

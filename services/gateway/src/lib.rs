@@ -263,6 +263,8 @@ impl Gateway {
         req: StoreRequest,
         trace_id: &str,
     ) -> Result<StoreResponse, RecollectError> {
+        self.refuse_conflicts(tenant, conversation, &req.turns)
+            .await?;
         let now = chrono::Utc::now();
         let turns: Vec<Turn> = req
             .turns
@@ -296,6 +298,45 @@ impl Gateway {
             self.wait_stored(tenant, &ids).await?;
         }
         Ok(StoreResponse { memory_ids: ids })
+    }
+
+    /// 409 for a turn id that already holds a different turn in the graph (what this gateway
+    /// can see: a conflicting turn still on Kafka is not caught here, and the later copy then
+    /// replaces the earlier one in the stores).
+    async fn refuse_conflicts(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        inputs: &[TurnInput],
+    ) -> Result<(), RecollectError> {
+        let Some(graph) = &self.graph else {
+            return Ok(());
+        };
+        let named: Vec<(usize, MemoryId)> = inputs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| {
+                t.turn_id
+                    .as_ref()
+                    .map(|id| (i, MemoryId::derive(tenant, conversation, id)))
+            })
+            .collect();
+        if named.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<MemoryId> = named.iter().map(|(_, id)| *id).collect();
+        let stored = graph
+            .turns(tenant, &ids)
+            .await
+            .map_err(RecollectError::from_classified)?;
+        for rec in stored {
+            if let Some((i, _)) = named.iter().find(|(_, id)| *id == rec.turn.memory_id) {
+                if !rec.turn.same_content(&inputs[*i]) {
+                    return Err(RecollectError::Conflict(rec.turn.conflict_message(*i)));
+                }
+            }
+        }
+        Ok(())
     }
 
     async fn publish(&self, turns: &[Turn], trace_id: &str) -> Result<(), RecollectError> {
@@ -547,6 +588,7 @@ pub mod http {
             (status = 202, description = "stored durably (with wait: also recallable)", body = StoreResponse),
             (status = 400, description = "bad input; names the field; nothing stored", body = recollect_api::ErrorBody),
             (status = 401, description = "missing or unknown API key", body = recollect_api::ErrorBody),
+            (status = 409, description = "a turn_id already holds a different turn; nothing stored", body = recollect_api::ErrorBody),
             (status = 503, description = "stored, but enrichment did not finish within the wait timeout", body = recollect_api::ErrorBody),
         ),
         security((), ("bearer" = []))

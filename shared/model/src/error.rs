@@ -11,6 +11,9 @@ pub enum ErrorKind {
     InvalidArgument,
     Unauthenticated,
     NotFound,
+    /// The request contradicts what is stored (a turn id that already holds another turn):
+    /// retrying the same request cannot succeed.
+    Conflict,
     /// Too many requests or too much in flight: retry later.
     ResourceExhausted,
     /// A dependency (store, broker, model) failed: retrying may help.
@@ -25,6 +28,7 @@ impl ErrorKind {
             ErrorKind::InvalidArgument => "invalid_argument",
             ErrorKind::Unauthenticated => "unauthenticated",
             ErrorKind::NotFound => "not_found",
+            ErrorKind::Conflict => "conflict",
             ErrorKind::ResourceExhausted => "resource_exhausted",
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Internal => "internal",
@@ -47,6 +51,8 @@ pub enum RecollectError {
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
     Exhausted(String),
     #[error("{0}")]
     Unavailable(String),
@@ -68,6 +74,7 @@ impl RecollectError {
             ErrorKind::InvalidArgument => Self::Invalid(msg),
             ErrorKind::Unauthenticated => Self::Unauthenticated(msg),
             ErrorKind::NotFound => Self::NotFound(msg),
+            ErrorKind::Conflict => Self::Conflict(msg),
             ErrorKind::ResourceExhausted => Self::Exhausted(msg),
             ErrorKind::Unavailable => Self::Unavailable(msg),
             ErrorKind::Internal => Self::Internal(msg),
@@ -81,6 +88,7 @@ impl Classify for RecollectError {
             RecollectError::Invalid(_) => ErrorKind::InvalidArgument,
             RecollectError::Unauthenticated(_) => ErrorKind::Unauthenticated,
             RecollectError::NotFound(_) => ErrorKind::NotFound,
+            RecollectError::Conflict(_) => ErrorKind::Conflict,
             RecollectError::Exhausted(_) => ErrorKind::ResourceExhausted,
             RecollectError::Unavailable(_) => ErrorKind::Unavailable,
             RecollectError::Internal(_) => ErrorKind::Internal,

@@ -273,6 +273,29 @@ impl Turn {
     pub fn is_sequenced(&self) -> bool {
         self.position != Self::UNSEQUENCED
     }
+
+    /// Whether `input` says exactly what this turn holds: a retry of the store that made it,
+    /// not a different turn under the same turn id.
+    pub fn same_content(&self, input: &TurnInput) -> bool {
+        self.user == input.user
+            && self.assistant == input.assistant.as_deref().unwrap_or_default()
+            && self.user_speaker == input.user_speaker
+            && self.assistant_speaker == input.assistant_speaker
+            && self.timestamp == input.timestamp
+            && self.metadata == input.metadata
+            && self.user_id == input.user_id
+            && self.agent_id == input.agent_id
+    }
+
+    /// The 409 message for a turn id that already holds other content.
+    pub fn conflict_message(&self, index: usize) -> String {
+        format!(
+            "turns[{index}].turn_id {:?} already holds a different turn (memory {}); a retry must \
+             repeat it exactly. To replace it, erase it first (DELETE /v1/memories/{}) and store \
+             the new turn",
+            self.turn_id, self.memory_id, self.memory_id
+        )
+    }
     /// The fields that carry text, in the order they were said.
     pub fn fields(&self) -> [(Field, &str); 2] {
         [

@@ -8,6 +8,8 @@ pub enum StoreError {
     Corrupt(String),
     #[error("{0}")]
     Invalid(String),
+    #[error("{0}")]
+    Conflict(String),
 }
 
 impl Classify for StoreError {
@@ -16,6 +18,7 @@ impl Classify for StoreError {
             StoreError::Backend(_) => ErrorKind::Unavailable,
             StoreError::Corrupt(_) => ErrorKind::Internal,
             StoreError::Invalid(_) => ErrorKind::InvalidArgument,
+            StoreError::Conflict(_) => ErrorKind::Conflict,
         }
     }
 }

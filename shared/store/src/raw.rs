@@ -76,10 +76,12 @@ impl RawStore {
                     .unwrap_or_else(|| position.to_string());
                 let id = MemoryId::derive(tenant, conversation, &turn_id);
                 if let Some(existing) = turns.get(id.as_u128())? {
-                    out.push(Appended {
-                        turn: serde_json::from_slice(existing.value())?,
-                        new: false,
-                    });
+                    let turn: Turn = serde_json::from_slice(existing.value())?;
+                    // Dropping the transaction stores nothing of the request.
+                    if !turn.same_content(input) {
+                        return Err(StoreError::Conflict(turn.conflict_message(out.len())));
+                    }
+                    out.push(Appended { turn, new: false });
                     continue;
                 }
                 let turn = Turn {

@@ -173,6 +173,7 @@ impl From<&StoreError> for WireError {
             StoreError::Backend(m) => ("backend", m),
             StoreError::Corrupt(m) => ("corrupt", m),
             StoreError::Invalid(m) => ("invalid", m),
+            StoreError::Conflict(m) => ("conflict", m),
         };
         Self {
             class: class.into(),
@@ -186,6 +187,7 @@ impl From<WireError> for StoreError {
         match w.class.as_str() {
             "corrupt" => StoreError::Corrupt(w.message),
             "invalid" => StoreError::Invalid(w.message),
+            "conflict" => StoreError::Conflict(w.message),
             _ => StoreError::Backend(w.message),
         }
     }
