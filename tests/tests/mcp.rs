@@ -466,7 +466,10 @@ fn streamable_http_tools_with_the_tenant_from_the_key(mode: Mode) {
         json!({"name": "search_memory", "arguments": {"k": 5}}),
     );
     assert_eq!(bad["error"]["code"], -32602, "{bad}");
-    let store = json!({"name": "store_turn", "arguments": store_args()});
+    // Another turn id: turn "1" holds the turn stored over HTTP above.
+    let mut args = store_args();
+    args["turn_id"] = json!("2");
+    let store = json!({"name": "store_turn", "arguments": args});
     let (_, stored) = mcp_http(&url, Some("key-a"), 8, "tools/call", store);
     match mode {
         Mode::Embedded => assert_eq!(stored["result"]["isError"], false, "{stored}"),

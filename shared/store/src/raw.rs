@@ -359,7 +359,7 @@ mod tests {
             assistant: Some("ok".into()),
             user_speaker: None,
             assistant_speaker: None,
-            timestamp: Utc::now(),
+            timestamp: chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap(),
             metadata: Default::default(),
             user_id: None,
             agent_id: None,
@@ -380,6 +380,17 @@ mod tests {
             let again = s.append(&t, "c", &[input(Some("a"), "one")]).unwrap();
             assert!(!again[0].new);
             assert_eq!(again[0].turn.memory_id, a[0].turn.memory_id);
+            // The same turn id with other text: refused, and nothing of the batch is stored.
+            let e = s
+                .append(
+                    &t,
+                    "c",
+                    &[input(Some("z"), "new"), input(Some("a"), "changed")],
+                )
+                .unwrap_err();
+            assert!(matches!(e, StoreError::Conflict(_)), "{e}");
+            assert!(e.to_string().contains("turns[1].turn_id"), "{e}");
+            assert!(s.get(MemoryId::derive(&t, "c", "z")).unwrap().is_none());
             a.iter().map(|x| x.turn.memory_id).collect::<Vec<_>>()
         };
         let s = RawStore::open(&path).unwrap();
