@@ -42,6 +42,7 @@ export type TurnPage = JsonOf<paths["/v1/conversations/{id}/turns"]["get"]["resp
 export type PageQuery = NonNullable<paths["/v1/conversations"]["get"]["parameters"]["query"]>;
 export type ConversationInfo = JsonOf<paths["/v1/conversations/{id}"]["get"]["responses"][200]>;
 export type Erased = JsonOf<paths["/v1/conversations/{id}"]["delete"]["responses"][200]>;
+export type MemoryErased = JsonOf<paths["/v1/memories/{id}"]["delete"]["responses"][200]>;
 export type TenantErased = JsonOf<paths["/v1/tenant"]["delete"]["responses"][200]>;
 export type ErrorBody = Schemas["ErrorBody"];
 export type { components, paths };
@@ -51,7 +52,13 @@ export type TurnInputLike = Omit<TurnInput, "timestamp"> & { timestamp: string |
 /** `storeTurn`'s turn: `timestamp` defaults to now. */
 export type NewTurn = Omit<TurnInputLike, "timestamp"> & { timestamp?: string | Date };
 /** A recall request: the API's `RecallRequest`, with `now` also as a `Date`. */
-export type RecallRequestLike = Omit<RecallRequest, "now"> & { now?: string | Date | null };
+export type RecallRequestLike = Omit<RecallRequest, "now" | "from" | "to"> & {
+  now?: string | Date | null;
+  /** Only turns whose timestamp is at or after this. */
+  from?: string | Date | null;
+  /** Only turns whose timestamp is before this. */
+  to?: string | Date | null;
+};
 
 export interface ClientOptions {
   /** The server (default: `$RECOLLECT_URL`, else http://127.0.0.1:8080). */
@@ -88,6 +95,14 @@ export interface PageOptions extends CallOptions {
   limit?: number;
   /** The `next_cursor` of the previous page; absent for the first one. */
   cursor?: string | null;
+}
+
+/** Paging of the conversation listing, optionally one end user's or agent's conversations. */
+export interface ConversationPageOptions extends PageOptions {
+  /** Only conversations with a turn of this end user. */
+  user_id?: string;
+  /** Only conversations with a turn of this agent. */
+  agent_id?: string;
 }
 
 export interface RawRequestOptions extends CallOptions {
@@ -284,10 +299,14 @@ export class RecollectClient {
   /**
    * `POST /v1/recall`: the `k` (1..1000, default 30) memories best matching `query`, best first,
    * each with `score`, `sources` and `score_parts`. A string is taken as the query alone.
+   * Filters (`user_ids`, `agent_ids`, `from`, `to`, `speakers`, `metadata`) apply inside every
+   * retrieval path, so `k` matching turns come back whenever that many exist.
    */
   recall(request: RecallRequestLike | string, options: CallOptions = {}): Promise<RecallResponse> {
     const r: RecallRequestLike = typeof request === "string" ? { query: request } : request;
-    const body: RecallRequest = { ...r, now: r.now instanceof Date ? r.now.toISOString() : r.now };
+    const time = (t: string | Date | null | undefined) => (t instanceof Date ? t.toISOString() : t);
+    const body: RecallRequest = { ...r, now: time(r.now), from: time(r.from), to: time(r.to) };
+    for (const k of ["now", "from", "to"] as const) if (body[k] === undefined) delete body[k];
     return this.send({
       method: "POST",
       path: "/v1/recall",
@@ -348,12 +367,16 @@ export class RecollectClient {
 
   // ---- listings (cursor-paged) -------------------------------------------------------------------
 
-  /** `GET /v1/conversations`: one page of the tenant's conversation ids, ascending. */
-  listConversations(options: PageOptions = {}): Promise<ConversationPage> {
+  /** `GET /v1/conversations`: one page of the tenant's conversation ids, ascending; with
+   * `user_id`/`agent_id`, only the conversations with a turn of that end user/agent. */
+  listConversations(options: ConversationPageOptions = {}): Promise<ConversationPage> {
+    const query = pageQuery(options) ?? {};
+    if (options.user_id !== undefined) query.user_id = options.user_id;
+    if (options.agent_id !== undefined) query.agent_id = options.agent_id;
     return this.send({
       method: "GET",
       path: "/v1/conversations",
-      query: pageQuery(options),
+      query: Object.keys(query).length > 0 ? query : undefined,
       idempotent: true,
       retry: true,
       timeoutMs: options.timeoutMs,
@@ -364,7 +387,7 @@ export class RecollectClient {
   }
 
   /** Every conversation id of the tenant, page after page: `for await (const id of rc.iterConversations())`. */
-  iterConversations(options: Omit<PageOptions, "cursor"> = {}): AsyncGenerator<string> {
+  iterConversations(options: Omit<ConversationPageOptions, "cursor"> = {}): AsyncGenerator<string> {
     return paginateItems(async (cursor) => {
       const page = await this.listConversations({ ...options, cursor });
       return { items: page.conversations, nextCursor: page.next_cursor };
@@ -407,6 +430,21 @@ export class RecollectClient {
       signal: options.signal,
       accept: "application/json",
       parse: json<Erased>(["conversation_id", "turns_erased"], "Erased"),
+    });
+  }
+
+  /** `DELETE /v1/memories/{id}`: erase one turn from every store; the rest of its conversation
+   * stays recallable. An id this tenant does not have throws NotFoundError. */
+  deleteMemory(memoryId: string, options: CallOptions = {}): Promise<MemoryErased> {
+    return this.send({
+      method: "DELETE",
+      path: `/v1/memories/${segment(memoryId, "memoryId")}`,
+      idempotent: true,
+      retry: true,
+      timeoutMs: options.timeoutMs,
+      signal: options.signal,
+      accept: "application/json",
+      parse: json<MemoryErased>(["memory_id", "conversation_id", "turn_id"], "MemoryErased"),
     });
   }
 

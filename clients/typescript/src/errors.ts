@@ -9,6 +9,7 @@
  *     │   │   └── PayloadTooLargeError  413
  *     │   ├── AuthenticationError       401/403
  *     │   ├── NotFoundError             404
+ *     │   ├── ConflictError             409: a turn_id already holds a different turn; nothing stored
  *     │   ├── RateLimitError            429 (code "rate_limited")
  *     │   ├── ServiceUnavailableError   503 ("overloaded", not ready, a store failing)
  *     │   └── ServerError               other 5xx
@@ -66,6 +67,9 @@ export class BadRequestError extends ApiError {}
 export class PayloadTooLargeError extends BadRequestError {}
 export class AuthenticationError extends ApiError {}
 export class NotFoundError extends ApiError {}
+/** 409: a `turn_id` of the request already holds a different turn (a retry must repeat it
+ * exactly); nothing of the request was stored. Erase the memory first to replace it. */
+export class ConflictError extends ApiError {}
 export class RateLimitError extends ApiError {}
 export class ServiceUnavailableError extends ApiError {}
 export class ServerError extends ApiError {}
@@ -95,6 +99,7 @@ const BY_STATUS: Record<number, new (init: ApiErrorInit) => ApiError> = {
   401: AuthenticationError,
   403: AuthenticationError,
   404: NotFoundError,
+  409: ConflictError,
   429: RateLimitError,
   503: ServiceUnavailableError,
 };

@@ -136,7 +136,8 @@ export interface paths {
         get: operations["get_memory"];
         put?: never;
         post?: never;
-        delete?: never;
+        /** Erases one memory (turn) from every store; the rest of its conversation stays. */
+        delete: operations["delete_memory"];
         options?: never;
         head?: never;
         patch?: never;
@@ -262,6 +263,12 @@ export interface components {
             key: string;
             text: string;
         };
+        /** @description What erasing one memory removed. */
+        MemoryErased: {
+            memory_id: string;
+            conversation_id: string;
+            turn_id: string;
+        };
         /** @description `POST /v1/recall` body. */
         RecallRequest: {
             query: string;
@@ -277,6 +284,27 @@ export interface components {
              * @description Anchor for relative times in the query ("last week"); absent: only absolute dates count.
              */
             now?: string | null;
+            /** @description Only turns of these end users (any of them). */
+            user_ids?: string[] | null;
+            /** @description Only turns of these agents (any of them). */
+            agent_ids?: string[] | null;
+            /**
+             * Format: date-time
+             * @description Only turns whose timestamp is at or after this.
+             */
+            from?: string | null;
+            /**
+             * Format: date-time
+             * @description Only turns whose timestamp is before this.
+             */
+            to?: string | null;
+            /** @description Only turns where one of these spoke (exact match on either speaker). */
+            speakers?: string[] | null;
+            /**
+             * @description Only turns whose metadata has each of these keys equal to the value given (string,
+             *     number or boolean; keys of letters, digits, _ and -).
+             */
+            metadata?: Record<string, unknown> | null;
         };
         RecallResponse: {
             memories: components["schemas"]["RecalledMemory"][];
@@ -292,6 +320,9 @@ export interface components {
             assistant_speaker?: string | null;
             /** Format: date-time */
             timestamp: string;
+            user_id?: string | null;
+            agent_id?: string | null;
+            metadata?: Record<string, unknown>;
             /** Format: float */
             score: number;
             /** @description B, C, BC, lexical, dense, neighbour, fallback */
@@ -398,6 +429,12 @@ export interface components {
              */
             recorded_at?: string;
             metadata?: Record<string, unknown>;
+            /**
+             * @description Left out of the JSON when absent, so messages and records written before these fields
+             *     existed read back unchanged.
+             */
+            user_id?: string | null;
+            agent_id?: string | null;
         };
         /** @description A turn as a client sends it. */
         TurnInput: {
@@ -409,6 +446,10 @@ export interface components {
             /** Format: date-time */
             timestamp: string;
             metadata?: Record<string, unknown>;
+            /** @description The platform's end user this turn belongs to; recall can be scoped to it. */
+            user_id?: string | null;
+            /** @description The agent (assistant persona) that took part; recall can be scoped to it. */
+            agent_id?: string | null;
         };
         TurnPage: {
             /** @description Turns in position order. */
@@ -527,6 +568,10 @@ export interface operations {
                 limit?: number;
                 /** @description The `next_cursor` of the previous page; absent for the first one. */
                 cursor?: string;
+                /** @description Only conversations with a turn of this end user. */
+                user_id?: string;
+                /** @description Only conversations with a turn of this agent (with `user_id`: of both). */
+                agent_id?: string;
             };
             header?: never;
             path?: never;
@@ -543,7 +588,7 @@ export interface operations {
                     "application/json": components["schemas"]["ConversationPage"];
                 };
             };
-            /** @description bad limit or cursor; names it */
+            /** @description bad limit, cursor, user_id or agent_id; names it */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -761,6 +806,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description a turn_id already holds a different turn; nothing stored */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description stored, but enrichment did not finish within the wait timeout */
             503: {
                 headers: {
@@ -812,6 +866,56 @@ export interface operations {
                 };
             };
             /** @description no such memory for this tenant */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    delete_memory: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description memory id (a UUID) */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description erased from raw store, graph and vectors */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MemoryErased"];
+                };
+            };
+            /** @description not a memory id */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description missing or unknown API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such memory for this tenant (or already erased) */
             404: {
                 headers: {
                     [name: string]: unknown;

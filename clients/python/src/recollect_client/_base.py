@@ -24,6 +24,7 @@ from .models import (
     ConversationInfo,
     ConversationPage,
     Erased,
+    MemoryErased,
     RecallRequest,
     RecallResponse,
     ReferenceState,
@@ -300,19 +301,37 @@ class BaseClient:
         attention_state: ReferenceState | Mapping[str, Any] | None,
         now: datetime | str | None,
         timeout: float | None,
+        *,
+        user_ids: Sequence[str] | None = None,
+        agent_ids: Sequence[str] | None = None,
+        from_: datetime | str | None = None,
+        to: datetime | str | None = None,
+        speakers: Sequence[str] | None = None,
+        metadata: Mapping[str, str | int | float | bool] | None = None,
     ) -> Call[RecallResponse]:
-        body = RecallRequest(
-            query=query,
-            conversation_ids=list(conversation_ids) if conversation_ids is not None else None,
-            k=k,
-            attention_state=attention_state,
-            now=now,
+        def listed(v: Sequence[str] | None) -> list[str] | None:
+            return list(v) if v is not None else None
+
+        body = RecallRequest.model_validate(
+            {
+                "query": query,
+                "conversation_ids": listed(conversation_ids),
+                "k": k,
+                "attention_state": attention_state,
+                "now": now,
+                "user_ids": listed(user_ids),
+                "agent_ids": listed(agent_ids),
+                "from": from_,
+                "to": to,
+                "speakers": listed(speakers),
+                "metadata": dict(metadata) if metadata is not None else None,
+            }
         )
         return Call(
             "POST",
             "/v1/recall",
             model_parser(RecallResponse),
-            json=body.model_dump(mode="json", exclude_none=True),
+            json=body.model_dump(mode="json", exclude_none=True, by_alias=True),
             idempotent=True,
             timeout=timeout,
         )
@@ -321,10 +340,20 @@ class BaseClient:
         return Call("GET", f"/v1/memories/{segment(memory_id, 'memory_id')}", model_parser(TurnView), timeout=timeout)
 
     def _list_conversations_call(
-        self, limit: int | None, cursor: str | None, timeout: float | None
+        self,
+        limit: int | None,
+        cursor: str | None,
+        timeout: float | None,
+        user_id: str | None = None,
+        agent_id: str | None = None,
     ) -> Call[ConversationPage]:
+        params = page_params(limit, cursor) or {}
+        if user_id is not None:
+            params["user_id"] = user_id
+        if agent_id is not None:
+            params["agent_id"] = agent_id
         return Call(
-            "GET", "/v1/conversations", model_parser(ConversationPage), params=page_params(limit, cursor), timeout=timeout
+            "GET", "/v1/conversations", model_parser(ConversationPage), params=params or None, timeout=timeout
         )
 
     def _list_turns_call(
@@ -351,6 +380,14 @@ class BaseClient:
             "DELETE",
             f"/v1/conversations/{segment(conversation_id, 'conversation_id')}",
             model_parser(Erased),
+            timeout=timeout,
+        )
+
+    def _delete_memory_call(self, memory_id: str, timeout: float | None) -> Call[MemoryErased]:
+        return Call(
+            "DELETE",
+            f"/v1/memories/{segment(memory_id, 'memory_id')}",
+            model_parser(MemoryErased),
             timeout=timeout,
         )
 

@@ -16,6 +16,7 @@ from .models import (
     ConversationInfo,
     ConversationPage,
     Erased,
+    MemoryErased,
     RecallResponse,
     ReferenceState,
     StoreResponse,
@@ -147,10 +148,31 @@ class AsyncClient(BaseClient):
         k: int | None = None,
         attention_state: ReferenceState | Mapping[str, Any] | None = None,
         now: datetime | str | None = None,
+        user_ids: Sequence[str] | None = None,
+        agent_ids: Sequence[str] | None = None,
+        from_: datetime | str | None = None,
+        to: datetime | str | None = None,
+        speakers: Sequence[str] | None = None,
+        metadata: Mapping[str, str | int | float | bool] | None = None,
         timeout: float | None = None,
     ) -> RecallResponse:
-        """``POST /v1/recall``; see :meth:`Client.recall`."""
-        return await self._send(self._recall_call(query, conversation_ids, k, attention_state, now, timeout))
+        """``POST /v1/recall`` with the same filters; see :meth:`Client.recall`."""
+        return await self._send(
+            self._recall_call(
+                query,
+                conversation_ids,
+                k,
+                attention_state,
+                now,
+                timeout,
+                user_ids=user_ids,
+                agent_ids=agent_ids,
+                from_=from_,
+                to=to,
+                speakers=speakers,
+                metadata=metadata,
+            )
+        )
 
     async def get_memory(self, memory_id: str, *, timeout: float | None = None) -> TurnView:
         """``GET /v1/memories/{id}``: one stored turn with its extraction; see :meth:`Client.get_memory`."""
@@ -177,16 +199,32 @@ class AsyncClient(BaseClient):
     # ---- listings (cursor-paged) ---------------------------------------------------------------
 
     async def list_conversations(
-        self, *, limit: int | None = None, cursor: str | None = None, timeout: float | None = None
+        self,
+        *,
+        limit: int | None = None,
+        cursor: str | None = None,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        timeout: float | None = None,
     ) -> ConversationPage:
         """``GET /v1/conversations``: one page of conversation ids; see :meth:`Client.list_conversations`."""
-        return await self._send(self._list_conversations_call(limit, cursor, timeout))
+        return await self._send(self._list_conversations_call(limit, cursor, timeout, user_id, agent_id))
 
-    def iter_conversations(self, *, page_size: int | None = None, timeout: float | None = None) -> AsyncIterator[str]:
-        """Every conversation id of the tenant, page after page: ``async for c in rc.iter_conversations()``."""
+    def iter_conversations(
+        self,
+        *,
+        page_size: int | None = None,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        timeout: float | None = None,
+    ) -> AsyncIterator[str]:
+        """Every conversation id of the tenant (or of one end user/agent), page after page:
+        ``async for c in rc.iter_conversations()``."""
 
         async def fetch(cursor: str | None) -> Page[str]:
-            page = await self.list_conversations(limit=page_size, cursor=cursor, timeout=timeout)
+            page = await self.list_conversations(
+                limit=page_size, cursor=cursor, user_id=user_id, agent_id=agent_id, timeout=timeout
+            )
             return Page(page.conversations, page.next_cursor)
 
         return aiter_items(fetch)
@@ -218,6 +256,10 @@ class AsyncClient(BaseClient):
     async def delete_conversation(self, conversation_id: str, *, timeout: float | None = None) -> Erased:
         """``DELETE /v1/conversations/{id}``: erase the conversation from every store."""
         return await self._send(self._delete_conversation_call(conversation_id, timeout))
+
+    async def delete_memory(self, memory_id: str, *, timeout: float | None = None) -> MemoryErased:
+        """``DELETE /v1/memories/{id}``: erase one turn from every store; see :meth:`Client.delete_memory`."""
+        return await self._send(self._delete_memory_call(memory_id, timeout))
 
     async def erase_tenant(self, confirm: str, *, timeout: float | None = None) -> TenantErased:
         """``DELETE /v1/tenant?confirm=TENANT``: erase every conversation of the caller's tenant."""

@@ -15,6 +15,7 @@ from .models import (
     ConversationInfo,
     ConversationPage,
     Erased,
+    MemoryErased,
     RecallResponse,
     ReferenceState,
     StoreResponse,
@@ -165,13 +166,37 @@ class Client(BaseClient):
         k: int | None = None,
         attention_state: ReferenceState | Mapping[str, Any] | None = None,
         now: datetime | str | None = None,
+        user_ids: Sequence[str] | None = None,
+        agent_ids: Sequence[str] | None = None,
+        from_: datetime | str | None = None,
+        to: datetime | str | None = None,
+        speakers: Sequence[str] | None = None,
+        metadata: Mapping[str, str | int | float | bool] | None = None,
         timeout: float | None = None,
     ) -> RecallResponse:
         """``POST /v1/recall``: the ``k`` (1..1000, default 30) memories best matching ``query``,
         best first, each with its ``score``, ``sources`` and ``score_parts``. ``conversation_ids``
         narrows the search (default: every conversation of the tenant); ``now`` anchors relative
-        times in the query ("last week")."""
-        return self._send(self._recall_call(query, conversation_ids, k, attention_state, now, timeout))
+        times in the query ("last week"). Filters, applied inside every retrieval path so ``k``
+        matching turns come back whenever that many exist: ``user_ids``, ``agent_ids``, a time
+        range on the turn's timestamp (``from_`` inclusive, sent as ``from``; ``to`` exclusive),
+        ``speakers`` and ``metadata`` equality (string, number or boolean values)."""
+        return self._send(
+            self._recall_call(
+                query,
+                conversation_ids,
+                k,
+                attention_state,
+                now,
+                timeout,
+                user_ids=user_ids,
+                agent_ids=agent_ids,
+                from_=from_,
+                to=to,
+                speakers=speakers,
+                metadata=metadata,
+            )
+        )
 
     def get_memory(self, memory_id: str, *, timeout: float | None = None) -> TurnView:
         """``GET /v1/memories/{id}``: one stored turn, with its ``extraction`` (keywords, entities,
@@ -190,17 +215,33 @@ class Client(BaseClient):
     # ---- listings (cursor-paged) ---------------------------------------------------------------
 
     def list_conversations(
-        self, *, limit: int | None = None, cursor: str | None = None, timeout: float | None = None
+        self,
+        *,
+        limit: int | None = None,
+        cursor: str | None = None,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        timeout: float | None = None,
     ) -> ConversationPage:
         """``GET /v1/conversations``: one page of the tenant's conversation ids, ascending;
-        ``limit`` 1..500 (server default 50); pass the page's ``next_cursor`` for the next one."""
-        return self._send(self._list_conversations_call(limit, cursor, timeout))
+        ``limit`` 1..500 (server default 50); pass the page's ``next_cursor`` for the next one.
+        ``user_id``/``agent_id``: only the conversations with a turn of that end user/agent."""
+        return self._send(self._list_conversations_call(limit, cursor, timeout, user_id, agent_id))
 
-    def iter_conversations(self, *, page_size: int | None = None, timeout: float | None = None) -> Iterator[str]:
-        """Every conversation id of the tenant, page after page."""
+    def iter_conversations(
+        self,
+        *,
+        page_size: int | None = None,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[str]:
+        """Every conversation id of the tenant (or of one end user/agent), page after page."""
 
         def fetch(cursor: str | None) -> Page[str]:
-            page = self.list_conversations(limit=page_size, cursor=cursor, timeout=timeout)
+            page = self.list_conversations(
+                limit=page_size, cursor=cursor, user_id=user_id, agent_id=agent_id, timeout=timeout
+            )
             return Page(page.conversations, page.next_cursor)
 
         return iter_items(fetch)
@@ -234,6 +275,12 @@ class Client(BaseClient):
     def delete_conversation(self, conversation_id: str, *, timeout: float | None = None) -> Erased:
         """``DELETE /v1/conversations/{id}``: erase the conversation from every store."""
         return self._send(self._delete_conversation_call(conversation_id, timeout))
+
+    def delete_memory(self, memory_id: str, *, timeout: float | None = None) -> MemoryErased:
+        """``DELETE /v1/memories/{id}``: erase one turn from every store; the rest of its
+        conversation stays recallable. Raises :class:`~recollect_client.errors.NotFoundError` for
+        an id this tenant does not have (or no longer has)."""
+        return self._send(self._delete_memory_call(memory_id, timeout))
 
     def erase_tenant(self, confirm: str, *, timeout: float | None = None) -> TenantErased:
         """``DELETE /v1/tenant?confirm=TENANT``: erase every conversation of the caller's tenant.

@@ -9,6 +9,7 @@ Hierarchy::
     │   │   └── PayloadTooLargeError   413: body over server.max_body_bytes
     │   ├── AuthenticationError        401/403: missing or unknown API key
     │   ├── NotFoundError              404: no such conversation/memory for this tenant
+    │   ├── ConflictError              409: a turn_id already holds a different turn; nothing stored
     │   ├── RateLimitError             429: the tenant's token bucket is empty (code "rate_limited")
     │   ├── ServiceUnavailableError    503: in-flight bound ("overloaded"), not ready, or a store failing
     │   └── ServerError                other 5xx
@@ -92,6 +93,11 @@ class NotFoundError(APIError):
     """404: no such conversation or memory for this tenant (another tenant's data answers the same)."""
 
 
+class ConflictError(APIError):
+    """409: a ``turn_id`` of the request already holds a different turn (a retry must repeat the
+    turn exactly); nothing of the request was stored. Erase the memory first to replace it."""
+
+
 class RateLimitError(APIError):
     """429: the tenant's rate limit; ``retry_after`` says when a token is back."""
 
@@ -135,6 +141,7 @@ _BY_STATUS: dict[int, type[APIError]] = {
     401: AuthenticationError,
     403: AuthenticationError,
     404: NotFoundError,
+    409: ConflictError,
     429: RateLimitError,
     503: ServiceUnavailableError,
 }
@@ -156,6 +163,7 @@ __all__ = [
     "PayloadTooLargeError",
     "AuthenticationError",
     "NotFoundError",
+    "ConflictError",
     "RateLimitError",
     "ServiceUnavailableError",
     "ServerError",

@@ -71,6 +71,16 @@ class Keyword(BaseModel):
     text: str
 
 
+class MemoryErased(BaseModel):
+    """
+    What erasing one memory removed.
+    """
+
+    memory_id: str
+    conversation_id: str
+    turn_id: str
+
+
 class Reference(BaseModel):
     """
     An anaphor resolved at store time by the reference-resolution state machine.
@@ -167,6 +177,12 @@ class Turn(BaseModel):
     sets the message's bus timestamp, which a redelivery repeats.
     """
     metadata: dict[str, Any] | None = None
+    user_id: str | None = None
+    """
+    Left out of the JSON when absent, so messages and records written before these fields
+    existed read back unchanged.
+    """
+    agent_id: str | None = None
 
 
 class TurnInput(BaseModel):
@@ -184,6 +200,14 @@ class TurnInput(BaseModel):
     assistant_speaker: str | None = None
     timestamp: AwareDatetime
     metadata: dict[str, Any] | None = None
+    user_id: str | None = None
+    """
+    The platform's end user this turn belongs to; recall can be scoped to it.
+    """
+    agent_id: str | None = None
+    """
+    The agent (assistant persona) that took part; recall can be scoped to it.
+    """
 
 
 class Binding(BaseModel):
@@ -250,6 +274,9 @@ class RecalledMemory(BaseModel):
     user_speaker: str | None = None
     assistant_speaker: str | None = None
     timestamp: AwareDatetime
+    user_id: str | None = None
+    agent_id: str | None = None
+    metadata: dict[str, Any] | None = None
     score: float
     sources: list[str]
     """
@@ -328,6 +355,31 @@ class RecallRequest(BaseModel):
     now: AwareDatetime | None = None
     """
     Anchor for relative times in the query ("last week"); absent: only absolute dates count.
+    """
+    user_ids: list[str] | None = None
+    """
+    Only turns of these end users (any of them).
+    """
+    agent_ids: list[str] | None = None
+    """
+    Only turns of these agents (any of them).
+    """
+    from_: Annotated[AwareDatetime | None, Field(alias="from")] = None
+    """
+    Only turns whose timestamp is at or after this.
+    """
+    to: AwareDatetime | None = None
+    """
+    Only turns whose timestamp is before this.
+    """
+    speakers: list[str] | None = None
+    """
+    Only turns where one of these spoke (exact match on either speaker).
+    """
+    metadata: dict[str, Any] | None = None
+    """
+    Only turns whose metadata has each of these keys equal to the value given (string,
+    number or boolean; keys of letters, digits, _ and -).
     """
 
 

@@ -1,0 +1,119 @@
+"""End users, agents and filters, listing by user, erasing one memory and the 409 on a
+conflicting turn id, against the live server."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from recollect_client import Client, ConflictError, MemoryErased, NotFoundError
+from recollect_client.errors import BadRequestError
+
+from conftest import KEY
+
+
+def _turns(user: str, n: int, channel: str) -> list[dict]:
+    return [
+        {
+            "turn_id": f"{user}-{i}",
+            "user": f"I went kayaking near Lisbon again, trip {i}.",
+            "assistant": "Sounds lovely.",
+            "timestamp": f"2024-03-{i + 1:02d}T10:00:00Z",
+            "user_id": user,
+            "agent_id": "coach",
+            "metadata": {"channel": channel, "trip": i},
+        }
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+def two_users(url):
+    """Two end users of one tenant, each in a conversation of their own; erased afterwards."""
+    tag = uuid.uuid4().hex[:8]
+    users = {f"u-{tag}-a": f"py-{tag}-a", f"u-{tag}-b": f"py-{tag}-b"}
+    with Client(url, KEY) as c:
+        for n, (user, conv) in enumerate(users.items()):
+            c.store_turns(conv, _turns(user, 4 + 2 * n, "web" if n == 0 else "app"), wait=True)
+        yield users
+        for conv in users.values():
+            c.delete_conversation(conv)
+
+
+def test_recall_scoped_to_one_end_user(client, two_users):
+    (a, conv_a), (b, _) = list(two_users.items())
+    got = client.recall("kayaking Lisbon", user_ids=[a], k=50).memories
+    assert len(got) == 4
+    assert all(m.user_id == a and m.conversation_id == conv_a for m in got)
+    assert all(m.agent_id == "coach" and m.metadata["channel"] == "web" for m in got)
+    both = client.recall("kayaking Lisbon", user_ids=[a, b], k=50).memories
+    assert len(both) == 10
+
+
+def test_metadata_time_and_agent_filters(client, two_users):
+    users = list(two_users)
+    got = client.recall("kayaking", user_ids=users, metadata={"channel": "app", "trip": 2}).memories
+    assert [m.turn_id for m in got] == [f"{users[1]}-2"]
+    ranged = client.recall(
+        "kayaking", user_ids=users, from_="2024-03-02T00:00:00Z", to="2024-03-04T00:00:00Z", k=50
+    ).memories
+    assert sorted(m.timestamp.day for m in ranged) == [2, 2, 3, 3]
+    assert client.recall("kayaking", agent_ids=["nobody"], user_ids=users).memories == []
+
+
+def test_bad_filter_names_the_field(client):
+    with pytest.raises(BadRequestError) as e:
+        client.recall("kayaking", metadata={"tags": ["x"]})  # type: ignore[dict-item]
+    assert "metadata.tags" in e.value.message
+    with pytest.raises(BadRequestError) as e:
+        client.list_conversations(user_id="a b")
+    assert "user_id" in e.value.message
+
+
+def test_listing_by_end_user(client, other_client, two_users):
+    (a, conv_a), (b, conv_b) = list(two_users.items())
+    assert client.list_conversations(user_id=a).conversations == [conv_a]
+    assert list(client.iter_conversations(user_id=b, page_size=1)) == [conv_b]
+    assert set(client.iter_conversations(agent_id="coach")) >= {conv_a, conv_b}
+    assert other_client.list_conversations(user_id=a).conversations == []
+
+
+def test_delete_one_memory(client, other_client, conv):
+    ids = client.store_turns(conv, _turns("u-del", 3, "web"), wait=True).memory_ids
+    with pytest.raises(NotFoundError):
+        other_client.delete_memory(ids[1])
+    erased = client.delete_memory(ids[1])
+    assert isinstance(erased, MemoryErased)
+    assert (erased.memory_id, erased.conversation_id, erased.turn_id) == (ids[1], conv, "u-del-1")
+    with pytest.raises(NotFoundError):
+        client.get_memory(ids[1])
+    with pytest.raises(NotFoundError):
+        client.delete_memory(ids[1])
+    assert [t.memory_id for t in client.iter_turns(conv)] == [ids[0], ids[2]]
+
+
+def test_conflicting_turn_id_is_409_and_stores_nothing(client, conv):
+    turns = _turns("u-409", 2, "web")
+    client.store_turns(conv, turns, wait=True)
+    assert client.store_turns(conv, turns).memory_ids  # a retry: the same ids, nothing new
+    changed = dict(turns[1], user="Something else entirely.")
+    extra = dict(turns[0], turn_id="u-409-new")
+    with pytest.raises(ConflictError) as e:
+        client.store_turns(conv, [extra, changed])
+    assert e.value.status == 409 and e.value.code == "conflict"
+    assert "turns[1].turn_id" in e.value.message and "DELETE /v1/memories/" in e.value.message
+    assert [t.turn_id for t in client.iter_turns(conv)] == ["u-409-0", "u-409-1"]
+
+
+@pytest.mark.anyio
+async def test_async_filters_listing_and_delete(aclient, two_users):
+    (a, conv_a), _ = list(two_users.items())
+    got = (await aclient.recall("kayaking", user_ids=[a], k=50)).memories
+    assert {m.user_id for m in got} == {a}
+    assert (await aclient.list_conversations(user_id=a)).conversations == [conv_a]
+    assert [c async for c in aclient.iter_conversations(user_id=a)] == [conv_a]
+    erased = await aclient.delete_memory(got[0].memory_id)
+    assert erased.conversation_id == conv_a
+    left = (await aclient.recall("kayaking", user_ids=[a], k=50)).memories
+    assert len(left) == len(got) - 1
