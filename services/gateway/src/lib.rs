@@ -87,6 +87,21 @@ pub async fn delete_memory(
     }
 }
 
+/// One turn of `tenant` as the graph holds it.
+pub async fn graph_turn(
+    graph: &dyn Graph,
+    tenant: &TenantId,
+    id: MemoryId,
+) -> Result<Option<Turn>, RecollectError> {
+    Ok(graph
+        .turns(tenant, &[id])
+        .await
+        .map_err(RecollectError::from_classified)?
+        .into_iter()
+        .next()
+        .map(|r| r.turn))
+}
+
 /// Erases one turn from the graph and the vector index (the raw store, where there is one, is
 /// the caller's, last). The erasure record first, durably: from then on no stage writes the
 /// turn back, however far along the pipeline a copy of it is. Keyword points go with it when no
@@ -512,24 +527,11 @@ impl Eraser for StoreEraser {
     ) -> Result<Option<Turn>, RecollectError> {
         // Distributed, the graph holds the raw turns the query service can see; a turn still
         // on Kafka is not found yet (store with "wait" to delete right after storing).
-        let Some(rec) = self
-            .graph
-            .turns(tenant, &[id])
-            .await
-            .map_err(RecollectError::from_classified)?
-            .into_iter()
-            .next()
-        else {
+        let Some(turn) = graph_turn(self.graph.as_ref(), tenant, id).await? else {
             return Ok(None);
         };
-        erase_turn_in_stores(
-            self.graph.as_ref(),
-            self.vectors.as_ref(),
-            tenant,
-            &rec.turn,
-        )
-        .await?;
-        Ok(Some(rec.turn))
+        erase_turn_in_stores(self.graph.as_ref(), self.vectors.as_ref(), tenant, &turn).await?;
+        Ok(Some(turn))
     }
 
     async fn erase_tenant(&self, tenant: &TenantId) -> Result<(u64, u64), RecollectError> {

@@ -117,15 +117,8 @@ impl Eraser for EmbeddedEraser {
             .filter(|t| t.tenant == *tenant);
         let turn = match in_raw {
             Some(t) => t,
-            None => match self
-                .graph
-                .turns(tenant, &[id])
-                .await
-                .map_err(RecollectError::from_classified)?
-                .into_iter()
-                .next()
-            {
-                Some(rec) => rec.turn,
+            None => match recollect_gateway::graph_turn(self.graph.as_ref(), tenant, id).await? {
+                Some(t) => t,
                 None => return Ok(None),
             },
         };

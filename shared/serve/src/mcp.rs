@@ -260,7 +260,11 @@ impl MemoryTools {
                 return Err(McpError::invalid_params(
                     format!(
                         "unknown tool {other:?}; the tools here are {}",
-                        offered.join(" and ")
+                        match offered.split_last() {
+                            Some((last, rest)) if !rest.is_empty() =>
+                                format!("{} and {last}", rest.join(", ")),
+                            _ => offered.join(""),
+                        }
                     ),
                     None,
                 ));

@@ -52,6 +52,23 @@ fn participants(t: &Turn) -> impl Iterator<Item = String> + '_ {
     u.chain(a)
 }
 
+/// The third part of every `tenant\0conversation\0part\0` key under `prefix` (a
+/// conversation's fragments or participants).
+fn third_parts(
+    table: &impl ReadableTable<&'static [u8], ()>,
+    prefix: &[u8],
+) -> Result<Vec<String>, StoreError> {
+    let end = keys::prefix_end(prefix);
+    let mut out = Vec::new();
+    for e in table.range(prefix..end.as_slice())? {
+        let (k, _) = e?;
+        if let Some(p) = keys::split(k.value()).get(2) {
+            out.push(String::from_utf8_lossy(p).into_owned());
+        }
+    }
+    Ok(out)
+}
+
 /// Forgets every participant of a conversation (the conversation is gone).
 fn forget_participants(
     w: &redb::WriteTransaction,
@@ -62,17 +79,7 @@ fn forget_participants(
     let cend = keys::prefix_end(&cp);
     let mut by_conv = w.open_table(CONV_PARTICIPANTS)?;
     let mut by_part = w.open_table(PARTICIPANT_CONVS)?;
-    let parts: Vec<String> = by_conv
-        .range(cp.as_slice()..cend.as_slice())?
-        .map(|e| {
-            e.map(|(k, _)| {
-                keys::split(k.value())
-                    .get(2)
-                    .map(|s| String::from_utf8_lossy(s).into_owned())
-                    .unwrap_or_default()
-            })
-        })
-        .collect::<Result<_, _>>()?;
+    let parts = third_parts(&by_conv, &cp)?;
     for p in parts {
         by_part.remove(keys::join(&[tenant, &p, conversation]).as_slice())?;
     }
@@ -790,17 +797,7 @@ impl Graph for EmbeddedGraph {
                 w.open_table(CONV_COUNT)?.remove(cp.as_slice())?;
                 let mut cf = w.open_table(CONV_FRAGMENTS)?;
                 let mut ft = w.open_table(FRAGMENTS)?;
-                let frag_ids: Vec<String> = cf
-                    .range(cp.as_slice()..cend.as_slice())?
-                    .map(|e| {
-                        e.map(|(k, _)| {
-                            keys::split(k.value())
-                                .get(2)
-                                .map(|s| String::from_utf8_lossy(s).into_owned())
-                                .unwrap_or_default()
-                        })
-                    })
-                    .collect::<Result<_, _>>()?;
+                let frag_ids = third_parts(&cf, &cp)?;
                 for f in frag_ids {
                     ft.remove(keys::join(&[&tenant, &f]).as_slice())?;
                 }
