@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use recollect_config::Settings;
 use recollect_gateway::StoreRequest;
 use recollect_model::{TenantId, TurnInput};
@@ -81,7 +80,7 @@ struct Line {
     turn: TurnInput,
 }
 
-fn client(api_key: &Option<String>) -> anyhow::Result<reqwest::Client> {
+pub(crate) fn client(api_key: &Option<String>) -> anyhow::Result<reqwest::Client> {
     let mut h = reqwest::header::HeaderMap::new();
     if let Some(k) = api_key {
         h.insert(
@@ -92,7 +91,7 @@ fn client(api_key: &Option<String>) -> anyhow::Result<reqwest::Client> {
     Ok(reqwest::Client::builder().default_headers(h).build()?)
 }
 
-async fn check(resp: reqwest::Response) -> anyhow::Result<serde_json::Value> {
+pub(crate) async fn check(resp: reqwest::Response) -> anyhow::Result<serde_json::Value> {
     let status = resp.status();
     let body: serde_json::Value = resp.json().await.unwrap_or(serde_json::Value::Null);
     if !status.is_success() {
@@ -117,15 +116,23 @@ pub async fn ingest(settings: Settings, a: IngestArgs) -> anyhow::Result<()> {
             _ => batches.push((l.conversation_id, vec![l.turn])),
         }
     }
+    store_batches(settings, &a.server, &a.api_key, batches).await
+}
+
+/// Stores batches of turns (conversation, turns) through a running server or the data dir, with
+/// a progress bar; in the data dir, waits until every turn is enriched.
+pub(crate) async fn store_batches(
+    settings: Settings,
+    server: &Option<String>,
+    api_key: &Option<String>,
+    batches: Vec<(String, Vec<TurnInput>)>,
+) -> anyhow::Result<()> {
     let total: usize = batches.iter().map(|b| b.1.len()).sum();
-    let bar = ProgressBar::new(total as u64);
-    bar.set_style(ProgressStyle::with_template(
-        "{bar:40} {pos}/{len} turns {per_sec} eta {eta}",
-    )?);
+    let bar = crate::progress::bar(total as u64, "turns");
     let started = std::time::Instant::now();
-    match &a.server {
+    match server {
         Some(url) => {
-            let c = client(&a.api_key)?;
+            let c = client(api_key)?;
             for (conv, turns) in batches {
                 let n = turns.len() as u64;
                 let req = StoreRequest {

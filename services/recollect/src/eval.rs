@@ -54,9 +54,9 @@ pub enum EvalCommand {
 const SESSION_KS: [usize; 3] = [1, 5, 10];
 
 /// A LoCoMo round: up to two utterances of one session, and the dia_ids it covers.
-struct Round {
-    dia_ids: Vec<String>,
-    input: TurnInput,
+pub(crate) struct Round {
+    pub(crate) dia_ids: Vec<String>,
+    pub(crate) input: TurnInput,
 }
 
 struct Question {
@@ -104,7 +104,8 @@ fn utterance_text(t: &Value) -> String {
     s
 }
 
-fn rounds_of(conv: &Value) -> anyhow::Result<Vec<Round>> {
+/// A LoCoMo sample's rounds (also what `recollect import --format locomo` stores).
+pub(crate) fn rounds_of(conv: &Value) -> anyhow::Result<Vec<Round>> {
     let c = conv["conversation"]
         .as_object()
         .context("sample without conversation")?;

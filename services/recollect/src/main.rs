@@ -7,6 +7,7 @@ mod eval;
 mod mcp;
 mod progress;
 mod server;
+mod transfer;
 
 use std::path::PathBuf;
 
@@ -53,6 +54,11 @@ enum Command {
     Ingest(cli::IngestArgs),
     /// Recall memories for a query.
     Recall(cli::RecallArgs),
+    /// Write the tenant's turns (or some conversations') as JSONL.
+    Export(transfer::ExportArgs),
+    /// Store turns from a file: `recollect export` JSONL, ChatGPT's conversations.json,
+    /// ShareGPT, LoCoMo or LongMemEval; idempotent.
+    Import(transfer::ImportArgs),
     /// Erase a conversation from every store.
     Delete(cli::DeleteArgs),
     /// Synthetic load: ingest turns end to end, then time recall.
@@ -108,6 +114,8 @@ fn main() -> anyhow::Result<()> {
             Command::Mcp(a) => mcp::run(settings, a).await,
             Command::Ingest(a) => cli::ingest(settings, a).await,
             Command::Recall(a) => cli::recall(settings, a).await,
+            Command::Export(a) => transfer::export(settings, a).await,
+            Command::Import(a) => transfer::import(settings, a).await,
             Command::Delete(a) => cli::delete(settings, a).await,
             Command::Eval { which } => eval::run(settings, which).await,
             Command::Bench(a) => bench::run(settings, a).await,
