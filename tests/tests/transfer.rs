@@ -152,8 +152,11 @@ fn every_format_imports_idempotently_and_exports_round_trip() {
     let (ok, _, err) = cli(&other, &["import", dump.to_str().unwrap()]);
     assert!(ok, "{err}");
     assert_eq!(export(&other), lines);
-    // One conversation only.
+    // One conversation only; one end user's turns.
     let (ok, out, err) = cli(&other, &["export", "--conversation", "native"]);
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), 3);
+    let (ok, out, err) = cli(&other, &["export", "--user", "u-7"]);
     assert!(ok, "{err}");
     assert_eq!(out.lines().count(), 3);
     let (ok, _, err) = cli(&other, &["export", "--conversation", "nope"]);

@@ -22,7 +22,7 @@ pub struct ExportArgs {
     /// Only these conversations (repeatable; default: every conversation of the tenant).
     #[arg(long = "conversation")]
     pub conversations: Vec<String>,
-    /// Only the conversations of this end user (with --server).
+    /// Only this end user's turns (data dir) or conversations (--server: the listing by user).
     #[arg(long)]
     pub user: Option<String>,
     /// Write here instead of stdout.
@@ -154,23 +154,32 @@ pub async fn export(settings: Settings, a: ExportArgs) -> anyhow::Result<()> {
             }
         }
         None => {
-            if a.user.is_some() {
-                bail!("--user needs --server (the participant index is read through the API)");
-            }
             let app = App::open(settings).await?;
             let tenant = TenantId::default_tenant();
             let raw = app.raw.clone();
             let mut convs = a.conversations.clone();
             if convs.is_empty() {
-                convs = raw.conversations(&tenant)?;
+                convs = match &a.user {
+                    // The participant index lives in the graph.
+                    Some(u) => {
+                        app.graph
+                            .conversations_of(&tenant, &[u.clone()], &[])
+                            .await?
+                    }
+                    None => raw.conversations(&tenant)?,
+                };
                 convs.sort();
             }
+            let user = a.user.clone();
             for conv in convs {
                 let turns = raw.conversation_turns(&tenant, &conv)?;
                 if turns.is_empty() && !a.conversations.is_empty() {
                     bail!("conversation {conv:?} not found");
                 }
                 for t in turns {
+                    if user.is_some() && t.user_id != user {
+                        continue;
+                    }
                     let Value::Object(m) = serde_json::to_value(&t)? else {
                         unreachable!("a turn serialises to an object");
                     };
