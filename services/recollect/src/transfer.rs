@@ -163,7 +163,7 @@ pub async fn export(settings: Settings, a: ExportArgs) -> anyhow::Result<()> {
                     // The participant index lives in the graph.
                     Some(u) => {
                         app.graph
-                            .conversations_of(&tenant, &[u.clone()], &[])
+                            .conversations_of(&tenant, std::slice::from_ref(u), &[])
                             .await?
                     }
                     None => raw.conversations(&tenant)?,
