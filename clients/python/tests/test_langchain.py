@@ -4,6 +4,8 @@ the retriever."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 pytest.importorskip("langchain_core")
@@ -176,6 +178,24 @@ async def test_retriever_async(url, client, conv):
     # without an async client the sync one runs in a thread
     docs = await RecollectRetriever(client=client, conversation_ids=[conv], k=3).ainvoke("meeting")
     assert docs and docs[0].metadata["conversation_id"] == conv
+
+
+def test_user_scoped_history_and_retriever(client, conv):
+    user, other = f"u-{uuid.uuid4().hex[:8]}", f"u-{uuid.uuid4().hex[:8]}"
+    mine = RecollectChatMessageHistory(conv, client, user_id=user)
+    mine.add_messages([HumanMessage("My favourite colour is teal."), AIMessage("Teal it is.")])
+    theirs = RecollectChatMessageHistory(conv + "-other", client, user_id=other)
+    try:
+        theirs.add_messages([HumanMessage("My favourite colour is orange.")])
+        assert client.list_conversations(user_id=user).conversations == [conv]
+        docs = RecollectRetriever(client=client, user_id=user, k=10).invoke("favourite colour")
+        assert [d.metadata["user_id"] for d in docs] == [user]
+        assert "teal" in docs[0].page_content and docs[0].metadata["conversation_id"] == conv
+        assert [d.metadata["user_id"] for d in RecollectRetriever(client=client, user_id=other).invoke("colour")] == [
+            other
+        ]
+    finally:
+        theirs.clear()
 
 
 def test_history_needs_a_client():

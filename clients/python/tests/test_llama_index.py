@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 pytest.importorskip("llama_index.core")
@@ -99,6 +101,24 @@ async def test_tenant_scope_recalls_other_sessions(aclient, conv):
         assert "lighthouse keeper" in await wide.aget(query)
     finally:
         await aclient.delete_conversation(other)
+
+
+async def test_user_scope_keeps_to_one_end_user(aclient, conv):
+    tag = uuid.uuid4().hex[:8]
+    mine, theirs = f"{conv}-old", f"{conv}-theirs"
+    try:
+        await aclient.store_turn(mine, "I work as a lighthouse keeper in Maine.", user_id=f"u-{tag}-a", wait=True)
+        await aclient.store_turn(theirs, "I work as a lighthouse painter in Oregon.", user_id=f"u-{tag}-b", wait=True)
+        block = RecollectMemoryBlock(client=aclient, conversation_id=conv, scope="tenant", user_id=f"u-{tag}-a", k=50)
+        content = await block.aget([ChatMessage(role=MessageRole.USER, content="What is my job at the lighthouse?")])
+        assert "lighthouse keeper" in content and "Oregon" not in content
+        # what the block stores carries the user too
+        await block.aput([ChatMessage(role=MessageRole.USER, content="I also keep bees.")])
+        convs = [c async for c in aclient.iter_conversations(user_id=f"u-{tag}-a")]
+        assert sorted(convs) == sorted([conv, mine])
+    finally:
+        await aclient.delete_conversation(mine)
+        await aclient.delete_conversation(theirs)
 
 
 async def test_min_score_and_truncation(aclient, conv):

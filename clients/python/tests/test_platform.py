@@ -4,6 +4,7 @@ conflicting turn id, against the live server."""
 from __future__ import annotations
 
 import uuid
+from datetime import datetime, timezone
 
 import pytest
 
@@ -60,6 +61,35 @@ def test_metadata_time_and_agent_filters(client, two_users):
     ).memories
     assert sorted(m.timestamp.day for m in ranged) == [2, 2, 3, 3]
     assert client.recall("kayaking", agent_ids=["nobody"], user_ids=users).memories == []
+
+
+def test_store_turn_with_end_user_and_datetime_range(client, conv):
+    tag = uuid.uuid4().hex[:8]
+    user = f"u-{tag}-one"
+    for day in (1, 5):
+        client.store_turn(
+            conv,
+            f"Booked the ferry to Porto on day {day}.",
+            timestamp=datetime(2024, 5, day, 9, tzinfo=timezone.utc),
+            user_speaker="Ana",
+            user_id=user,
+            agent_id=f"agent-{tag}",
+            metadata={"kind": "booking"},
+            wait=True,
+        )
+    got = client.recall(
+        "ferry Porto",
+        user_ids=[user],
+        from_=datetime(2024, 5, 3, tzinfo=timezone.utc),
+        to=datetime(2024, 6, 1, tzinfo=timezone.utc),
+        k=10,
+    ).memories
+    assert [(m.timestamp.day, m.user_id, m.agent_id, m.metadata) for m in got] == [
+        (5, user, f"agent-{tag}", {"kind": "booking"})
+    ]
+    assert len(client.recall("ferry", agent_ids=[f"agent-{tag}"], speakers=["Ana"]).memories) == 2
+    assert client.recall("ferry", agent_ids=[f"agent-{tag}"], speakers=["Bob"]).memories == []
+    assert list(client.iter_conversations(agent_id=f"agent-{tag}")) == [conv]
 
 
 def test_bad_filter_names_the_field(client):

@@ -51,7 +51,7 @@ export type { components, paths };
 export type TurnInputLike = Omit<TurnInput, "timestamp"> & { timestamp: string | Date };
 /** `storeTurn`'s turn: `timestamp` defaults to now. */
 export type NewTurn = Omit<TurnInputLike, "timestamp"> & { timestamp?: string | Date };
-/** A recall request: the API's `RecallRequest`, with `now` also as a `Date`. */
+/** A recall request: the API's `RecallRequest`, with `now`, `from` and `to` also as `Date`s. */
 export type RecallRequestLike = Omit<RecallRequest, "now" | "from" | "to"> & {
   now?: string | Date | null;
   /** Only turns whose timestamp is at or after this. */

@@ -82,6 +82,49 @@ test("listConversations and iterConversations by end user", { skip: skipLive }, 
     await assert.rejects(rc.listConversations({ user_id: "a b" }), BadRequestError);
   }));
 
+test("storeTurn with an end user and agent; speakers and Date bounds; listing by agent", { skip: skipLive }, async () => {
+  const rc = client();
+  const id = conv();
+  const tag = randomUUID().slice(0, 8);
+  const [user, agent] = [`u-${tag}-one`, `agent-${tag}`];
+  try {
+    for (const day of [1, 5]) {
+      await rc.storeTurn(
+        id,
+        {
+          user: `Booked the ferry to Porto on day ${day}.`,
+          timestamp: new Date(Date.UTC(2024, 4, day, 9)),
+          user_speaker: "Ana",
+          user_id: user,
+          agent_id: agent,
+          metadata: { kind: "booking" },
+        },
+        { wait: true },
+      );
+    }
+    const got = (
+      await rc.recall({
+        query: "ferry Porto",
+        user_ids: [user],
+        from: new Date("2024-05-03T00:00:00Z"),
+        to: new Date("2024-06-01T00:00:00Z"),
+        k: 10,
+      })
+    ).memories;
+    assert.deepEqual(
+      got.map((m) => [new Date(m.timestamp).getUTCDate(), m.user_id, m.agent_id, m.metadata]),
+      [[5, user, agent, { kind: "booking" }]],
+    );
+    assert.equal((await rc.recall({ query: "ferry", agent_ids: [agent], speakers: ["Ana"] })).memories.length, 2);
+    assert.deepEqual((await rc.recall({ query: "ferry", agent_ids: [agent], speakers: ["Bob"] })).memories, []);
+    const listed: string[] = [];
+    for await (const c of rc.iterConversations({ agent_id: agent })) listed.push(c);
+    assert.deepEqual(listed, [id]);
+  } finally {
+    await rc.deleteConversation(id).catch(() => undefined);
+  }
+});
+
 test("deleteMemory erases one turn; a conflicting turn id is a ConflictError", { skip: skipLive }, async () => {
   const rc = client();
   const id = conv();

@@ -250,10 +250,15 @@ impl ConsolidatorStage {
                 .conversation_turns(tenant, conversation, from, from + self.window)
                 .await
                 .map_err(transient)?;
-            // A position whose turn was erased on its own stays empty for good: the window is
-            // complete without it.
-            let gaps = marks.erased_positions(from, from + self.window) as u64;
-            if (records.len() as u64) + gaps < self.window || records.is_empty() {
+            // A position whose turn was erased on its own stays empty for good (unless the turn
+            // is stored again there): the window is complete without it.
+            let present: std::collections::BTreeSet<u64> =
+                records.iter().map(|r| r.turn.position).collect();
+            let gaps = marks
+                .erased_positions(from, from + self.window)
+                .difference(&present)
+                .count() as u64;
+            if (present.len() as u64) + gaps < self.window || records.is_empty() {
                 return Ok(made);
             }
             if records.iter().any(|r| marks.covers_turn(&r.turn)) {

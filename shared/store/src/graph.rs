@@ -271,12 +271,13 @@ impl Erasures {
                 .is_some_and(|e| t.recorded_at <= e.at)
     }
 
-    /// Positions in `from..to` of `conversation` whose turn was erased on its own.
-    pub fn erased_positions(&self, from: u64, to: u64) -> usize {
+    /// Positions in `from..to` whose turn was erased on its own (the asked-for conversation).
+    pub fn erased_positions(&self, from: u64, to: u64) -> std::collections::BTreeSet<u64> {
         self.turns
             .values()
-            .filter(|e| (from..to).contains(&e.position))
-            .count()
+            .map(|e| e.position)
+            .filter(|p| (from..to).contains(p))
+            .collect()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -107,10 +107,14 @@ class AsyncClient(BaseClient):
         user_speaker: str | None = None,
         assistant_speaker: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        user_id: str | None = None,
+        agent_id: str | None = None,
         wait: bool = False,
         timeout: float | None = None,
     ) -> str:
-        """Store one turn (``timestamp`` defaults to now, UTC) and return its memory id."""
+        """Store one turn (``timestamp`` defaults to now, UTC) and return its memory id.
+        ``user_id``/``agent_id``: the end user and agent it belongs to (recall and the
+        conversation listing can be scoped to them)."""
         turn = TurnInput(
             turn_id=turn_id,
             user=user,
@@ -119,6 +123,8 @@ class AsyncClient(BaseClient):
             assistant_speaker=assistant_speaker,
             timestamp=timestamp if timestamp is not None else utc_now(),
             metadata=dict(metadata) if metadata is not None else None,
+            user_id=user_id,
+            agent_id=agent_id,
         )
         return (await self.store_turns(conversation_id, [turn], wait=wait, timeout=timeout)).memory_ids[0]
 

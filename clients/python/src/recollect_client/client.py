@@ -109,8 +109,9 @@ class Client(BaseClient):
     ) -> StoreResponse:
         """``POST /v1/conversations/{id}/turns``: store a batch of turns (``TurnInput`` or dicts
         with ``user``, ``timestamp`` and optionally ``turn_id``, ``assistant``, ``user_speaker``,
-        ``assistant_speaker``, ``metadata``). Answers once they are durable; with ``wait=True``
-        once they are recallable. Returns one memory id per turn, in order."""
+        ``assistant_speaker``, ``metadata``, ``user_id``, ``agent_id``). Answers once they are
+        durable; with ``wait=True`` once they are recallable. Returns one memory id per turn, in
+        order."""
         return self._send(self._store_turns_call(conversation_id, turns, wait, timeout))
 
     def store_turn(
@@ -124,10 +125,14 @@ class Client(BaseClient):
         user_speaker: str | None = None,
         assistant_speaker: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        user_id: str | None = None,
+        agent_id: str | None = None,
         wait: bool = False,
         timeout: float | None = None,
     ) -> str:
-        """Store one turn (``timestamp`` defaults to now, UTC) and return its memory id."""
+        """Store one turn (``timestamp`` defaults to now, UTC) and return its memory id.
+        ``user_id``/``agent_id``: the end user and agent it belongs to (recall and the
+        conversation listing can be scoped to them)."""
         turn = TurnInput(
             turn_id=turn_id,
             user=user,
@@ -136,6 +141,8 @@ class Client(BaseClient):
             assistant_speaker=assistant_speaker,
             timestamp=timestamp if timestamp is not None else utc_now(),
             metadata=dict(metadata) if metadata is not None else None,
+            user_id=user_id,
+            agent_id=agent_id,
         )
         return self.store_turns(conversation_id, [turn], wait=wait, timeout=timeout).memory_ids[0]
 

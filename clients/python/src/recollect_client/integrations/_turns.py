@@ -4,7 +4,7 @@ A turn holds a user text and optionally the assistant's reply. A user message an
 message(s) right after it become one turn; any other message (an assistant message with no user
 message before it, a system or tool message) becomes a turn of its own with the text in ``user``.
 Each turn records the roles in ``metadata["recollect_client"]`` so it reads back as the same
-messages. Messages without text (e.g. an assistant message that only calls tools) are skipped:
+messages, and carries the end user's ``user_id`` when the integration was given one. Messages without text (e.g. an assistant message that only calls tools) are skipped:
 the server refuses empty turns.
 """
 
@@ -50,9 +50,10 @@ def to_turns(
     user_speaker: str | None = None,
     assistant_speaker: str | None = None,
     turn_id_prefix: str = "",
+    user_id: str | None = None,
 ) -> list[TurnInput]:
     """Pair the messages into turns (see the module doc). Every turn gets a fresh ``turn_id`` so
-    that a retried store is idempotent."""
+    that a retried store is idempotent, and ``user_id`` (the end user recall can be scoped to)."""
     now = utc_now()
     turns: list[TurnInput] = []
     current: _Open | None = None
@@ -75,6 +76,7 @@ def to_turns(
                 assistant_speaker=(current.reply_name or assistant_speaker) if reply is not None else None,
                 timestamp=now,
                 metadata={META_KEY: meta},
+                user_id=user_id,
             )
         )
         current = None
@@ -120,6 +122,11 @@ async def aread_turns(client: Any, conversation_id: str, page_size: int) -> list
         return [t async for t in client.iter_turns(conversation_id, page_size=page_size)]
     except NotFoundError:
         return []
+
+
+def user_scope(user_id: str | None) -> list[str] | None:
+    """The ``user_ids`` filter of a recall scoped to ``user_id`` (``None``: not scoped)."""
+    return [user_id] if user_id is not None else None
 
 
 def format_memory(m: Any) -> str:

@@ -96,6 +96,10 @@ class RecollectChatMessageHistory(BaseChatMessageHistory):
     the conversation from every store. :meth:`search` recalls the turns of this conversation that
     best match a query.
 
+    With ``user_id`` every stored turn carries that end user (so a
+    :class:`RecollectRetriever` or ``Client.recall(user_ids=[...])`` scoped to the user finds it,
+    and ``Client.list_conversations(user_id=...)`` lists the conversation).
+
     Args:
         conversation_id: the conversation (1–128 of letters, digits, ``_ - . : @``).
         client: a :class:`~recollect_client.Client` (sync methods).
@@ -104,6 +108,7 @@ class RecollectChatMessageHistory(BaseChatMessageHistory):
         wait: store with ``wait`` (answer once recallable).
         user_speaker, assistant_speaker: speaker names for messages that carry no ``name``.
         page_size: turns per listing request when reading ``messages`` (1..500).
+        user_id: the end user the conversation belongs to, stamped on every stored turn.
     """
 
     def __init__(
@@ -116,6 +121,7 @@ class RecollectChatMessageHistory(BaseChatMessageHistory):
         user_speaker: str | None = None,
         assistant_speaker: str | None = None,
         page_size: int = 200,
+        user_id: str | None = None,
     ) -> None:
         super().__init__()
         if client is None and async_client is None:
@@ -127,6 +133,7 @@ class RecollectChatMessageHistory(BaseChatMessageHistory):
         self.user_speaker = user_speaker
         self.assistant_speaker = assistant_speaker
         self.page_size = page_size
+        self.user_id = user_id
 
     def _turn_inputs(self, messages: Sequence[BaseMessage]):
         return _turns.to_turns(
@@ -134,6 +141,7 @@ class RecollectChatMessageHistory(BaseChatMessageHistory):
             source="langchain",
             user_speaker=self.user_speaker,
             assistant_speaker=self.assistant_speaker,
+            user_id=self.user_id,
         )
 
     def _sync(self) -> Client:
@@ -210,6 +218,8 @@ def memory_to_document(m: RecalledMemory) -> Document:
             "assistant": m.assistant,
             "user_speaker": m.user_speaker,
             "assistant_speaker": m.assistant_speaker,
+            "user_id": m.user_id,
+            "agent_id": m.agent_id,
         },
         id=m.memory_id,
     )
@@ -223,17 +233,20 @@ class RecollectRetriever(BaseRetriever):
             ``async_client`` when given, else runs the sync one in a thread).
         conversation_ids: narrow recall to these conversations (default: every conversation of
             the API key's tenant).
+        user_id: narrow recall to the turns of this end user, in any of their conversations.
         k: how many memories (1..1000).
 
     Example::
 
         retriever = RecollectRetriever(client=rc, conversation_ids=["chat-1"], k=5)
         docs = retriever.invoke("What did Melanie paint?")
+        mine = RecollectRetriever(client=rc, user_id="cust-42").invoke("my order")
     """
 
     client: Any = None
     async_client: Any = None
     conversation_ids: list[str] | None = None
+    user_id: str | None = None
     k: int = 10
 
     def model_post_init(self, __context: Any) -> None:
@@ -244,7 +257,9 @@ class RecollectRetriever(BaseRetriever):
         if self.client is None:
             raise RuntimeError("this retriever was made with an AsyncClient only: use ainvoke")
         try:
-            hits = self.client.recall(query, conversation_ids=self.conversation_ids, k=self.k)
+            hits = self.client.recall(
+                query, conversation_ids=self.conversation_ids, user_ids=_turns.user_scope(self.user_id), k=self.k
+            )
         except NotFoundError:  # a named conversation does not exist (yet)
             return []
         return [memory_to_document(m) for m in hits.memories]
@@ -255,7 +270,9 @@ class RecollectRetriever(BaseRetriever):
         if self.async_client is None:
             return await super()._aget_relevant_documents(query, run_manager=run_manager)
         try:
-            hits = await self.async_client.recall(query, conversation_ids=self.conversation_ids, k=self.k)
+            hits = await self.async_client.recall(
+                query, conversation_ids=self.conversation_ids, user_ids=_turns.user_scope(self.user_id), k=self.k
+            )
         except NotFoundError:
             return []
         return [memory_to_document(m) for m in hits.memories]

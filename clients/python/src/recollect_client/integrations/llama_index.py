@@ -77,6 +77,8 @@ class RecollectMemoryBlock(BaseMemoryBlock[str]):
             the ``Memory``'s ``session_id``.
         scope: ``"conversation"`` recalls from that conversation only, ``"tenant"`` from every
             conversation of the API key's tenant (what the user said in other sessions too).
+        user_id: the end user: stamped on the stored turns, and recall keeps to their turns (with
+            ``scope="tenant"``: across every conversation of that user, and no one else's).
         k: memories per recall.
         query_messages: how many of the latest messages form the recall query.
         min_score: leave out memories scoring below this.
@@ -96,6 +98,7 @@ class RecollectMemoryBlock(BaseMemoryBlock[str]):
     wait: bool = Field(default=True)
     user_speaker: str | None = Field(default=None)
     assistant_speaker: str | None = Field(default=None)
+    user_id: str | None = Field(default=None)
 
     _last: list[str] = PrivateAttr(default_factory=list)
     _last_session: str | None = PrivateAttr(default=None)
@@ -114,7 +117,9 @@ class RecollectMemoryBlock(BaseMemoryBlock[str]):
         conversation = self._conversation(session_id)
         ids = [conversation] if self.scope == "conversation" and conversation else None
         try:
-            hits = await self._call("recall", query, conversation_ids=ids, k=self.k)
+            hits = await self._call(
+                "recall", query, conversation_ids=ids, user_ids=_turns.user_scope(self.user_id), k=self.k
+            )
         except NotFoundError:  # nothing stored in this conversation yet
             return []
         return [m for m in hits.memories if self.min_score is None or m.score >= self.min_score]
@@ -144,6 +149,7 @@ class RecollectMemoryBlock(BaseMemoryBlock[str]):
             source="llama-index",
             user_speaker=self.user_speaker,
             assistant_speaker=self.assistant_speaker,
+            user_id=self.user_id,
         )
         if turns:
             await self._call("store_turns", conversation, turns, wait=self.wait)
