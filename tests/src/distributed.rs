@@ -53,7 +53,8 @@ pub fn is_store_path(method: &Method, path: &str) -> bool {
     path == "/v1/tenant"
         || (method == Method::POST && conversation.is_some_and(|c| c.ends_with("/turns")))
         || (method == Method::DELETE && conversation.is_some())
-        || (method == Method::DELETE && path.starts_with("/v1/memories/"))
+        || ((method == Method::DELETE || method == Method::PATCH)
+            && path.starts_with("/v1/memories/"))
 }
 
 /// The pieces of a distributed deployment beside its front door; killed on drop.

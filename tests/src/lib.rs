@@ -194,6 +194,16 @@ impl Server {
         )
     }
 
+    pub fn patch(&self, path: &str, key: Option<&str>, body: &Value) -> (u16, Value) {
+        let mut r = self.client.patch(format!("{}{path}", self.url)).json(body);
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        let resp = r.send().expect("request");
+        let status = resp.status().as_u16();
+        (status, resp.json().unwrap_or(Value::Null))
+    }
+
     pub fn delete(&self, path: &str, key: Option<&str>) -> (u16, Value) {
         let mut r = self.client.delete(format!("{}{path}", self.url));
         if let Some(k) = key {

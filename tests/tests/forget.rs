@@ -115,8 +115,7 @@ fn forget(mode: Mode, dir: &std::path::Path) {
     assert_eq!(st, 409, "{r}");
     let msg = r["error"]["message"].as_str().unwrap();
     assert!(
-        msg.contains("turns[1].turn_id")
-            && msg.contains(&format!("DELETE /v1/memories/{}", ids[5])),
+        msg.contains("turns[1].turn_id") && msg.contains(&format!("PATCH /v1/memories/{}", ids[5])),
         "{msg}"
     );
     assert_eq!(r["error"]["code"], "conflict");

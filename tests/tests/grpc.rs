@@ -177,6 +177,7 @@ fn store_recall_get_delete_round_trip_and_idempotent_retry(mode: Mode) {
             .get(authed(
                 GetRequest {
                     memory_id: ids[0].clone(),
+                    as_of: None,
                 },
                 ka,
             ))
@@ -203,6 +204,7 @@ fn store_recall_get_delete_round_trip_and_idempotent_retry(mode: Mode) {
             .get(authed(
                 GetRequest {
                     memory_id: ids[0].clone(),
+                    as_of: None,
                 },
                 ka,
             ))
@@ -399,6 +401,7 @@ fn invalid_input_is_invalid_argument_naming_the_field_and_stores_nothing(mode: M
             .get(authed(
                 GetRequest {
                     memory_id: "not-an-id".into(),
+                    as_of: None,
                 },
                 ka,
             ))
@@ -469,6 +472,7 @@ fn one_tenant_cannot_see_or_delete_another_tenants_data(mode: Mode) {
                 .get(authed(
                     GetRequest {
                         memory_id: id.clone(),
+                        as_of: None,
                     },
                     kb,
                 ))
@@ -492,6 +496,7 @@ fn one_tenant_cannot_see_or_delete_another_tenants_data(mode: Mode) {
             .get(authed(
                 GetRequest {
                     memory_id: a_ids[1].clone(),
+                    as_of: None,
                 },
                 ka,
             ))
@@ -559,6 +564,7 @@ fn missing_or_unknown_key_is_unauthenticated(mode: Mode) {
                 .get(authed(
                     GetRequest {
                         memory_id: "00000000-0000-4000-8000-000000000000".into(),
+                        as_of: None,
                     },
                     key,
                 ))
@@ -672,6 +678,7 @@ fn each_service_names_the_one_that_serves_an_operation() {
             .get(authed(
                 GetRequest {
                     memory_id: "x".into(),
+                    as_of: None,
                 },
                 ka,
             ))

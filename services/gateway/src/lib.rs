@@ -13,7 +13,7 @@ use std::time::Duration;
 use recollect_bus::{Bus, Message};
 use recollect_model::{
     bus_key, request, topics, Envelope, MemoryId, RecollectError, TenantId, Turn, TurnInput,
-    MAX_TEXT_BYTES,
+    TurnPatch, MAX_TEXT_BYTES,
 };
 use recollect_store::raw::Appended;
 use recollect_store::{Graph, RawStore};
@@ -278,12 +278,22 @@ impl Gateway {
         req: StoreRequest,
         trace_id: &str,
     ) -> Result<StoreResponse, RecollectError> {
-        self.refuse_conflicts(tenant, conversation, &req.turns)
+        let superseded = self
+            .refuse_conflicts(tenant, conversation, &req.turns)
             .await?;
         let now = chrono::Utc::now();
+        let mut ids = Vec::with_capacity(req.turns.len());
         let turns: Vec<Turn> = req
             .turns
             .into_iter()
+            .filter(|input| {
+                // A retry of a version an edit has replaced: nothing to send (a copy on the bus
+                // would only be skipped by the writer).
+                let turn_id = input.turn_id.clone().unwrap_or_else(|| content_id(input));
+                let id = MemoryId::derive(tenant, conversation, &turn_id);
+                ids.push(id);
+                !superseded.contains(&id)
+            })
             .map(|input| {
                 let turn_id = input.turn_id.clone().unwrap_or_else(|| content_id(&input));
                 Turn {
@@ -301,6 +311,9 @@ impl Gateway {
                     metadata: input.metadata,
                     user_id: input.user_id,
                     agent_id: input.agent_id,
+                    version: 1,
+                    first_recorded_at: None,
+                    expired_at: None,
                 }
             })
             .collect();
@@ -308,7 +321,6 @@ impl Gateway {
         metrics::TURNS_ACCEPTED
             .with_label_values(&[] as &[&str])
             .inc_by(turns.len() as u64);
-        let ids: Vec<MemoryId> = turns.iter().map(|t| t.memory_id).collect();
         if req.wait.unwrap_or(false) {
             self.wait_stored(tenant, &ids).await?;
         }
@@ -317,15 +329,17 @@ impl Gateway {
 
     /// 409 for a turn id that already holds a different turn in the graph (what this gateway
     /// can see: a conflicting turn still on Kafka is not caught here, and the later copy then
-    /// replaces the earlier one in the stores).
+    /// replaces the earlier one in the stores). Returns the memories the request repeats an
+    /// edited-away version of (retries with nothing to do).
     async fn refuse_conflicts(
         &self,
         tenant: &TenantId,
         conversation: &str,
         inputs: &[TurnInput],
-    ) -> Result<(), RecollectError> {
+    ) -> Result<std::collections::HashSet<MemoryId>, RecollectError> {
+        let mut superseded = std::collections::HashSet::new();
         let Some(graph) = &self.graph else {
-            return Ok(());
+            return Ok(superseded);
         };
         let named: Vec<(usize, MemoryId)> = inputs
             .iter()
@@ -337,7 +351,7 @@ impl Gateway {
             })
             .collect();
         if named.is_empty() {
-            return Ok(());
+            return Ok(superseded);
         }
         let ids: Vec<MemoryId> = named.iter().map(|(_, id)| *id).collect();
         let stored = graph
@@ -346,12 +360,16 @@ impl Gateway {
             .map_err(RecollectError::from_classified)?;
         for rec in stored {
             if let Some((i, _)) = named.iter().find(|(_, id)| *id == rec.turn.memory_id) {
-                if !rec.turn.same_content(&inputs[*i]) {
+                // A retry of the store that made any version (an edit may have followed).
+                if !rec.versions().iter().any(|v| v.same_content(&inputs[*i])) {
                     return Err(RecollectError::Conflict(rec.turn.conflict_message(*i)));
+                }
+                if rec.turn.is_edit() {
+                    superseded.insert(rec.turn.memory_id);
                 }
             }
         }
-        Ok(())
+        Ok(superseded)
     }
 
     async fn publish(&self, turns: &[Turn], trace_id: &str) -> Result<(), RecollectError> {
@@ -436,6 +454,92 @@ impl Gateway {
             if tokio::time::Instant::now() >= deadline {
                 return Err(RecollectError::Unavailable(
                     "turns are stored but enrichment did not finish within the wait timeout".into(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Edits one memory of `tenant` (`PATCH /v1/memories/{id}`): a new version, the current one
+    /// kept in its history (expired, its graph links expired rather than deleted). Returns the
+    /// version now current; an edit that changes nothing returns the current one unchanged.
+    /// NotFound for an unknown, erased or other tenant's memory (distributed: also one whose
+    /// first version is still on its way to the graph).
+    pub async fn edit(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        patch: TurnPatch,
+        trace_id: &str,
+    ) -> Result<Turn, RecollectError> {
+        let Some(mid) = MemoryId::parse(id) else {
+            return Err(RecollectError::invalid(format!(
+                "memory id {id:?} is not a memory id (a UUID)"
+            )));
+        };
+        request::validate_patch(&patch, self.limits.max_text_bytes).map_err(rejected)?;
+        let not_found = || RecollectError::NotFound(format!("memory {id} not found"));
+        let (turn, new) = match self.raw.clone() {
+            Some(raw) => {
+                let t = tenant.clone();
+                let p = patch.clone();
+                let edited = tokio::task::spawn_blocking(move || raw.edit(&t, mid, &p))
+                    .await
+                    .map_err(RecollectError::internal)?
+                    .map_err(RecollectError::from_classified)?
+                    .ok_or_else(not_found)?;
+                (edited.turn, edited.new)
+            }
+            None => {
+                let graph = self
+                    .graph
+                    .as_ref()
+                    .expect("distributed gateway has a graph");
+                let current = graph_turn(graph.as_ref(), tenant, mid)
+                    .await?
+                    .ok_or_else(not_found)?;
+                match patch.apply(&current, chrono::Utc::now()) {
+                    Some(next) => (next, true),
+                    None => (current, false),
+                }
+            }
+        };
+        if new {
+            self.publish(std::slice::from_ref(&turn), trace_id).await?;
+            metrics::TURNS_ACCEPTED
+                .with_label_values(&[] as &[&str])
+                .inc();
+        }
+        if patch.wait.unwrap_or(false) {
+            let deadline = tokio::time::Instant::now() + self.limits.wait_timeout;
+            match &self.raw {
+                Some(_) => self.wait_stored(tenant, &[mid]).await?,
+                None => self.wait_for_version(tenant, &turn, deadline).await?,
+            }
+        }
+        Ok(turn)
+    }
+
+    /// Distributed edit `wait`: polls the graph until it holds the version (or a later one).
+    async fn wait_for_version(
+        &self,
+        tenant: &TenantId,
+        turn: &Turn,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), RecollectError> {
+        let graph = self
+            .graph
+            .as_ref()
+            .expect("distributed gateway has a graph");
+        loop {
+            let stored = graph_turn(graph.as_ref(), tenant, turn.memory_id).await?;
+            if stored.is_some_and(|t| t.recorded_at >= turn.recorded_at) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(RecollectError::Unavailable(
+                    "the edit is stored but enrichment did not finish within the wait timeout"
+                        .into(),
                 ));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -711,10 +815,43 @@ pub mod http {
         Ok(axum::Json(r))
     }
 
+    /// Edits one memory: a new version, the current one kept in its history (expired, its
+    /// graph links expired rather than deleted). Recall returns the new version once enriched;
+    /// recall and get with `as_of` still see the old one at earlier times.
+    #[utoipa::path(
+        patch,
+        path = "/v1/memories/{id}",
+        tag = "store",
+        params(("id" = String, Path, description = "memory id (a UUID)")),
+        request_body = recollect_model::TurnPatch,
+        responses(
+            (status = 202, description = "the version now current, stored durably (with wait: also recallable); an edit that changes nothing returns the current version", body = recollect_model::Turn),
+            (status = 400, description = "bad input; names the field; nothing changed", body = recollect_api::ErrorBody),
+            (status = 401, description = "missing or unknown API key", body = recollect_api::ErrorBody),
+            (status = 404, description = "no such memory for this tenant (or erased)", body = recollect_api::ErrorBody),
+            (status = 503, description = "stored, but enrichment did not finish within the wait timeout", body = recollect_api::ErrorBody),
+        ),
+        security((), ("bearer" = []))
+    )]
+    pub async fn edit_memory(
+        State(s): State<GatewayState>,
+        Tenant(tenant): Tenant,
+        PathParam(id): PathParam,
+        Json(patch): Json<recollect_model::TurnPatch>,
+    ) -> Result<(StatusCode, axum::Json<recollect_model::Turn>), ApiError> {
+        let trace_id = uuid::Uuid::new_v4().to_string();
+        let turn = s.gateway.edit(&tenant, &id, patch, &trace_id).await?;
+        tracing::info!(trace_id, version = turn.version, "memory edited");
+        Ok((StatusCode::ACCEPTED, axum::Json(turn)))
+    }
+
     pub fn router(state: GatewayState) -> Router {
         Router::new()
             .route("/v1/conversations/{id}/turns", post(store_turns))
-            .route("/v1/memories/{id}", delete(delete_memory))
+            .route(
+                "/v1/memories/{id}",
+                delete(delete_memory).patch(edit_memory),
+            )
             .route("/v1/conversations/{id}", delete(delete_conversation))
             .route("/v1/tenant", delete(delete_tenant))
             .with_state(state)
@@ -722,7 +859,13 @@ pub mod http {
 
     /// The OpenAPI paths of the store path.
     #[derive(utoipa::OpenApi)]
-    #[openapi(paths(store_turns, delete_conversation, delete_memory, delete_tenant))]
+    #[openapi(paths(
+        store_turns,
+        delete_conversation,
+        delete_memory,
+        edit_memory,
+        delete_tenant
+    ))]
     pub struct GatewayApi;
 
     /// The gateway as the shared serving layer (HTTP, gRPC) calls it.
@@ -777,6 +920,16 @@ pub mod http {
         ) -> Result<(String, String), RecollectError> {
             let r = super::delete_memory(self.eraser.as_ref(), tenant, id).await?;
             Ok((r.conversation_id, r.turn_id))
+        }
+
+        async fn edit_memory(
+            &self,
+            tenant: &recollect_model::TenantId,
+            id: &str,
+            patch: recollect_model::TurnPatch,
+            trace_id: &str,
+        ) -> Result<recollect_model::Turn, RecollectError> {
+            self.gateway.edit(tenant, id, patch, trace_id).await
         }
     }
 }

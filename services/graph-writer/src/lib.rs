@@ -2,21 +2,25 @@
 //! `recollect.turns.stored`. Every write is an idempotent upsert keyed by deterministic ids, so
 //! a redelivered message changes nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
 use recollect_bus::{Delivery, Message, Stage, StageError};
 use recollect_model::{
-    bus_key, topics, EmbeddedTurn, Envelope, KeywordVector, MemoryId, StoredTurn, TenantId,
+    bus_key, topics, EmbeddedTurn, Envelope, KeywordVector, MemoryId, StoredTurn, TenantId, Turn,
 };
-use recollect_store::{ErasureMap, Graph, NodeKind, Scope, StoreError, TurnPoint, VectorIndex};
+use recollect_store::{
+    distinct_runs, ErasureMap, Graph, NodeKind, ReplacedVersion, Scope, StoreError, TurnPoint,
+    VectorIndex, VersionWrite,
+};
 use recollect_telemetry as metrics;
 
-/// Embedded-mode hook after the write: report the turns handled (stored, or dropped as erased).
+/// Embedded-mode hook after the write: report the turns handled (stored, or dropped as erased),
+/// each with the `recorded_at` of the version handled (an edit made meanwhile stays pending).
 pub trait StoreHooks: Send + Sync {
-    fn stored(&self, ids: &[MemoryId]);
+    fn stored(&self, turns: &[(MemoryId, chrono::DateTime<chrono::Utc>)]);
 }
 
 pub struct GraphWriterStage {
@@ -39,7 +43,78 @@ impl GraphWriterStage {
     }
 
     async fn write(&self, turns: &[EmbeddedTurn]) -> Result<(), StageError> {
+        // A turn and its edit in one batch are written one after the other.
+        for run in distinct_runs(turns, usize::MAX, |e| e.turn.memory_id) {
+            self.write_run(run).await?;
+        }
+        Ok(())
+    }
+
+    /// What the edits among `turns` do to the versions stored now: the versions they replace
+    /// (whose points are kept as history before being overwritten), and the edits to skip (an
+    /// older edit redelivered after a later one: writing its vectors would undo the later one).
+    async fn versions_replaced(
+        &self,
+        turns: &[EmbeddedTurn],
+    ) -> Result<(Vec<(TenantId, ReplacedVersion)>, HashSet<MemoryId>), StageError> {
+        let mut by_tenant: BTreeMap<TenantId, Vec<&Turn>> = BTreeMap::new();
+        for e in turns.iter().filter(|e| e.turn.is_edit()) {
+            by_tenant
+                .entry(e.turn.tenant.clone())
+                .or_default()
+                .push(&e.turn);
+        }
+        let (mut replaced, mut skip) = (Vec::new(), HashSet::new());
+        for (tenant, edits) in by_tenant {
+            let ids: Vec<MemoryId> = edits.iter().map(|t| t.memory_id).collect();
+            let stored = self.graph.turns(&tenant, &ids).await.map_err(transient)?;
+            for t in edits {
+                let Some(rec) = stored.iter().find(|r| r.turn.memory_id == t.memory_id) else {
+                    continue;
+                };
+                match rec.version_write(t) {
+                    VersionWrite::Stale => {
+                        skip.insert(t.memory_id);
+                    }
+                    VersionWrite::Rewrite => {}
+                    VersionWrite::Supersede => replaced.push((
+                        tenant.clone(),
+                        ReplacedVersion {
+                            memory_id: t.memory_id,
+                            recorded_at: rec.turn.recorded_at,
+                            expired_at: t.recorded_at,
+                        },
+                    )),
+                }
+            }
+        }
+        Ok((replaced, skip))
+    }
+
+    async fn write_run(&self, turns: &[EmbeddedTurn]) -> Result<(), StageError> {
         let t = |e: recollect_store::StoreError| StageError::Transient(e.to_string());
+        let (replaced, skip) = self.versions_replaced(turns).await?;
+        let kept: Vec<EmbeddedTurn>;
+        let turns = if skip.is_empty() {
+            turns
+        } else {
+            kept = turns
+                .iter()
+                .filter(|e| !skip.contains(&e.turn.memory_id))
+                .cloned()
+                .collect();
+            &kept
+        };
+        let mut by_tenant: BTreeMap<TenantId, Vec<ReplacedVersion>> = BTreeMap::new();
+        for (tenant, v) in replaced {
+            by_tenant.entry(tenant).or_default().push(v);
+        }
+        for (tenant, versions) in by_tenant {
+            self.vectors
+                .keep_versions(&tenant, &versions)
+                .await
+                .map_err(t)?;
+        }
         let started = Instant::now();
         let points: Vec<TurnPoint> = turns
             .iter()
@@ -59,6 +134,7 @@ impl GraphWriterStage {
                 assistant: (!e.embeddings.assistant.is_empty())
                     .then(|| e.embeddings.assistant.clone()),
                 lexical: e.embeddings.lexical.clone(),
+                recorded_at: e.turn.recorded_at,
             })
             .collect();
         // Vectors first, graph last: a turn is recallable once its Turn node exists.
@@ -241,10 +317,10 @@ impl Stage for GraphWriterStage {
             }
         };
         if let Some(h) = &self.hooks {
-            let ids: Vec<MemoryId> = decoded
+            let ids: Vec<(MemoryId, chrono::DateTime<chrono::Utc>)> = decoded
                 .iter()
                 .flatten()
-                .map(|e| e.body.turn.memory_id)
+                .map(|e| (e.body.turn.memory_id, e.body.turn.recorded_at))
                 .collect();
             // The hook writes (and fsyncs) the raw store: keep it off the async workers.
             let h = h.clone();

@@ -9,6 +9,7 @@ use axum::extract::State;
 use axum::routing::{get, post};
 use axum::Router;
 use base64::Engine as _;
+use chrono::{DateTime, Utc};
 use recollect_api::{ApiError, Auth, HasAuth, Json, PathParam, Tenant};
 use recollect_model::{request, Extraction, MemoryId, RecollectError, TenantId, Turn};
 use recollect_recall::{Recall, RecallError, RecallRequest, RecallResponse};
@@ -250,34 +251,110 @@ impl QueryState {
     }
 
     /// One memory with what enrichment made of it (none yet while it is pending).
+    /// One memory with its extraction and fragments; with `as_of`, the version held then.
     pub async fn memory_view(
         &self,
         tenant: &TenantId,
         id: &str,
+        as_of: Option<DateTime<Utc>>,
     ) -> Result<TurnView, RecollectError> {
-        // The graph's record carries the turn too: one read for an enriched turn.
-        if let Some(mid) = MemoryId::parse(id) {
-            let rec = self
-                .recall
-                .graph()
-                .turns(tenant, &[mid])
-                .await
-                .map_err(RecollectError::from_classified)?
-                .into_iter()
-                .next();
-            if let Some(r) = rec {
-                return Ok(TurnView {
+        if let Some(at) = as_of {
+            let rec = self.record(tenant, id).await?;
+            return match rec.and_then(|r| r.as_of(at)) {
+                Some(r) => Ok(TurnView {
                     turn: r.turn,
                     extraction: Some(r.extraction),
                     fragments: r.fragments,
-                });
-            }
+                }),
+                None => Err(RecollectError::NotFound(format!(
+                    "memory {id} not found as of {}",
+                    at.to_rfc3339()
+                ))),
+            };
+        }
+        // The graph's record carries the turn too: one read for an enriched turn.
+        if let Some(r) = self.record(tenant, id).await? {
+            // Embedded: an edit not yet enriched is already the current version.
+            let newer = match &self.raw {
+                Some(_) => Some(self.memory(tenant, id).await?)
+                    .filter(|t| t.recorded_at > r.turn.recorded_at),
+                None => None,
+            };
+            return Ok(match newer {
+                Some(turn) => TurnView {
+                    turn,
+                    extraction: None,
+                    fragments: r.fragments,
+                },
+                None => TurnView {
+                    turn: r.turn,
+                    extraction: Some(r.extraction),
+                    fragments: r.fragments,
+                },
+            });
         }
         // Pending (embedded: only in the raw store yet), unknown or not an id: `memory` says which.
         Ok(TurnView {
             turn: self.memory(tenant, id).await?,
             extraction: None,
             fragments: Vec::new(),
+        })
+    }
+
+    /// The graph's record of a memory of `tenant` (None: unknown, pending, erased, another
+    /// tenant's); 400 for what is no memory id.
+    async fn record(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+    ) -> Result<Option<recollect_store::TurnRecord>, RecollectError> {
+        let Some(mid) = MemoryId::parse(id) else {
+            return Err(RecollectError::invalid(format!(
+                "{id:?} is not a memory id"
+            )));
+        };
+        Ok(self
+            .recall
+            .graph()
+            .turns(tenant, &[mid])
+            .await
+            .map_err(RecollectError::from_classified)?
+            .into_iter()
+            .next())
+    }
+
+    /// Every version of a memory, oldest first, the current one last (`GET
+    /// /v1/memories/{id}/history`). Embedded: from the raw store, so an edit still being
+    /// enriched is listed; distributed: the versions that reached the graph.
+    pub async fn history(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+    ) -> Result<MemoryHistory, RecollectError> {
+        let not_found = || RecollectError::NotFound(format!("memory {id} not found"));
+        let versions = match &self.raw {
+            Some(raw) => {
+                let Some(mid) = MemoryId::parse(id) else {
+                    return Err(RecollectError::invalid(format!(
+                        "{id:?} is not a memory id"
+                    )));
+                };
+                let (r, t) = (raw.clone(), tenant.clone());
+                tokio::task::spawn_blocking(move || r.versions(&t, mid))
+                    .await
+                    .map_err(RecollectError::internal)?
+                    .map_err(RecollectError::from_classified)?
+            }
+            None => self
+                .record(tenant, id)
+                .await?
+                .map(|r| r.versions())
+                .unwrap_or_default(),
+        };
+        let current = versions.last().ok_or_else(not_found)?;
+        Ok(MemoryHistory {
+            memory_id: current.memory_id,
+            versions,
         })
     }
 
@@ -340,7 +417,7 @@ pub async fn recall(
     get,
     path = "/v1/memories/{id}",
     tag = "query",
-    params(("id" = String, Path, description = "memory id (UUID)")),
+    params(("id" = String, Path, description = "memory id (UUID)"), MemoryParams),
     responses(
         (status = 200, description = "the stored turn, with its extraction once enriched", body = TurnView),
         (status = 400, description = "not a memory id", body = recollect_api::ErrorBody),
@@ -353,8 +430,52 @@ pub async fn get_memory(
     State(s): State<QueryState>,
     Tenant(tenant): Tenant,
     PathParam(id): PathParam,
+    q: Result<axum::extract::Query<MemoryParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<axum::Json<TurnView>, ApiError> {
-    Ok(axum::Json(s.memory_view(&tenant, &id).await?))
+    let q = q
+        .map_err(|e| RecollectError::invalid(format!("invalid query string: {}", e.body_text())))?
+        .0;
+    Ok(axum::Json(s.memory_view(&tenant, &id, q.as_of).await?))
+}
+
+/// `GET /v1/memories/{id}` query.
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct MemoryParams {
+    /// RFC 3339 transaction time: the version Recollect held then (404 if none yet).
+    pub as_of: Option<DateTime<Utc>>,
+}
+
+/// Every version of a memory.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct MemoryHistory {
+    #[schema(value_type = String)]
+    pub memory_id: MemoryId,
+    /// Oldest first, the current one last; each earlier one has `expired_at`.
+    pub versions: Vec<Turn>,
+}
+
+/// Every version of a memory: what each edit replaced, when, and what is current.
+#[utoipa::path(
+    get,
+    path = "/v1/memories/{id}/history",
+    tag = "query",
+    params(("id" = String, Path, description = "memory id (UUID)")),
+    responses(
+        (status = 200, description = "the versions, oldest first", body = MemoryHistory),
+        (status = 400, description = "not a memory id", body = recollect_api::ErrorBody),
+        (status = 401, description = "missing or unknown API key", body = recollect_api::ErrorBody),
+        (status = 404, description = "no such memory for this tenant", body = recollect_api::ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn memory_history(
+    State(s): State<QueryState>,
+    Tenant(tenant): Tenant,
+    PathParam(id): PathParam,
+) -> Result<axum::Json<MemoryHistory>, ApiError> {
+    Ok(axum::Json(s.history(&tenant, &id).await?))
 }
 
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
@@ -547,6 +668,7 @@ pub fn router(state: QueryState) -> Router {
     Router::new()
         .route("/v1/recall", post(recall))
         .route("/v1/memories/{id}", get(get_memory))
+        .route("/v1/memories/{id}/history", get(memory_history))
         .route("/v1/conversations", get(list_conversations))
         .route("/v1/conversations/{id}", get(conversation_info))
         .route("/v1/conversations/{id}/turns", get(list_turns))
@@ -556,7 +678,14 @@ pub fn router(state: QueryState) -> Router {
 /// The OpenAPI paths of the read path.
 #[derive(utoipa::OpenApi)]
 #[openapi(
-    paths(recall, get_memory, conversation_info, list_conversations, list_turns),
+    paths(
+        recall,
+        get_memory,
+        memory_history,
+        conversation_info,
+        list_conversations,
+        list_turns
+    ),
     components(schemas(recollect_model::TimeRef, recollect_model::Binding))
 )]
 pub struct QueryApi;
@@ -580,8 +709,24 @@ impl recollect_serve::QueryRole for QueryState {
         self.recall_for(tenant, req).await
     }
 
-    async fn memory(&self, tenant: &TenantId, id: &str) -> Result<Turn, RecollectError> {
-        QueryState::memory(self, tenant, id).await
+    async fn memory(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        as_of: Option<DateTime<Utc>>,
+    ) -> Result<Turn, RecollectError> {
+        match as_of {
+            None => QueryState::memory(self, tenant, id).await,
+            Some(_) => Ok(self.memory_view(tenant, id, as_of).await?.turn),
+        }
+    }
+
+    async fn memory_history(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+    ) -> Result<Vec<Turn>, RecollectError> {
+        Ok(self.history(tenant, id).await?.versions)
     }
 
     async fn conversations_page(

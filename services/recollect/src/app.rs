@@ -41,8 +41,8 @@ struct EmbeddedHooks {
 }
 
 impl StoreHooks for EmbeddedHooks {
-    fn stored(&self, ids: &[MemoryId]) {
-        if let Err(e) = self.raw.mark_stored(ids) {
+    fn stored(&self, turns: &[(MemoryId, chrono::DateTime<chrono::Utc>)]) {
+        if let Err(e) = self.raw.mark_stored(turns) {
             tracing::error!(error = %e, "could not clear pending marks; turns will be replayed at start");
         }
         self.stored.notify_waiters();

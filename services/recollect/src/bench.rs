@@ -454,6 +454,9 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
                 metadata: Default::default(),
                 user_id: None,
                 agent_id: None,
+                version: 1,
+                first_recorded_at: None,
+                expired_at: None,
             };
             let ex = rules.extract_sync(&turn, &mut ReferenceState::default());
             texts.extend(ex.keywords.into_iter().map(|k| k.text));

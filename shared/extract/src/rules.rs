@@ -437,6 +437,9 @@ mod tests {
             metadata: Default::default(),
             user_id: None,
             agent_id: None,
+            version: 1,
+            first_recorded_at: None,
+            expired_at: None,
         }
     }
 

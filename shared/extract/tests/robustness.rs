@@ -24,6 +24,9 @@ fn turn(user: &str, assistant: &str, ts: DateTime<Utc>) -> Turn {
         metadata: Default::default(),
         user_id: None,
         agent_id: None,
+        version: 1,
+        first_recorded_at: None,
+        expired_at: None,
     }
 }
 

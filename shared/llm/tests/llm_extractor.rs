@@ -97,6 +97,9 @@ fn turn() -> Turn {
         metadata: Default::default(),
         user_id: None,
         agent_id: None,
+        version: 1,
+        first_recorded_at: None,
+        expired_at: None,
     }
 }
 

@@ -203,6 +203,9 @@ mod tests {
                 .clone(),
             user_id: Some("u1".into()),
             agent_id: None,
+            version: 1,
+            first_recorded_at: None,
+            expired_at: None,
         }
     }
 

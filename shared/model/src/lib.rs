@@ -240,6 +240,72 @@ pub struct Turn {
     pub user_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_id: Option<String>,
+    /// 1 as first stored, one more per edit (`PATCH /v1/memories/{id}`); left out at 1.
+    #[serde(default = "first_version", skip_serializing_if = "is_first_version")]
+    pub version: u32,
+    /// On an edited version: when version 1 was recorded. Erasure markers compare with it, so
+    /// an edit never outlives the erasure of the memory it edits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_recorded_at: Option<DateTime<Utc>>,
+    /// On a superseded version (a memory's history): when the next version replaced it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expired_at: Option<DateTime<Utc>>,
+}
+
+fn first_version() -> u32 {
+    1
+}
+
+fn is_first_version(v: &u32) -> bool {
+    *v == 1
+}
+
+/// `PATCH /v1/memories/{id}` body: the fields an edit replaces (at least one). The edit is a new
+/// version of the memory; the one before is kept, expired, in its history.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TurnPatch {
+    #[serde(default)]
+    pub user: Option<String>,
+    /// The assistant's text; an empty string removes it.
+    #[serde(default)]
+    pub assistant: Option<String>,
+    /// Replaces the whole metadata object.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Answer only once the new version is recallable (default: once it is stored durably).
+    #[serde(default)]
+    pub wait: Option<bool>,
+}
+
+impl TurnPatch {
+    /// The version this edit makes of `current`, recorded at `now`; None when it changes
+    /// nothing (a retried edit).
+    pub fn apply(&self, current: &Turn, now: DateTime<Utc>) -> Option<Turn> {
+        let mut next = current.clone();
+        if let Some(u) = &self.user {
+            next.user = u.clone();
+        }
+        if let Some(a) = &self.assistant {
+            next.assistant = a.clone();
+        }
+        if let Some(m) = &self.metadata {
+            next.metadata = m.clone();
+        }
+        if next.user == current.user
+            && next.assistant == current.assistant
+            && next.metadata == current.metadata
+        {
+            return None;
+        }
+        next.version = current.version + 1;
+        next.first_recorded_at = Some(current.first_recorded());
+        // Never at or before the version it replaces, whatever the clocks say.
+        next.recorded_at = now.max(current.recorded_at + chrono::Duration::milliseconds(1));
+        next.expired_at = None;
+        Some(next)
+    }
 }
 
 fn unsequenced() -> u64 {
@@ -270,6 +336,21 @@ impl Turn {
         }
     }
 
+    /// When the memory's first version was recorded (erasure markers compare with it).
+    pub fn first_recorded(&self) -> DateTime<Utc> {
+        self.first_recorded_at.unwrap_or(self.recorded_at)
+    }
+
+    /// Whether this is an edit of a stored memory rather than its first version.
+    pub fn is_edit(&self) -> bool {
+        self.version > 1
+    }
+
+    /// Whether this version was what Recollect held at transaction time `at`.
+    pub fn current_at(&self, at: DateTime<Utc>) -> bool {
+        self.recorded_at <= at && self.expired_at.is_none_or(|e| e > at)
+    }
+
     pub fn is_sequenced(&self) -> bool {
         self.position != Self::UNSEQUENCED
     }
@@ -291,11 +372,12 @@ impl Turn {
     pub fn conflict_message(&self, index: usize) -> String {
         format!(
             "turns[{index}].turn_id {:?} already holds a different turn (memory {}); a retry must \
-             repeat it exactly. To replace it, erase it first (DELETE /v1/memories/{}) and store \
-             the new turn",
+             repeat it exactly. To change it, edit it (PATCH /v1/memories/{}: a new version, the \
+             old one kept in its history)",
             self.turn_id, self.memory_id, self.memory_id
         )
     }
+
     /// The fields that carry text, in the order they were said.
     pub fn fields(&self) -> [(Field, &str); 2] {
         [
@@ -573,6 +655,26 @@ pub struct Binding {
 }
 
 impl ReferenceState {
+    /// Drops everything a turn's extraction could have put here (its entities, locations,
+    /// events, times and their bindings), when that turn is erased on its own. A name another
+    /// turn also mentioned goes too: erring towards erasure costs only a resolved pronoun.
+    pub fn forget(&mut self, x: &Extraction) {
+        let lower = |v: &[String]| -> Vec<String> { v.iter().map(|s| s.to_lowercase()).collect() };
+        let (entities, locations, events) =
+            (lower(&x.entities), lower(&x.locations), lower(&x.events));
+        let gone = |list: &[String], s: &str| list.contains(&s.to_lowercase());
+        self.entities.retain(|e| !gone(&entities, e));
+        self.locations.retain(|l| !gone(&locations, l));
+        self.events.retain(|e| !gone(&events, e));
+        self.times.retain(|t| !x.times.contains(t));
+        self.bindings.retain(|entity, b| {
+            !gone(&entities, entity)
+                && !b.location.as_deref().is_some_and(|l| gone(&locations, l))
+                && !b.event.as_deref().is_some_and(|e| gone(&events, e))
+                && !b.time.as_ref().is_some_and(|t| x.times.contains(t))
+        });
+    }
+
     /// Checks a client-supplied state (recall's `attention_state`): bounded lists of short,
     /// printable names. The error names the offending field.
     pub fn check_client_supplied(&self) -> Result<(), String> {

@@ -167,6 +167,42 @@ pub fn validate_store(
     Ok(())
 }
 
+/// Checks an edit; nothing changes unless it passes.
+pub fn validate_patch(patch: &crate::TurnPatch, max_text_bytes: usize) -> Result<(), Rejection> {
+    if patch.user.is_none() && patch.assistant.is_none() && patch.metadata.is_none() {
+        return Err(reject(
+            "empty_patch",
+            "an edit must set at least one of user, assistant, metadata".into(),
+        ));
+    }
+    let field = |f: &str| format!("patch.{f}");
+    if let Some(u) = &patch.user {
+        check_text("user", 0, u, max_text_bytes).map_err(|r| renamed(r, &field("user")))?;
+    }
+    if let Some(a) = patch.assistant.as_deref().filter(|a| !a.is_empty()) {
+        check_text("assistant", 0, a, max_text_bytes)
+            .map_err(|r| renamed(r, &field("assistant")))?;
+    }
+    if let Some(m) = &patch.metadata {
+        if serde_json::to_vec(m).map(|v| v.len()).unwrap_or(usize::MAX) > max_text_bytes {
+            return Err(reject(
+                "too_large",
+                format!("patch.metadata is over {max_text_bytes} bytes"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A turn-field rejection reworded for an edit's body (`turns[0].user` → `patch.user`).
+fn renamed(r: Rejection, field: &str) -> Rejection {
+    let prefix = format!("turns[0].{}", field.trim_start_matches("patch."));
+    Rejection {
+        reason: r.reason,
+        message: r.message.replacen(&prefix, field, 1),
+    }
+}
+
 /// Decodes and validates a store request body as the HTTP edge does: `Err` with a message for
 /// anything malformed. For fuzzing and property tests of the decoding path.
 pub fn decode_store(

@@ -88,6 +88,8 @@ impl From<recollect_model::Turn> for v1::Turn {
             metadata_json: serde_json::Value::Object(t.metadata).to_string(),
             user_id: t.user_id,
             agent_id: t.agent_id,
+            version: t.version,
+            expired_at: t.expired_at.as_ref().map(rfc3339),
         }
     }
 }

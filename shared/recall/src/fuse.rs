@@ -4,7 +4,8 @@
 use std::collections::{HashMap, HashSet};
 
 use recollect_extract::{QueryAnalysis, QueryType, Want};
-use recollect_model::{MemoryId, RecalledMemory, ScoreParts, TenantId, TurnFilter};
+use recollect_model::{MemoryId, RecalledMemory, ScoreParts, TenantId};
+use recollect_store::Scope;
 
 use crate::softtfidf;
 use crate::{Ablation, PathB, PathC, QueryVectors, Recall, RecallError};
@@ -55,7 +56,7 @@ fn normaliser(values: impl Iterator<Item = f32>) -> f32 {
 pub async fn score(
     r: &Recall,
     tenant: &TenantId,
-    filter: &TurnFilter,
+    scope: &Scope,
     qa: &QueryAnalysis,
     qv: &QueryVectors,
     b: &PathB,
@@ -79,9 +80,26 @@ pub async fn score(
         r.graph.turns(tenant, &ids),
         r.vectors.field_vectors(tenant, &ids)
     );
-    let (mut records, vectors) = (records?, vectors?);
+    let (mut records, mut vectors) = (records?, vectors?);
+    // As of an earlier time: each turn as it was then (never one recorded later), with that
+    // version's vectors.
+    if let Some(at) = scope.as_of {
+        records = records.iter().filter_map(|rec| rec.as_of(at)).collect();
+        let older: Vec<(MemoryId, chrono::DateTime<chrono::Utc>)> = records
+            .iter()
+            .filter(|rec| rec.turn.expired_at.is_some())
+            .map(|rec| (rec.turn.memory_id, rec.turn.recorded_at))
+            .collect();
+        if !older.is_empty() {
+            for id in older.iter().map(|(m, _)| m) {
+                vectors.remove(id);
+            }
+            vectors.extend(r.vectors.version_vectors(tenant, &older).await?);
+        }
+    }
     // The graph paths reach turns through conversation-level nodes: the turn filter applies
     // here, before any scoring, as the vector index applied it inside its searches.
+    let filter = &scope.filter;
     if !filter.is_empty() {
         records.retain(|rec| filter.matches(&rec.turn));
     }

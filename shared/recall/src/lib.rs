@@ -87,6 +87,10 @@ pub struct RecallRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<BTreeMap<String, serde_json::Value>>,
+    /// Transaction time: recall what Recollect held then (each turn's version current at that
+    /// time; nothing recorded later). An erased turn is never returned, whatever the time.
+    #[serde(default)]
+    pub as_of: Option<DateTime<Utc>>,
 }
 
 impl RecallRequest {
@@ -318,6 +322,14 @@ impl Recall {
         if let Some(st) = &req.attention_state {
             st.check_client_supplied().map_err(RecallError::Invalid)?;
         }
+        if let Some(at) = req.as_of {
+            let year = chrono::Datelike::year(&at);
+            if !(1900..=2200).contains(&year) {
+                return Err(RecallError::Invalid(format!(
+                    "as_of: year {year} is out of range"
+                )));
+            }
+        }
         let k = req.k.unwrap_or(self.config.default_k as i64);
         if k <= 0 || k > self.config.max_k as i64 {
             return Err(RecallError::Invalid(format!(
@@ -374,6 +386,7 @@ impl Recall {
             Scope {
                 conversations,
                 filter,
+                as_of: req.as_of,
             },
             k as usize,
         ))
@@ -458,17 +471,7 @@ impl Recall {
 
         // Phase 3: source-aware scoring, fused with lexical and dense evidence.
         let out = fuse::score(
-            self,
-            tenant,
-            &scope.filter,
-            &qa,
-            &qv,
-            &b,
-            &c,
-            &dense,
-            &lexical,
-            k,
-            ablation,
+            self, tenant, &scope, &qa, &qv, &b, &c, &dense, &lexical, k, ablation,
         )
         .await?;
         if out.is_empty() {

@@ -57,7 +57,7 @@ async fn linked(
         return Ok(HashSet::new());
     }
     Ok(r.graph
-        .linked_turns(tenant, scope, kind, names, None, None)
+        .linked_turns(tenant, scope, kind, names, scope.as_of, None)
         .await?
         .into_iter()
         .map(|l| l.memory_id)

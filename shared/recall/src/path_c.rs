@@ -22,7 +22,7 @@ pub struct PathC {
 pub async fn run(
     r: &Recall,
     tenant: &TenantId,
-    _scope: &Scope,
+    scope: &Scope,
     b: &PathB,
 ) -> Result<PathC, RecallError> {
     if b.union.is_empty() || b.neighbours.is_empty() {
@@ -36,7 +36,11 @@ pub async fn run(
         .collect();
     frag_ids.sort();
     frag_ids.dedup();
-    let fragments = r.graph.fragments(tenant, &frag_ids).await?;
+    let mut fragments = r.graph.fragments(tenant, &frag_ids).await?;
+    // As of an earlier time: only the fragments made by then.
+    if let Some(at) = scope.as_of {
+        fragments.retain(|f| f.created_at <= at);
+    }
     let mut scored: Vec<(f32, usize)> = fragments
         .iter()
         .enumerate()

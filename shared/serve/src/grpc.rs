@@ -138,6 +138,7 @@ fn recall_request(r: v1::RecallRequest) -> Result<RecallRequest, RecollectError>
                     .collect(),
             )
         },
+        as_of: r.as_of.map(|t| parse_time("as_of", &t)).transpose()?,
     })
 }
 
@@ -305,16 +306,71 @@ impl Memory for MemoryService {
     async fn get(&self, request: Request<v1::GetRequest>) -> Result<Response<v1::Turn>, Status> {
         let r: Result<Response<v1::Turn>, Status> = async {
             let (tenant, _permit) = self.admit("Get", Role::Query, &request)?;
-            let id = request.into_inner().memory_id;
+            let r = request.into_inner();
+            let as_of = r
+                .as_of
+                .map(|t| parse_time("as_of", &t))
+                .transpose()
+                .map_err(grpc_status)?;
             let turn = self
                 .query()
-                .memory(&tenant, &id)
+                .memory(&tenant, &r.memory_id, as_of)
                 .await
                 .map_err(grpc_status)?;
             Ok(Response::new(turn.into()))
         }
         .await;
         counted("Get", r)
+    }
+
+    async fn edit_memory(
+        &self,
+        request: Request<v1::EditMemoryRequest>,
+    ) -> Result<Response<v1::Turn>, Status> {
+        let r: Result<Response<v1::Turn>, Status> = async {
+            let (tenant, _permit) = self.admit("EditMemory", Role::Gateway, &request)?;
+            let r = request.into_inner();
+            let metadata = r
+                .metadata_json
+                .map(|m| parse_object("metadata_json", &m))
+                .transpose()
+                .map_err(grpc_status)?;
+            let patch = recollect_model::TurnPatch {
+                user: r.user,
+                assistant: r.assistant,
+                metadata,
+                wait: Some(r.wait),
+            };
+            let trace_id = uuid::Uuid::new_v4().to_string();
+            let turn = self
+                .gateway()
+                .edit_memory(&tenant, &r.memory_id, patch, &trace_id)
+                .await
+                .map_err(grpc_status)?;
+            Ok(Response::new(turn.into()))
+        }
+        .await;
+        counted("EditMemory", r)
+    }
+
+    async fn memory_history(
+        &self,
+        request: Request<v1::MemoryHistoryRequest>,
+    ) -> Result<Response<v1::MemoryHistoryResponse>, Status> {
+        let r: Result<Response<v1::MemoryHistoryResponse>, Status> = async {
+            let (tenant, _permit) = self.admit("MemoryHistory", Role::Query, &request)?;
+            let id = request.into_inner().memory_id;
+            let versions = self
+                .query()
+                .memory_history(&tenant, &id)
+                .await
+                .map_err(grpc_status)?;
+            Ok(Response::new(v1::MemoryHistoryResponse {
+                versions: versions.into_iter().map(Into::into).collect(),
+            }))
+        }
+        .await;
+        counted("MemoryHistory", r)
     }
 
     async fn delete(

@@ -72,9 +72,11 @@ pub const OPERATIONS: &[(&str, &str, Role)] = &[
     ("POST", "/v1/conversations/{id}/turns", Role::Gateway),
     ("DELETE", "/v1/conversations/{id}", Role::Gateway),
     ("DELETE", "/v1/memories/{id}", Role::Gateway),
+    ("PATCH", "/v1/memories/{id}", Role::Gateway),
     ("DELETE", "/v1/tenant", Role::Gateway),
     ("POST", "/v1/recall", Role::Query),
     ("GET", "/v1/memories/{id}", Role::Query),
+    ("GET", "/v1/memories/{id}/history", Role::Query),
     ("GET", "/v1/conversations/{id}", Role::Query),
     ("GET", "/v1/conversations", Role::Query),
     ("GET", "/v1/conversations/{id}/turns", Role::Query),
@@ -112,6 +114,14 @@ pub trait StoreRole: Send + Sync {
         tenant: &TenantId,
         id: &str,
     ) -> Result<(String, String), RecollectError>;
+    /// Edits one memory: the version now current (NotFound as for `delete_memory`).
+    async fn edit_memory(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        patch: recollect_model::TurnPatch,
+        trace_id: &str,
+    ) -> Result<Turn, RecollectError>;
 }
 
 /// The read path as the serving layer calls it (implemented by `recollect-query`).
@@ -124,8 +134,19 @@ pub trait QueryRole: Send + Sync {
         tenant: &TenantId,
         req: &RecallRequest,
     ) -> Result<RecallResponse, RecollectError>;
-    /// One memory by id of the caller's tenant.
-    async fn memory(&self, tenant: &TenantId, id: &str) -> Result<Turn, RecollectError>;
+    /// One memory by id of the caller's tenant; with `as_of`, the version held then.
+    async fn memory(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        as_of: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Result<Turn, RecollectError>;
+    /// Every version of a memory, oldest first.
+    async fn memory_history(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+    ) -> Result<Vec<Turn>, RecollectError>;
     /// One page of the caller's conversation ids and the next cursor
     /// (`GET /v1/conversations`).
     async fn conversations_page(
@@ -294,6 +315,7 @@ fn method_filter(m: &str) -> MethodFilter {
         "POST" => MethodFilter::POST,
         "DELETE" => MethodFilter::DELETE,
         "GET" => MethodFilter::GET,
+        "PATCH" => MethodFilter::PATCH,
         other => unreachable!("no operation uses {other}"),
     }
 }

@@ -37,6 +37,9 @@ fn turn(tenant: &TenantId, conv: &str, pos: u64, text: &str) -> Turn {
         metadata: Default::default(),
         user_id: None,
         agent_id: None,
+        version: 1,
+        first_recorded_at: None,
+        expired_at: None,
     }
 }
 
@@ -87,6 +90,7 @@ fn first_point(t: &TenantId) -> TurnPoint {
         user_id: None,
         agent_id: None,
         metadata: Default::default(),
+        recorded_at: chrono::Utc::now(),
     }
 }
 
@@ -106,7 +110,149 @@ pub async fn graph_contract(g: Arc<dyn Graph>, residue: Residue) {
     graph_erasure(g.clone(), residue.clone()).await;
     graph_participants(g.clone()).await;
     graph_turn_erasure(g.clone()).await;
+    graph_versions(g.clone(), residue.clone()).await;
     graph_batch_sizes(g, residue).await;
+}
+
+/// Edits: a later version supersedes the stored one (kept in the record's history, its lost
+/// links expired, not deleted: visible as of earlier times only), a replay of either version
+/// and a retried store change nothing, a turn and its edit in one batch are written in order,
+/// and purging the memory removes every version, its expired links and what it put in the
+/// conversation's state.
+async fn graph_versions(g: Arc<dyn Graph>, residue: Residue) {
+    let t = TenantId("tenant-versions".into());
+    let conv = "v";
+    let scope = Scope::of(&[conv]);
+    let v1 = turn(&t, conv, 0, "my cat Biscuit");
+    let x1 = extraction(&["cat", "shelter"], "Biscuit", 8);
+    let other = turn(&t, conv, 1, "other");
+    g.write_turns(&[
+        (v1.clone(), x1.clone()),
+        (other.clone(), extraction(&["shelter"], "Ines", 9)),
+    ])
+    .await
+    .unwrap();
+    let mut state = ConversationState::default();
+    state.reference.entities = vec!["Biscuit".into(), "Ines".into()];
+    state.derived_from(v1.recorded_at);
+    assert!(g.save_conversation_state(&t, conv, &state).await.unwrap());
+    let before = Utc::now();
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let patch = recollect_model::TurnPatch {
+        user: Some("my dog Pretzel".into()),
+        ..Default::default()
+    };
+    let v2 = patch.apply(&v1, Utc::now()).unwrap();
+    assert_eq!(
+        (v2.version, v2.first_recorded_at),
+        (2, Some(v1.recorded_at))
+    );
+    let x2 = extraction(&["dog", "shelter"], "Pretzel", 8);
+    // The edit, its replay, and a replay of the first version: one edit applied.
+    g.write_turns(&[(v2.clone(), x2.clone())]).await.unwrap();
+    g.write_turns(&[(v2.clone(), x2.clone()), (v1.clone(), x1.clone())])
+        .await
+        .unwrap();
+    let rec = g.turns(&t, &[v1.memory_id]).await.unwrap().remove(0);
+    assert_eq!(rec.turn.user, "my dog Pretzel");
+    assert_eq!(rec.turn.version, 2);
+    assert_eq!(rec.history.len(), 1, "{rec:?}");
+    assert_eq!(rec.history[0].turn.user, "my cat Biscuit");
+    assert_eq!(rec.history[0].turn.expired_at, Some(v2.recorded_at));
+    assert_eq!(rec.history[0].extraction, x1);
+    assert_eq!(rec.versions().len(), 2);
+    assert_eq!(rec.as_of(before).unwrap().turn.user, "my cat Biscuit");
+    assert!(rec.as_of(v1.recorded_at - Duration::seconds(1)).is_none());
+    let linked = |names: &[&str], at: Option<chrono::DateTime<Utc>>| {
+        let g = g.clone();
+        let (t, scope) = (t.clone(), scope.clone());
+        let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        async move {
+            let mut ids: Vec<MemoryId> = g
+                .linked_turns(&t, &scope, NodeKind::Keyword, &names, at, None)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|l| l.memory_id)
+                .collect();
+            ids.sort();
+            ids.dedup();
+            ids
+        }
+    };
+    // Now: the new keyword, not the lost one; the kept one still links.
+    assert_eq!(linked(&["dog"], None).await, vec![v1.memory_id]);
+    assert!(
+        linked(&["cat"], None).await.is_empty(),
+        "a lost link is not current"
+    );
+    let mut both = vec![v1.memory_id, other.memory_id];
+    both.sort();
+    assert_eq!(linked(&["shelter"], None).await, both);
+    // As of before the edit: the lost link, not the new one.
+    assert_eq!(linked(&["cat"], Some(before)).await, vec![v1.memory_id]);
+    assert!(linked(&["dog"], Some(before)).await.is_empty());
+    assert_eq!(linked(&["shelter"], Some(before)).await, both);
+    let mut vocab = g.vocabulary(&t, &scope, NodeKind::Keyword).await.unwrap();
+    vocab.sort();
+    assert_eq!(
+        vocab,
+        vec!["dog", "shelter"],
+        "the vocabulary is the present's"
+    );
+    // A retried first store after the edit does not revert it.
+    g.write_turns(&[(v1.clone(), x1.clone())]).await.unwrap();
+    assert_eq!(
+        g.turns(&t, &[v1.memory_id]).await.unwrap()[0].turn.version,
+        2
+    );
+
+    // A turn and its edit in one batch: both applied, in order.
+    let w1 = turn(&t, conv, 2, "first words");
+    let w2 = recollect_model::TurnPatch {
+        user: Some("second words".into()),
+        ..Default::default()
+    }
+    .apply(&w1, Utc::now())
+    .unwrap();
+    g.write_turns(&[
+        (w1.clone(), extraction(&["first"], "Ines", 9)),
+        (w2.clone(), extraction(&["second"], "Ines", 9)),
+    ])
+    .await
+    .unwrap();
+    let rec = g.turns(&t, &[w1.memory_id]).await.unwrap().remove(0);
+    assert_eq!(
+        (rec.turn.user.as_str(), rec.history.len()),
+        ("second words", 1)
+    );
+
+    // Erasing the edited memory takes every version, its expired links, and its names out
+    // of the conversation's state; the others stay.
+    let at = Utc::now();
+    g.record_turn_erasure(&t, conv, v1.memory_id, TurnErasure { at, position: 0 })
+        .await
+        .unwrap();
+    assert_eq!(g.purge_erased(&t, conv).await.unwrap(), 1);
+    assert!(g.turns(&t, &[v1.memory_id]).await.unwrap().is_empty());
+    assert!(
+        linked(&["cat"], Some(before)).await.is_empty(),
+        "expired links go too"
+    );
+    assert_eq!(linked(&["shelter"], None).await, vec![other.memory_id]);
+    let st = g.conversation_state(&t, conv).await.unwrap();
+    assert_eq!(st.reference.entities, vec!["Ines".to_string()], "{st:?}");
+    // An edit of the erased memory arriving late is covered: it does not bring it back.
+    let late = recollect_model::TurnPatch {
+        user: Some("late edit".into()),
+        ..Default::default()
+    }
+    .apply(&v2, Utc::now())
+    .unwrap();
+    g.write_turns(&[(late, x2)]).await.unwrap();
+    assert!(g.turns(&t, &[v1.memory_id]).await.unwrap().is_empty());
+    g.delete_conversation(&t, conv).await.unwrap();
+    assert_eq!(residue(t.clone(), conv.to_string()).await, 0);
 }
 
 /// One turn erased on its own: its record is read back with its position, a late write of it
@@ -856,6 +1002,106 @@ async fn graph_semantics(g: Arc<dyn Graph>, residue: Residue) {
     );
 }
 
+/// Kept versions: an edit's replaced point is kept (once, however often the edit is
+/// redelivered), invisible to searches of the present and counts, found as of a time when it
+/// was current (mapped to its memory), its vectors readable by version; erasure of the turn or
+/// the conversation takes every kept version.
+async fn vector_versions(v: Arc<dyn VectorIndex>, dim: usize) {
+    let t = TenantId("tenant-versions".into());
+    let base = Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap();
+    let point = |i: usize, seed: usize, recorded_at: chrono::DateTime<Utc>| TurnPoint {
+        memory_id: MemoryId::derive(&t, "v", &i.to_string()),
+        tenant: t.clone(),
+        conversation_id: "v".into(),
+        turn_id: i.to_string(),
+        position: i as u64,
+        timestamp: base,
+        recorded_at,
+        user_speaker: None,
+        assistant_speaker: None,
+        user_id: None,
+        agent_id: None,
+        metadata: Default::default(),
+        user: vector(dim, seed),
+        assistant: None,
+        lexical: SparseVector {
+            indices: vec![seed as u32],
+            values: vec![1.0],
+        },
+    };
+    let (t1, t2) = (base + Duration::hours(1), base + Duration::hours(2));
+    let id = MemoryId::derive(&t, "v", "0");
+    v.upsert_turns(vec![point(0, 501, t1), point(1, 502, t1)])
+        .await
+        .unwrap();
+    let replaced = crate::vector::ReplacedVersion {
+        memory_id: id,
+        recorded_at: t1,
+        expired_at: t2,
+    };
+    v.keep_versions(&t, &[replaced]).await.unwrap();
+    v.upsert_turns(vec![point(0, 503, t2)]).await.unwrap();
+    // Redelivered: the point is the edit's now, nothing more is kept.
+    v.keep_versions(&t, &[replaced]).await.unwrap();
+    let scope = Scope::of(&["v"]);
+    assert_eq!(
+        v.count(&t, &scope).await.unwrap(),
+        2,
+        "kept versions are not counted"
+    );
+    let dense = |seed: usize| VectorQuery::Dense {
+        field: VectorField::User,
+        vector: vector(dim, seed),
+    };
+    let now = v.search(&t, &scope, &dense(501), 10).await.unwrap();
+    assert_eq!(now.len(), 2, "{now:?}");
+    let back_then = Scope {
+        as_of: Some(t1 + Duration::minutes(30)),
+        ..scope.clone()
+    };
+    let old = v.search(&t, &back_then, &dense(501), 10).await.unwrap();
+    assert_eq!(old.len(), 2, "each memory once: {old:?}");
+    assert_eq!(old[0].0, id, "the kept version, under its memory: {old:?}");
+    assert!(old[0].1 > 0.99, "{old:?}");
+    let lexical = v
+        .search(
+            &t,
+            &back_then,
+            &VectorQuery::Lexical(SparseVector {
+                indices: vec![501],
+                values: vec![1.0],
+            }),
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(lexical.first().map(|h| h.0), Some(id), "{lexical:?}");
+    let before_all = Scope {
+        as_of: Some(base),
+        ..scope.clone()
+    };
+    assert!(v
+        .search(&t, &before_all, &dense(501), 10)
+        .await
+        .unwrap()
+        .is_empty());
+    let kept = v.version_vectors(&t, &[(id, t1)]).await.unwrap();
+    assert_eq!(kept[&id].user, vector(dim, 501));
+    assert!(v
+        .version_vectors(&TenantId("tenant-other".into()), &[(id, t1)])
+        .await
+        .unwrap()
+        .is_empty());
+    // Erasure of the turn takes its kept versions; of the conversation, everything.
+    v.delete_turns(&t, "v", &[id], &[]).await.unwrap();
+    assert!(v.version_vectors(&t, &[(id, t1)]).await.unwrap().is_empty());
+    v.upsert_turns(vec![point(0, 501, t1)]).await.unwrap();
+    v.keep_versions(&t, &[replaced]).await.unwrap();
+    assert_eq!(v.version_vectors(&t, &[(id, t1)]).await.unwrap().len(), 1);
+    v.delete_conversation(&t, "v").await.unwrap();
+    assert!(v.version_vectors(&t, &[(id, t1)]).await.unwrap().is_empty());
+}
+
 /// VectorIndex contract: idempotent upserts, field search, lexical search, tenant isolation,
 /// keyword neighbours, erasure, batch sizes.
 /// Turn filters inside the search: every condition, and `limit` matching turns whenever that
@@ -871,6 +1117,7 @@ async fn vector_filters(v: Arc<dyn VectorIndex>, dim: usize) {
             turn_id: i.to_string(),
             position: i as u64,
             timestamp: base + Duration::days(i as i64),
+            recorded_at: base,
             user_speaker: Some(if i % 2 == 0 { "Maya" } else { "Leo" }.into()),
             assistant_speaker: Some("Bot".into()),
             // Nearly the same vector everywhere: the filter, not the score, decides.
@@ -903,6 +1150,7 @@ async fn vector_filters(v: Arc<dyn VectorIndex>, dim: usize) {
     let scope = |f: serde_json::Value| Scope {
         conversations: Some(vec!["f".into()]),
         filter: serde_json::from_value(f).unwrap(),
+        as_of: None,
     };
     type Want = Box<dyn Fn(&TurnPoint) -> bool>;
     let cases: Vec<(serde_json::Value, Want)> = vec![
@@ -985,6 +1233,7 @@ async fn vector_filters(v: Arc<dyn VectorIndex>, dim: usize) {
 
 pub async fn vector_contract(v: Arc<dyn VectorIndex>, dim: usize) {
     vector_filters(v.clone(), dim).await;
+    vector_versions(v.clone(), dim).await;
     let a = TenantId("tenant-a".into());
     let b = TenantId("tenant-b".into());
     let point = |t: &TenantId, conv: &str, i: usize| TurnPoint {
@@ -994,6 +1243,7 @@ pub async fn vector_contract(v: Arc<dyn VectorIndex>, dim: usize) {
         turn_id: i.to_string(),
         position: i as u64,
         timestamp: Utc::now(),
+        recorded_at: Utc::now(),
         user_speaker: Some("Zoë".into()),
         assistant_speaker: None,
         user: vector(dim, i),

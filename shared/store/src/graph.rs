@@ -120,12 +120,126 @@ impl EdgeTimes {
     }
 }
 
-/// A turn as the graph holds it: the raw turn, its extraction, its fragments.
+/// A turn as the graph holds it: the raw turn (its current version), its extraction, its
+/// fragments, and the versions edits replaced.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TurnRecord {
     pub turn: Turn,
     pub extraction: Extraction,
     pub fragments: Vec<String>,
+    /// Earlier versions, oldest first, each with `expired_at` set (`PATCH /v1/memories/{id}`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<TurnVersion>,
+}
+
+/// A superseded version of a turn and what was extracted from it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnVersion {
+    pub turn: Turn,
+    pub extraction: Extraction,
+}
+
+impl TurnRecord {
+    /// The record as Recollect held it at transaction time `at` (that version's text and
+    /// extraction); None when the memory was not recorded yet.
+    pub fn as_of(&self, at: DateTime<Utc>) -> Option<TurnRecord> {
+        if self.turn.current_at(at) {
+            return Some(self.clone());
+        }
+        let v = self.history.iter().find(|v| v.turn.current_at(at))?;
+        Some(TurnRecord {
+            turn: v.turn.clone(),
+            extraction: v.extraction.clone(),
+            fragments: self.fragments.clone(),
+            history: vec![],
+        })
+    }
+
+    /// Every version, oldest first, the current one last.
+    pub fn versions(&self) -> Vec<Turn> {
+        let mut v: Vec<Turn> = self.history.iter().map(|h| h.turn.clone()).collect();
+        v.push(self.turn.clone());
+        v
+    }
+
+    /// How a write of `incoming` relates to this record: see [`VersionWrite`].
+    pub fn version_write(&self, incoming: &Turn) -> VersionWrite {
+        let stored = &self.turn;
+        if !incoming.is_edit() {
+            // A store (or its replay): rewrites the memory until an edit has replaced it; a
+            // retried store never reverts an edit.
+            return if stored.is_edit() {
+                VersionWrite::Stale
+            } else {
+                VersionWrite::Rewrite
+            };
+        }
+        match incoming.recorded_at.cmp(&stored.recorded_at) {
+            std::cmp::Ordering::Equal => VersionWrite::Rewrite,
+            std::cmp::Ordering::Greater => VersionWrite::Supersede,
+            // An edit already superseded (a replay, or one that lost a race with a later edit).
+            std::cmp::Ordering::Less => VersionWrite::Stale,
+        }
+    }
+
+    /// Makes `incoming` (a later version) current; the current one joins the history, expired
+    /// at `incoming.recorded_at`.
+    /// Versions are numbered in the order they become current (two edits accepted at once by
+    /// different gateways both get a number).
+    pub fn supersede(&mut self, mut incoming: Turn, extraction: Extraction) {
+        incoming.version = self.turn.version + 1;
+        incoming.first_recorded_at = Some(self.turn.first_recorded());
+        let mut old = std::mem::replace(&mut self.turn, incoming);
+        old.expired_at = Some(self.turn.recorded_at);
+        let old_x = std::mem::replace(&mut self.extraction, extraction);
+        self.history.push(TurnVersion {
+            turn: old,
+            extraction: old_x,
+        });
+    }
+}
+
+/// Takes out of a conversation's state what a turn erased on its own (any of its versions)
+/// put there.
+pub fn forget_record(state: &mut ConversationState, rec: &TurnRecord) {
+    state.reference.forget(&rec.extraction);
+    for v in &rec.history {
+        state.reference.forget(&v.extraction);
+    }
+}
+
+/// `items` cut into runs of at most `max` in which no key repeats, in order: a batch that
+/// holds a memory twice (a turn and its edit) is written run by run.
+pub fn distinct_runs<T, K: Eq + std::hash::Hash>(
+    items: &[T],
+    max: usize,
+    key: impl Fn(&T) -> K,
+) -> Vec<&[T]> {
+    let mut out = Vec::new();
+    let (mut start, mut seen) = (0, std::collections::HashSet::new());
+    for (i, item) in items.iter().enumerate() {
+        if i - start >= max.max(1) || !seen.insert(key(item)) {
+            out.push(&items[start..i]);
+            start = i;
+            seen.clear();
+            seen.insert(key(item));
+        }
+    }
+    if start < items.len() {
+        out.push(&items[start..]);
+    }
+    out
+}
+
+/// What writing a turn does to the stored record of the same memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VersionWrite {
+    /// A later edit: the stored version is kept as history, the links it loses expire.
+    Supersede,
+    /// The same version again (a replay, a re-derived extraction): replaces its own links.
+    Rewrite,
+    /// An older version, or a store of a memory an edit has replaced: left alone.
+    Stale,
 }
 
 /// A turn reached from a structural node.
@@ -144,6 +258,10 @@ pub struct Scope {
     pub conversations: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "TurnFilter::is_empty")]
     pub filter: TurnFilter,
+    /// Transaction time: search what was held then (turn versions current at that time)
+    /// instead of what is held now. Applies to turn-level searches, like the filter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub as_of: Option<DateTime<Utc>>,
 }
 
 impl Scope {
@@ -153,14 +271,14 @@ impl Scope {
     pub fn of(conversations: &[&str]) -> Self {
         Self {
             conversations: Some(conversations.iter().map(|s| s.to_string()).collect()),
-            filter: TurnFilter::default(),
+            ..Self::default()
         }
     }
     /// The same conversations without the turn filter (for conversation-level data).
     pub fn conversations_only(&self) -> Self {
         Self {
             conversations: self.conversations.clone(),
-            filter: TurnFilter::default(),
+            ..Self::default()
         }
     }
 }
@@ -263,12 +381,12 @@ impl Erasures {
 
     /// Whether a turn was erased: with its conversation or tenant, or on its own. A turn stored
     /// again under the same id after its erasure is a new memory, not covered.
+    /// Any version of a memory recorded before its erasure is covered: an edit never brings
+    /// an erased memory back.
     pub fn covers_turn(&self, t: &Turn) -> bool {
-        self.covers(&t.conversation_id, t.recorded_at)
-            || self
-                .turns
-                .get(&t.memory_id)
-                .is_some_and(|e| t.recorded_at <= e.at)
+        let first = t.first_recorded();
+        self.covers(&t.conversation_id, first)
+            || self.turns.get(&t.memory_id).is_some_and(|e| first <= e.at)
     }
 
     /// Positions in `from..to` whose turn was erased on its own (the asked-for conversation).

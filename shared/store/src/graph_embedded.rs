@@ -12,7 +12,7 @@ use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 
 use crate::graph::{
     ConversationState, EdgeTimes, Erasures, Graph, LinkedTurn, NodeKind, Scope, TurnErasure,
-    TurnRecord,
+    TurnRecord, VersionWrite,
 };
 use crate::keys;
 use crate::StoreError;
@@ -23,6 +23,10 @@ const TURNS: TableDefinition<u128, &[u8]> = TableDefinition::new("turn_nodes");
 const CONV_TURNS: TableDefinition<&[u8], u128> = TableDefinition::new("conversation_turns");
 /// tag + tenant\0conversation\0name\0 + memory id (BE) → EdgeTimes (JSON)
 const LINKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("links");
+/// tag + tenant\0conversation\0name\0 + memory id (BE) + expired at (ns, BE) → EdgeTimes
+/// (JSON): links an edit took away, kept for recall as of an earlier time. Apart from LINKS so
+/// that recall of the present never reads them.
+const EXPIRED_LINKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("expired_links");
 /// tag + tenant\0conversation\0name\0 → number of turns linked (df)
 const VOCAB: TableDefinition<&[u8], u64> = TableDefinition::new("vocabulary");
 /// tenant\0conversation\0 → ConversationState (JSON)
@@ -155,6 +159,7 @@ impl EmbeddedGraph {
         w.open_table(TURNS)?;
         w.open_table(CONV_TURNS)?;
         w.open_table(LINKS)?;
+        w.open_table(EXPIRED_LINKS)?;
         w.open_table(VOCAB)?;
         w.open_table(CONV_STATE)?;
         w.open_table(CONV_COUNT)?;
@@ -227,6 +232,7 @@ impl EmbeddedGraph {
             let mut nodes = w.open_table(TURNS)?;
             let mut conv = w.open_table(CONV_TURNS)?;
             let mut links = w.open_table(LINKS)?;
+            let mut expired = w.open_table(EXPIRED_LINKS)?;
             let mut vocab = w.open_table(VOCAB)?;
             let mut count = w.open_table(CONV_COUNT)?;
             let mut by_part = w.open_table(PARTICIPANT_CONVS)?;
@@ -250,15 +256,37 @@ impl EmbeddedGraph {
                     Some(v) => Some(serde_json::from_slice(v.value())?),
                     None => None,
                 };
-                let fragments = old
-                    .as_ref()
-                    .map(|o| o.fragments.clone())
-                    .unwrap_or_default();
-                let record = TurnRecord {
-                    turn: turn.clone(),
-                    extraction: x.clone(),
-                    fragments,
+                // An edit keeps what it replaces: the old version in the record's history, its
+                // links expired at the edit's time rather than deleted.
+                let (record, edited_at) = match &old {
+                    None => (
+                        TurnRecord {
+                            turn: turn.clone(),
+                            extraction: x.clone(),
+                            fragments: vec![],
+                            history: vec![],
+                        },
+                        None,
+                    ),
+                    Some(o) => match o.version_write(turn) {
+                        VersionWrite::Stale => continue,
+                        VersionWrite::Rewrite => (
+                            TurnRecord {
+                                turn: turn.clone(),
+                                extraction: x.clone(),
+                                ..o.clone()
+                            },
+                            None,
+                        ),
+                        VersionWrite::Supersede => {
+                            let mut r = o.clone();
+                            r.supersede(turn.clone(), x.clone());
+                            let at = r.turn.recorded_at;
+                            (r, Some(at))
+                        }
+                    },
                 };
+                let turn = &record.turn;
                 nodes.insert(id, serde_json::to_vec(&record)?.as_slice())?;
                 let mut ck = keys::join(&[tenant, cid]);
                 ck.extend_from_slice(&turn.position.to_be_bytes());
@@ -279,18 +307,27 @@ impl EmbeddedGraph {
                         .as_ref()
                         .map(|o| kind.names(&o.extraction).into_iter().collect())
                         .unwrap_or_default();
-                    // A re-derived extraction replaces its own links; nothing else is touched.
+                    // A re-derived extraction replaces its own links; an edit expires them.
                     for name in old_names.difference(&new_names) {
                         let mut lk = link_prefix(kind, tenant, cid, name);
                         let vk = lk.clone();
                         lk.extend_from_slice(&id.to_be_bytes());
-                        if links.remove(lk.as_slice())?.is_some() {
-                            let n = vocab.get(vk.as_slice())?.map(|v| v.value()).unwrap_or(1);
-                            if n <= 1 {
-                                vocab.remove(vk.as_slice())?;
-                            } else {
-                                vocab.insert(vk.as_slice(), n - 1)?;
-                            }
+                        let Some(times) = links.remove(lk.as_slice())? else {
+                            continue;
+                        };
+                        if let Some(at) = edited_at {
+                            let mut times: EdgeTimes = serde_json::from_slice(times.value())?;
+                            times.expired_at = Some(at);
+                            let mut ek = lk.clone();
+                            ek.extend_from_slice(&nanos(at).to_be_bytes());
+                            expired
+                                .insert(ek.as_slice(), serde_json::to_vec(&times)?.as_slice())?;
+                        }
+                        let n = vocab.get(vk.as_slice())?.map(|v| v.value()).unwrap_or(1);
+                        if n <= 1 {
+                            vocab.remove(vk.as_slice())?;
+                        } else {
+                            vocab.insert(vk.as_slice(), n - 1)?;
                         }
                     }
                     for name in &new_names {
@@ -303,7 +340,7 @@ impl EmbeddedGraph {
                         let times = EdgeTimes {
                             valid_from,
                             valid_to: None,
-                            recorded_at: now,
+                            recorded_at: edited_at.unwrap_or(now),
                             expired_at: None,
                         };
                         links.insert(lk.as_slice(), serde_json::to_vec(&times)?.as_slice())?;
@@ -523,6 +560,7 @@ impl Graph for EmbeddedGraph {
             let convs = Self::scope_conversations(db, tenant.as_str(), &scope)?;
             let r = db.begin_read()?;
             let links = r.open_table(LINKS)?;
+            let expired = r.open_table(EXPIRED_LINKS)?;
             let mut out = Vec::new();
             for c in &convs {
                 for name in &names {
@@ -545,6 +583,26 @@ impl Graph for EmbeddedGraph {
                             memory_id: MemoryId(idb),
                             conversation_id: c.clone(),
                         });
+                    }
+                    // As of an earlier time: the links edits have since taken away, too.
+                    let Some(rb) = recorded_by else { continue };
+                    for e in expired.range(p.as_slice()..end.as_slice())? {
+                        let (k, v) = e?;
+                        let Some(Ok(idb)) = k
+                            .value()
+                            .get(p.len()..p.len() + 16)
+                            .map(<[u8; 16]>::try_from)
+                        else {
+                            continue;
+                        };
+                        let times: EdgeTimes = serde_json::from_slice(v.value())?;
+                        if times.visible(Some(rb), valid_at) {
+                            out.push(LinkedTurn {
+                                name: name.clone(),
+                                memory_id: MemoryId(idb),
+                                conversation_id: c.clone(),
+                            });
+                        }
                     }
                 }
             }
@@ -786,11 +844,13 @@ impl Graph for EmbeddedGraph {
                 }
                 idx.retain_in(cp.as_slice()..cend.as_slice(), |_, _| false)?;
                 let mut links = w.open_table(LINKS)?;
+                let mut expired = w.open_table(EXPIRED_LINKS)?;
                 let mut vocab = w.open_table(VOCAB)?;
                 for kind in NodeKind::ALL {
                     let p = conv_prefix(kind, &tenant, &conversation);
                     let end = keys::prefix_end(&p);
                     links.retain_in(p.as_slice()..end.as_slice(), |_, _| false)?;
+                    expired.retain_in(p.as_slice()..end.as_slice(), |_, _| false)?;
                     vocab.retain_in(p.as_slice()..end.as_slice(), |_, _| false)?;
                 }
                 w.open_table(CONV_STATE)?.remove(cp.as_slice())?;
@@ -837,8 +897,10 @@ impl EmbeddedGraph {
         let mut nodes = w.open_table(TURNS)?;
         let mut idx = w.open_table(CONV_TURNS)?;
         let mut links = w.open_table(LINKS)?;
+        let mut expired = w.open_table(EXPIRED_LINKS)?;
         let mut vocab = w.open_table(VOCAB)?;
         let mut removed: BTreeSet<u128> = BTreeSet::new();
+        let mut erased: Vec<TurnRecord> = Vec::new();
         let entries: Vec<(Vec<u8>, u128)> = idx
             .range(cp.as_slice()..cend.as_slice())?
             .map(|e| e.map(|(k, v)| (k.value().to_vec(), v.value())))
@@ -855,7 +917,16 @@ impl EmbeddedGraph {
             let Some(rec) = rec else { continue };
             nodes.remove(id)?;
             removed.insert(id);
+            erased.push(rec.clone());
             for kind in NodeKind::ALL {
+                for v in &rec.history {
+                    for name in kind.names(&v.extraction) {
+                        let mut lk = link_prefix(kind, tenant, conversation, &name);
+                        lk.extend_from_slice(&id.to_be_bytes());
+                        let end = keys::prefix_end(&lk);
+                        expired.retain_in(lk.as_slice()..end.as_slice(), |_, _| false)?;
+                    }
+                }
                 for name in kind.names(&rec.extraction) {
                     let mut lk = link_prefix(kind, tenant, conversation, &name);
                     let vk = lk.clone();
@@ -936,6 +1007,18 @@ impl EmbeddedGraph {
         };
         if covered {
             states.remove(cp.as_slice())?;
+        } else if !erased.is_empty() {
+            // A turn erased on its own: out of the state goes what it put there.
+            let state: Option<ConversationState> = match states.get(cp.as_slice())? {
+                Some(v) => Some(serde_json::from_slice(v.value())?),
+                None => None,
+            };
+            if let Some(mut state) = state {
+                for rec in &erased {
+                    crate::graph::forget_record(&mut state, rec);
+                }
+                states.insert(cp.as_slice(), serde_json::to_vec(&state)?.as_slice())?;
+            }
         }
         Ok(removed.len() as u64)
     }
@@ -960,11 +1043,13 @@ impl EmbeddedGraph {
             .range(cp.as_slice()..cend.as_slice())?
             .count() as u64;
         let links = r.open_table(LINKS)?;
+        let expired = r.open_table(EXPIRED_LINKS)?;
         let vocab = r.open_table(VOCAB)?;
         for kind in NodeKind::ALL {
             let p = conv_prefix(kind, tenant.as_str(), conversation);
             let end = keys::prefix_end(&p);
             n += links.range(p.as_slice()..end.as_slice())?.count() as u64;
+            n += expired.range(p.as_slice()..end.as_slice())?.count() as u64;
             n += vocab.range(p.as_slice()..end.as_slice())?.count() as u64;
         }
         for e in r.open_table(TURNS)?.iter()? {
@@ -990,6 +1075,7 @@ impl EmbeddedGraph {
         let mut m = HashMap::new();
         m.insert("turn_nodes", r.open_table(TURNS)?.len()?);
         m.insert("links", r.open_table(LINKS)?.len()?);
+        m.insert("expired_links", r.open_table(EXPIRED_LINKS)?.len()?);
         m.insert("vocabulary", r.open_table(VOCAB)?.len()?);
         m.insert("fragments", r.open_table(FRAGMENTS)?.len()?);
         m.insert("conversation_state", r.open_table(CONV_STATE)?.len()?);
@@ -1060,6 +1146,7 @@ impl EmbeddedGraph {
         }
         count_keys!(CONV_TURNS, "conversation_turns", false);
         count_keys!(LINKS, "links", true);
+        count_keys!(EXPIRED_LINKS, "expired_links", true);
         count_keys!(VOCAB, "vocabulary", true);
         count_keys!(CONV_STATE, "conversation_state", false);
         count_keys!(CONV_COUNT, "conversation_count", false);
@@ -1086,6 +1173,7 @@ impl EmbeddedGraph {
         }
         scan!(CONV_TURNS);
         scan!(LINKS);
+        scan!(EXPIRED_LINKS);
         scan!(VOCAB);
         scan!(CONV_COUNT);
         scan!(CONV_FRAGMENTS);

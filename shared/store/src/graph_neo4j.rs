@@ -23,8 +23,8 @@ use recollect_telemetry as metrics;
 use serde_json::{json, Value};
 
 use crate::graph::{
-    ConversationState, ErasureMap, Erasures, Graph, LinkedTurn, NodeKind, Scope, TurnErasure,
-    TurnRecord,
+    distinct_runs, forget_record, ConversationState, ErasureMap, Erasures, Graph, LinkedTurn,
+    NodeKind, Scope, TurnErasure, TurnRecord, TurnVersion, VersionWrite,
 };
 use crate::keys;
 use crate::StoreError;
@@ -264,15 +264,8 @@ impl Neo4jGraph {
         let mut out = Vec::with_capacity(rows.len());
         let mut ids = Vec::with_capacity(rows.len());
         for r in &rows {
-            let turn: Turn = serde_json::from_str(&get::<String>(r, "turn_json")?)?;
-            let extraction: Extraction =
-                serde_json::from_str(&get::<String>(r, "extraction_json")?)?;
             ids.push(get::<String>(r, "id")?);
-            out.push(TurnRecord {
-                turn,
-                extraction,
-                fragments: Vec::new(),
-            });
+            out.push(record_of(r)?);
         }
         if ids.is_empty() {
             return Ok(out);
@@ -334,26 +327,62 @@ impl Neo4jGraph {
     /// longer has are deleted first, for the stored turns whose extraction differs (none on a
     /// replay).
     async fn try_write_turn_batch(&self, turns: &[(Turn, Extraction)]) -> Result<(), StoreError> {
-        let mut rows = turn_rows(turns)?;
         let ids: Vec<String> = turns.iter().map(|(t, _)| t.memory_id.to_string()).collect();
-        let mut previous: HashMap<String, String> = HashMap::new();
+        let mut stored: HashMap<String, TurnRecord> = HashMap::new();
         // neo4rs sends a request in one TCP segment while it fits its 8 KiB write buffer; a
         // larger one ends with a segment Nagle's algorithm holds until the server's delayed ACK
         // (~40 ms: neo4rs does not set TCP_NODELAY). Small lookups stay under it.
         for chunk in ids.chunks(STORED_LOOKUP) {
-            let stored = self
+            let rows = self
                 .rows(
                     query(
                         "MATCH (t:Turn) WHERE t.key IN $ids \
-                         RETURN t.key AS id, t.extraction_json AS extraction_json",
+                         RETURN t.key AS id, t.turn_json AS turn_json, \
+                         t.extraction_json AS extraction_json, t.history_json AS history_json",
                     )
                     .param("ids", chunk.to_vec()),
                 )
                 .await?;
-            for r in &stored {
-                previous.insert(get(r, "id")?, get(r, "extraction_json")?);
+            for r in &rows {
+                stored.insert(get(r, "id")?, record_of(r)?);
             }
         }
+        // What each turn does to its stored record: edits keep the version they replace.
+        let mut writes: Vec<(Turn, Extraction)> = Vec::with_capacity(turns.len());
+        let mut histories: Vec<Option<String>> = Vec::with_capacity(turns.len());
+        let mut edited_at: Vec<Option<i64>> = Vec::with_capacity(turns.len());
+        for (t, x) in turns {
+            let Some(old) = stored.get(&t.memory_id.to_string()) else {
+                writes.push((t.clone(), x.clone()));
+                histories.push(None);
+                edited_at.push(None);
+                continue;
+            };
+            match old.version_write(t) {
+                VersionWrite::Stale => continue,
+                VersionWrite::Rewrite => {
+                    writes.push((t.clone(), x.clone()));
+                    histories.push(history_json(&old.history)?);
+                    edited_at.push(None);
+                }
+                VersionWrite::Supersede => {
+                    let mut r = old.clone();
+                    r.supersede(t.clone(), x.clone());
+                    edited_at.push(Some(micros(r.turn.recorded_at)));
+                    histories.push(history_json(&r.history)?);
+                    writes.push((r.turn, r.extraction));
+                }
+            }
+        }
+        let mut rows = turn_rows(&writes)?;
+        for ((r, h), at) in rows.iter_mut().zip(histories).zip(&edited_at) {
+            r["history_json"] = h.map_or(Value::Null, Value::String);
+            r["recorded"] = at.map_or(Value::Null, Value::from);
+        }
+        let previous: HashMap<String, String> = stored
+            .iter()
+            .map(|(k, r)| Ok((k.clone(), serde_json::to_string(&r.extraction)?)))
+            .collect::<Result<_, StoreError>>()?;
         let stale = stale_rows(&rows, &previous);
         // `keep` served the stale check; the batch statement does not read it.
         for r in &mut rows {
@@ -366,6 +395,18 @@ impl Neo4jGraph {
             let stale = bolt(Value::Array(stale))?;
             for kind in NodeKind::ALL {
                 let (label, edge) = (kind.label(), kind.edge());
+                // An edit's lost links become EXPIRED_ edges (kept for recall as of earlier
+                // times); a re-derived extraction's are deleted.
+                statements.push(
+                    query(&format!(
+                        "UNWIND $rows AS r MATCH (t:Turn {{key: r.turn}})-[e:{edge}]->(n:{label}) \
+                         WHERE NOT n.key IN r.keep AND r.at IS NOT NULL \
+                         CREATE (t)-[x:{expired}]->(n) SET x.valid_from = e.valid_from, \
+                         x.recorded_at = e.recorded_at, x.expired_at = r.at",
+                        expired = expired_edge(kind)
+                    ))
+                    .param("rows", stale.clone()),
+                );
                 statements.push(
                     query(&format!(
                         "UNWIND $rows AS r MATCH (t:Turn {{key: r.turn}})-[e:{edge}]->(n:{label}) \
@@ -378,7 +419,7 @@ impl Neo4jGraph {
         let now = micros(Utc::now());
         let (stored_rows, new_rows): (Vec<Value>, Vec<Value>) = rows
             .into_iter()
-            .partition(|r| previous.contains_key(r["key"].as_str().unwrap_or_default()));
+            .partition(|r| stored.contains_key(r["key"].as_str().unwrap_or_default()));
         for (rows, statement) in [
             (stored_rows, write_turns_statement(false)),
             (new_rows, write_turns_statement(true)),
@@ -390,6 +431,9 @@ impl Neo4jGraph {
                         .param("now", now),
                 );
             }
+        }
+        if statements.is_empty() {
+            return Ok(());
         }
         self.run_in_transaction(&statements).await
     }
@@ -420,6 +464,35 @@ impl Neo4jGraph {
     }
 }
 
+/// The edge type an edit turns a lost link into (`EXPIRED_HAS_KEYWORD`, …): apart from the
+/// live type, so that recall of the present never matches it.
+fn expired_edge(kind: NodeKind) -> String {
+    format!("EXPIRED_{}", kind.edge())
+}
+
+fn history_json(history: &[TurnVersion]) -> Result<Option<String>, StoreError> {
+    Ok(if history.is_empty() {
+        None
+    } else {
+        Some(serde_json::to_string(history)?)
+    })
+}
+
+/// A turn record (without fragments) from a row with `turn_json`, `extraction_json` and
+/// `history_json`.
+fn record_of(r: &Row) -> Result<TurnRecord, StoreError> {
+    let history = match get::<Option<String>>(r, "history_json")? {
+        Some(h) => serde_json::from_str(&h)?,
+        None => Vec::new(),
+    };
+    Ok(TurnRecord {
+        turn: serde_json::from_str(&get::<String>(r, "turn_json")?)?,
+        extraction: serde_json::from_str(&get::<String>(r, "extraction_json")?)?,
+        fragments: Vec::new(),
+        history,
+    })
+}
+
 /// The per-kind list of a turn row: `keyword`, `entity`, `location`, `timepoint`, `reference`.
 fn links_field(kind: NodeKind) -> String {
     kind.label().to_lowercase()
@@ -435,22 +508,28 @@ fn write_turns_statement(new_turns: bool) -> String {
         "UNWIND $rows AS r CREATE (t:Turn {key: r.key, tenant: r.tenant, \
          conversation: r.conversation, turn_id: r.turn_id, position: r.position, \
          timestamp: r.timestamp, user: r.user, assistant: r.assistant, turn_json: r.turn_json, \
-         extraction_json: r.extraction_json, user_id: r.user_id, agent_id: r.agent_id})"
+         extraction_json: r.extraction_json, user_id: r.user_id, agent_id: r.agent_id, \
+         history_json: r.history_json})"
     } else {
         "UNWIND $rows AS r MERGE (t:Turn {key: r.key}) \
          SET t.tenant = r.tenant, t.conversation = r.conversation, t.turn_id = r.turn_id, \
          t.position = r.position, t.timestamp = r.timestamp, t.user = r.user, \
          t.assistant = r.assistant, t.turn_json = r.turn_json, \
-         t.extraction_json = r.extraction_json, t.user_id = r.user_id, t.agent_id = r.agent_id"
+         t.extraction_json = r.extraction_json, t.user_id = r.user_id, t.agent_id = r.agent_id, \
+         t.history_json = r.history_json"
     });
     for kind in NodeKind::ALL {
         let (label, edge, field) = (kind.label(), kind.edge(), links_field(kind));
         let link = if new_turns {
-            format!("CREATE (t)-[e:{edge} {{valid_from: r.valid_from, recorded_at: $now}}]->(n)")
+            format!(
+                "CREATE (t)-[e:{edge} {{valid_from: r.valid_from, \
+                 recorded_at: coalesce(r.recorded, $now)}}]->(n)"
+            )
         } else {
             format!(
                 "MERGE (t)-[e:{edge}]->(n) \
-                 ON CREATE SET e.valid_from = r.valid_from, e.recorded_at = $now"
+                 ON CREATE SET e.valid_from = r.valid_from, \
+                 e.recorded_at = coalesce(r.recorded, $now)"
             )
         };
         q.push_str(&format!(
@@ -513,7 +592,7 @@ fn stale_rows(rows: &[Value], stored: &HashMap<String, String>) -> Vec<Value> {
                 .get(key)
                 .is_some_and(|x| Some(x.as_str()) != r["extraction_json"].as_str())
         })
-        .map(|r| json!({"turn": r["key"], "keep": r["keep"]}))
+        .map(|r| json!({"turn": r["key"], "keep": r["keep"], "at": r["recorded"]}))
         .collect()
 }
 
@@ -536,7 +615,8 @@ impl Graph for Neo4jGraph {
         let kept = self.unerased_turns(turns).await?;
         let turns = kept.as_slice();
         self.observed(true, async {
-            for chunk in turns.chunks(BATCH) {
+            // A batch holding two versions of one memory writes them one after the other.
+            for chunk in distinct_runs(turns, BATCH, |(t, _)| t.memory_id) {
                 self.write_turn_batch(chunk).await?;
             }
             Ok(())
@@ -620,7 +700,8 @@ impl Graph for Neo4jGraph {
                 .rows(
                     query(
                         "MATCH (t:Turn) WHERE t.key IN $ids AND t.tenant = $tenant \
-                         RETURN t.key AS id, t.turn_json AS turn_json, t.extraction_json AS extraction_json",
+                         RETURN t.key AS id, t.turn_json AS turn_json, t.extraction_json AS extraction_json, \
+                         t.history_json AS history_json",
                     )
                     .param("ids", keys)
                     .param("tenant", tenant.as_str()),
@@ -651,7 +732,8 @@ impl Graph for Neo4jGraph {
                         "MATCH (t:Turn) WHERE t.tenant = $tenant AND t.conversation = $conv \
                          AND t.position >= $from AND t.position < $to \
                          RETURN t.key AS id, t.turn_json AS turn_json, \
-                         t.extraction_json AS extraction_json, t.position AS position \
+                         t.extraction_json AS extraction_json, t.history_json AS history_json, \
+                         t.position AS position \
                          ORDER BY t.position",
                     )
                     .param("tenant", tenant.as_str())
@@ -778,6 +860,11 @@ impl Graph for Neo4jGraph {
                     " AND e.valid_from <= $va AND (e.valid_to IS NULL OR e.valid_to > $va)",
                 );
             }
+            // As of an earlier time, the links edits have since taken away count too.
+            let edge = match recorded_by {
+                Some(_) => format!("{edge}|{}", expired_edge(kind)),
+                None => edge.to_string(),
+            };
             let mut q = query(&format!(
                 "MATCH (t:Turn)-[e:{edge}]->(n:{label}) \
                  WHERE n.tenant = $tenant AND n.name IN $names{}{when} \
@@ -1242,17 +1329,20 @@ impl Neo4jGraph {
             .rows(
                 query(
                     "MATCH (t:Turn) WHERE t.tenant = $tenant AND t.conversation = $conv \
-                     RETURN t.key AS id, t.turn_json AS turn_json",
+                     RETURN t.key AS id, t.turn_json AS turn_json, \
+                     t.extraction_json AS extraction_json, t.history_json AS history_json",
                 )
                 .param("tenant", tenant.as_str())
                 .param("conv", conversation),
             )
             .await?;
         let mut ids = Vec::new();
+        let mut erased = Vec::new();
         for r in &rows {
-            let turn: Turn = serde_json::from_str(&get::<String>(r, "turn_json")?)?;
-            if m.covers_turn(&turn) {
+            let rec = record_of(r)?;
+            if m.covers_turn(&rec.turn) {
                 ids.push(get::<String>(r, "id")?);
+                erased.push(rec);
             }
         }
         let scoped = |q: &str| {
@@ -1289,18 +1379,23 @@ impl Neo4jGraph {
             )))
             .await?;
         }
-        // Only a conversation or tenant marker reaches the state, not a single turn's erasure.
-        if let Some(marker) = marker {
-            if !self
-                .conversation_state(tenant, conversation)
-                .await?
-                .covered_by(marker)
-            {
-                return Ok(ids.len() as u64);
-            }
+        // A conversation or tenant marker takes the whole state; a single turn's erasure takes
+        // what that turn put in it.
+        let mut state = self.conversation_state(tenant, conversation).await?;
+        if marker.is_some_and(|m| state.covered_by(m)) {
             self.run(
                 query("MATCH (s:ConversationState {key: $key}) DETACH DELETE s")
                     .param("key", state_key(tenant.as_str(), conversation)),
+            )
+            .await?;
+        } else if !erased.is_empty() && state != ConversationState::default() {
+            for rec in &erased {
+                forget_record(&mut state, rec);
+            }
+            self.run(
+                query("MATCH (s:ConversationState {key: $key}) SET s.json = $json")
+                    .param("key", state_key(tenant.as_str(), conversation))
+                    .param("json", serde_json::to_string(&state)?),
             )
             .await?;
         }
@@ -1331,6 +1426,9 @@ mod batch_tests {
             metadata: Default::default(),
             user_id: None,
             agent_id: None,
+            version: 1,
+            first_recorded_at: None,
+            expired_at: None,
         };
         let d = chrono::NaiveDate::from_ymd_opt(2023, 5, 1).unwrap();
         let x = Extraction {
@@ -1455,13 +1553,17 @@ mod batch_tests {
             }
             assert!(stored.contains(&format!("MERGE (t)-[e:{}]->(n)", kind.edge())));
             assert!(new.contains(&format!(
-                "CREATE (t)-[e:{} {{valid_from: r.valid_from, recorded_at: $now}}]->(n)",
+                "CREATE (t)-[e:{} {{valid_from: r.valid_from, \
+                 recorded_at: coalesce(r.recorded, $now)}}]->(n)",
                 kind.edge()
             )));
         }
         assert_eq!(
             stored
-                .matches("ON CREATE SET e.valid_from = r.valid_from, e.recorded_at = $now")
+                .matches(
+                    "ON CREATE SET e.valid_from = r.valid_from, \
+                     e.recorded_at = coalesce(r.recorded, $now)"
+                )
                 .count(),
             NodeKind::ALL.len()
         );

@@ -23,13 +23,17 @@ pub mod vector_qdrant;
 
 pub use error::StoreError;
 pub use graph::{
-    EdgeTimes, ErasureMap, Erasures, Graph, LinkedTurn, NodeKind, Scope, TurnErasure, TurnRecord,
+    distinct_runs, forget_record, EdgeTimes, ErasureMap, Erasures, Graph, LinkedTurn, NodeKind,
+    Scope, TurnErasure, TurnRecord, TurnVersion, VersionWrite,
 };
 pub use graph_embedded::EmbeddedGraph;
 pub use graph_neo4j::{Neo4jGraph, Neo4jSettings};
 pub use open::{open_graph, open_vectors};
 pub use raw::RawStore;
 pub use remote::{RemoteGraph, RemoteVectorIndex};
-pub use vector::{TurnPoint, VectorField, VectorIndex, VectorQuery};
+pub use vector::{
+    history_tenant, version_point_id, ReplacedVersion, TurnPoint, VectorField, VectorIndex,
+    VectorQuery,
+};
 pub use vector_edge::EdgeVectorIndex;
 pub use vector_qdrant::{QdrantSettings, QdrantVectorIndex};

@@ -20,6 +20,37 @@ const CONV_INDEX: TableDefinition<&[u8], u128> = TableDefinition::new("conversat
 const CONV_NEXT: TableDefinition<&[u8], u64> = TableDefinition::new("conversation_next");
 /// memory id → () for turns not yet stored by the graph-writer
 const PENDING: TableDefinition<u128, ()> = TableDefinition::new("pending");
+/// memory id (BE) + version (BE) → Turn (JSON): versions an edit replaced, `expired_at` set
+const VERSIONS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("turn_versions");
+
+fn version_key(id: MemoryId, version: u32) -> [u8; 20] {
+    let mut k = [0u8; 20];
+    k[..16].copy_from_slice(&id.as_u128().to_be_bytes());
+    k[16..].copy_from_slice(&version.to_be_bytes());
+    k
+}
+
+/// The key range of every stored version of `id`.
+fn version_range(id: MemoryId) -> std::ops::Range<[u8; 20]> {
+    version_key(id, 0)..{
+        let mut end = version_key(id, u32::MAX);
+        end[19] = u8::MAX;
+        end
+    }
+}
+
+/// Earlier versions of `id`, oldest first.
+fn versions_in(
+    t: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    id: MemoryId,
+) -> Result<Vec<Turn>, StoreError> {
+    let r = version_range(id);
+    let mut out = Vec::new();
+    for e in t.range(r.start.as_slice()..=r.end.as_slice())? {
+        out.push(serde_json::from_slice(e?.1.value())?);
+    }
+    Ok(out)
+}
 
 #[derive(Clone)]
 pub struct RawStore {
@@ -45,6 +76,7 @@ impl RawStore {
         w.open_table(CONV_INDEX)?;
         w.open_table(CONV_NEXT)?;
         w.open_table(PENDING)?;
+        w.open_table(VERSIONS)?;
         w.commit()?;
         Ok(Self { db: Arc::new(db) })
     }
@@ -77,8 +109,13 @@ impl RawStore {
                 let id = MemoryId::derive(tenant, conversation, &turn_id);
                 if let Some(existing) = turns.get(id.as_u128())? {
                     let turn: Turn = serde_json::from_slice(existing.value())?;
+                    // A retry of the store that made any version (an edit may have followed).
+                    let retry = turn.same_content(input)
+                        || versions_in(&w.open_table(VERSIONS)?, id)?
+                            .iter()
+                            .any(|v| v.same_content(input));
                     // Dropping the transaction stores nothing of the request.
-                    if !turn.same_content(input) {
+                    if !retry {
                         return Err(StoreError::Conflict(turn.conflict_message(out.len())));
                     }
                     out.push(Appended { turn, new: false });
@@ -99,6 +136,9 @@ impl RawStore {
                     metadata: input.metadata.clone(),
                     user_id: input.user_id.clone(),
                     agent_id: input.agent_id.clone(),
+                    version: 1,
+                    first_recorded_at: None,
+                    expired_at: None,
                 };
                 turns.insert(id.as_u128(), serde_json::to_vec(&turn)?.as_slice())?;
                 let mut ik = conv_key.clone();
@@ -111,6 +151,64 @@ impl RawStore {
             next.insert(conv_key.as_slice(), position)?;
         }
         w.commit()?;
+        Ok(out)
+    }
+
+    /// Applies an edit to a turn of `tenant` in one durable transaction: the current version
+    /// moves to the history (expired now), the new one becomes current and pending. None when
+    /// there is no such turn; `new: false` when the edit changes nothing (a retry).
+    pub fn edit(
+        &self,
+        tenant: &TenantId,
+        id: MemoryId,
+        patch: &recollect_model::TurnPatch,
+    ) -> Result<Option<Appended>, StoreError> {
+        let w = self.db.begin_write()?;
+        let next = {
+            let mut turns = w.open_table(TURNS)?;
+            let current: Turn = match turns.get(id.as_u128())? {
+                Some(v) => serde_json::from_slice(v.value())?,
+                None => return Ok(None),
+            };
+            if current.tenant != *tenant {
+                return Ok(None);
+            }
+            let Some(next) = patch.apply(&current, Utc::now()) else {
+                return Ok(Some(Appended {
+                    turn: current,
+                    new: false,
+                }));
+            };
+            let mut old = current;
+            old.expired_at = Some(next.recorded_at);
+            w.open_table(VERSIONS)?.insert(
+                version_key(id, old.version).as_slice(),
+                serde_json::to_vec(&old)?.as_slice(),
+            )?;
+            turns.insert(id.as_u128(), serde_json::to_vec(&next)?.as_slice())?;
+            w.open_table(PENDING)?.insert(id.as_u128(), ())?;
+            next
+        };
+        w.commit()?;
+        Ok(Some(Appended {
+            turn: next,
+            new: true,
+        }))
+    }
+
+    /// Every version of a turn of `tenant`, oldest first, the current one last; empty when
+    /// there is no such turn.
+    pub fn versions(&self, tenant: &TenantId, id: MemoryId) -> Result<Vec<Turn>, StoreError> {
+        let r = self.db.begin_read()?;
+        let Some(current) = r.open_table(TURNS)?.get(id.as_u128())? else {
+            return Ok(vec![]);
+        };
+        let current: Turn = serde_json::from_slice(current.value())?;
+        if current.tenant != *tenant {
+            return Ok(vec![]);
+        }
+        let mut out = versions_in(&r.open_table(VERSIONS)?, id)?;
+        out.push(current);
         Ok(out)
     }
 
@@ -155,13 +253,24 @@ impl RawStore {
         Ok(r.open_table(PENDING)?.get(id.as_u128())?.is_some())
     }
 
-    /// The graph-writer finished these turns.
-    pub fn mark_stored(&self, ids: &[MemoryId]) -> Result<(), StoreError> {
+    /// The graph-writer finished these turns, each at the version recorded at the given time:
+    /// a turn edited since stays pending (its new version is still on its way).
+    pub fn mark_stored(
+        &self,
+        turns: &[(MemoryId, chrono::DateTime<Utc>)],
+    ) -> Result<(), StoreError> {
         let w = self.db.begin_write()?;
         {
             let mut p = w.open_table(PENDING)?;
-            for id in ids {
-                p.remove(id.as_u128())?;
+            let t = w.open_table(TURNS)?;
+            for (id, recorded_at) in turns {
+                let current = match t.get(id.as_u128())? {
+                    Some(v) => Some(serde_json::from_slice::<Turn>(v.value())?.recorded_at),
+                    None => None,
+                };
+                if current.is_none_or(|c| c <= *recorded_at) {
+                    p.remove(id.as_u128())?;
+                }
             }
         }
         w.commit()?;
@@ -233,9 +342,12 @@ impl RawStore {
                 .range(prefix.as_slice()..end.as_slice())?
                 .map(|e| e.map(|(_, v)| v.value()))
                 .collect::<Result<_, _>>()?;
+            let mut versions = w.open_table(VERSIONS)?;
             for id in ids {
                 turns.remove(id)?;
                 pending.remove(id)?;
+                let r = version_range(MemoryId::from_u128(id));
+                versions.retain_in(r.start.as_slice()..=r.end.as_slice(), |_, _| false)?;
                 n += 1;
             }
             idx.retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)?;
@@ -260,6 +372,9 @@ impl RawStore {
             }
             turns.remove(id.as_u128())?;
             w.open_table(PENDING)?.remove(id.as_u128())?;
+            let r = version_range(id);
+            w.open_table(VERSIONS)?
+                .retain_in(r.start.as_slice()..=r.end.as_slice(), |_, _| false)?;
             let mut ik = keys::join(&[tenant.as_str(), &turn.conversation_id]);
             ik.extend_from_slice(&turn.position.to_be_bytes());
             w.open_table(CONV_INDEX)?.remove(ik.as_slice())?;
@@ -301,7 +416,19 @@ impl RawStore {
                 }
             }
         }
-        let mut m = std::collections::HashMap::from([("turns", turns), ("pending", pending)]);
+        let mut versions = 0;
+        for e in r.open_table(VERSIONS)?.iter()? {
+            let t: Turn = serde_json::from_slice(e?.1.value())?;
+            versions += u64::from(owned(
+                t.tenant.as_str().as_bytes(),
+                Some(t.conversation_id.as_bytes()),
+            ));
+        }
+        let mut m = std::collections::HashMap::from([
+            ("turns", turns),
+            ("pending", pending),
+            ("turn_versions", versions),
+        ]);
         for (name, table) in [("conversation_index", CONV_INDEX)] {
             let mut n = 0;
             for e in r.open_table(table)?.iter()? {
@@ -337,12 +464,15 @@ impl RawStore {
     /// Stored turns whose text, speakers, ids or metadata contain `needle`: erasure checks.
     pub fn rows_containing(&self, needle: &[u8]) -> Result<u64, StoreError> {
         let r = self.db.begin_read()?;
+        let hit = |v: &[u8]| {
+            u64::from(!needle.is_empty() && v.windows(needle.len()).any(|w| w == needle))
+        };
         let mut n = 0;
         for e in r.open_table(TURNS)?.iter()? {
-            let (_, v) = e?;
-            n += u64::from(
-                !needle.is_empty() && v.value().windows(needle.len()).any(|w| w == needle),
-            );
+            n += hit(e?.1.value());
+        }
+        for e in r.open_table(VERSIONS)?.iter()? {
+            n += hit(e?.1.value());
         }
         Ok(n)
     }
@@ -396,7 +526,8 @@ mod tests {
         let s = RawStore::open(&path).unwrap();
         assert_eq!(s.count().unwrap(), 2);
         assert_eq!(s.pending().unwrap().len(), 2);
-        s.mark_stored(&ids[..1]).unwrap();
+        let first = s.get(ids[0]).unwrap().unwrap();
+        s.mark_stored(&[(ids[0], first.recorded_at)]).unwrap();
         assert_eq!(s.pending().unwrap()[0].memory_id, ids[1]);
         let turns = s.conversation_turns(&t, "c").unwrap();
         assert_eq!(

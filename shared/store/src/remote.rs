@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::graph::{ConversationState, Erasures, TurnErasure};
-use crate::vector::FieldVectors;
+use crate::vector::{FieldVectors, ReplacedVersion};
 use crate::{
     Graph, LinkedTurn, NodeKind, Scope, StoreError, TurnPoint, TurnRecord, VectorIndex, VectorQuery,
 };
@@ -129,6 +129,14 @@ pub enum VectorCall {
     FieldVectors {
         tenant: TenantId,
         ids: Vec<MemoryId>,
+    },
+    KeepVersions {
+        tenant: TenantId,
+        versions: Vec<ReplacedVersion>,
+    },
+    VersionVectors {
+        tenant: TenantId,
+        versions: Vec<(MemoryId, chrono::DateTime<chrono::Utc>)>,
     },
     UpsertKeywords {
         tenant: TenantId,
@@ -315,6 +323,13 @@ pub async fn dispatch_vectors(
         VectorCall::FieldVectors { tenant, ids } => {
             // JSON maps need string keys: ship pairs.
             let m = v.field_vectors(&tenant, &ids).await?;
+            json(m.into_iter().collect::<Vec<_>>())
+        }
+        VectorCall::KeepVersions { tenant, versions } => {
+            json(v.keep_versions(&tenant, &versions).await?)
+        }
+        VectorCall::VersionVectors { tenant, versions } => {
+            let m = v.version_vectors(&tenant, &versions).await?;
             json(m.into_iter().collect::<Vec<_>>())
         }
         VectorCall::UpsertKeywords {
@@ -710,6 +725,30 @@ impl VectorIndex for RemoteVectorIndex {
             .call(VectorCall::FieldVectors {
                 tenant: tenant.clone(),
                 ids: ids.to_vec(),
+            })
+            .await?;
+        Ok(pairs.into_iter().collect())
+    }
+    async fn keep_versions(
+        &self,
+        tenant: &TenantId,
+        versions: &[ReplacedVersion],
+    ) -> Result<(), StoreError> {
+        self.call(VectorCall::KeepVersions {
+            tenant: tenant.clone(),
+            versions: versions.to_vec(),
+        })
+        .await
+    }
+    async fn version_vectors(
+        &self,
+        tenant: &TenantId,
+        versions: &[(MemoryId, chrono::DateTime<chrono::Utc>)],
+    ) -> Result<HashMap<MemoryId, FieldVectors>, StoreError> {
+        let pairs: Vec<(MemoryId, FieldVectors)> = self
+            .call(VectorCall::VersionVectors {
+                tenant: tenant.clone(),
+                versions: versions.to_vec(),
             })
             .await?;
         Ok(pairs.into_iter().collect())

@@ -33,10 +33,47 @@ pub struct TurnPoint {
     pub agent_id: Option<String>,
     #[serde(default)]
     pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// When this version of the turn was recorded: recall as of an earlier time selects on it.
+    #[serde(default = "epoch")]
+    pub recorded_at: DateTime<Utc>,
     pub user: Vec<f32>,
     /// None when the turn has no assistant text.
     pub assistant: Option<Vec<f32>>,
     pub lexical: SparseVector,
+}
+
+/// The tenant key kept versions are stored under, beside the current points: every search of
+/// the present is filtered on the tenant (the tenant index), so it passes them by at no cost.
+/// Tenant ids hold no NUL, so no tenant has this key.
+pub fn history_tenant(tenant: &TenantId) -> String {
+    format!("{}\u{0}history", tenant.as_str())
+}
+
+/// The point id of a kept version: from the memory id and when that version was recorded.
+pub fn version_point_id(memory_id: MemoryId, recorded_at: DateTime<Utc>) -> MemoryId {
+    MemoryId::derive(
+        &TenantId("version".into()),
+        &memory_id.to_string(),
+        &recorded_at
+            .timestamp_nanos_opt()
+            .unwrap_or(i64::MAX)
+            .to_string(),
+    )
+}
+
+fn epoch() -> DateTime<Utc> {
+    DateTime::<Utc>::UNIX_EPOCH
+}
+
+/// A version of a turn an edit replaces: its points are kept (for recall as of an earlier
+/// time) until the memory is erased.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReplacedVersion {
+    pub memory_id: MemoryId,
+    /// When the replaced version was recorded (it names the kept copy).
+    pub recorded_at: DateTime<Utc>,
+    /// When the edit replaced it.
+    pub expired_at: DateTime<Utc>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -95,6 +132,23 @@ pub trait VectorIndex: Send + Sync + 'static {
         ids: &[MemoryId],
     ) -> Result<HashMap<MemoryId, FieldVectors>, StoreError>;
 
+    /// Keeps the current points of versions an edit is about to replace, as history: copies
+    /// that searches of the present never see and searches as of an earlier time
+    /// ([`Scope::as_of`]) do. A point already replaced (a redelivered edit) is left alone.
+    async fn keep_versions(
+        &self,
+        tenant: &TenantId,
+        versions: &[ReplacedVersion],
+    ) -> Result<(), StoreError>;
+
+    /// Dense field vectors of earlier versions, by memory id and the version's `recorded_at`
+    /// (tenant-checked; versions not kept are skipped).
+    async fn version_vectors(
+        &self,
+        tenant: &TenantId,
+        versions: &[(MemoryId, DateTime<Utc>)],
+    ) -> Result<HashMap<MemoryId, FieldVectors>, StoreError>;
+
     /// Upserts a conversation's keyword vectors (idempotent on tenant, conversation, keyword).
     async fn upsert_keywords(
         &self,
@@ -114,15 +168,16 @@ pub trait VectorIndex: Send + Sync + 'static {
         min_score: f32,
     ) -> Result<Vec<(String, f32)>, StoreError>;
 
-    /// Removes every turn and keyword point of a conversation; returns turn points removed.
+    /// Removes every turn point (kept versions too) and keyword point of a conversation;
+    /// returns current turn points removed.
     async fn delete_conversation(
         &self,
         tenant: &TenantId,
         conversation: &str,
     ) -> Result<u64, StoreError>;
 
-    /// Removes the given turn points and the conversation's points of the given keywords (a
-    /// writer undoing what it wrote for erased turns). Memory ids derive from the tenant, so
+    /// Removes the given turn points (every kept version too) and the conversation's points
+    /// of the given keywords (a writer undoing what it wrote for erased turns). Memory ids derive from the tenant, so
     /// ids are never another tenant's.
     async fn delete_turns(
         &self,

@@ -4,6 +4,8 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+
+use chrono::{DateTime, Utc};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -13,17 +15,17 @@ use qdrant_edge::external::ordered_float::OrderedFloat;
 use qdrant_edge::external::uuid::Uuid;
 use qdrant_edge::{
     AnyVariants, Condition, CountRequest, DateTimeWrapper, Distance, EdgeConfigBuilder, EdgeShard,
-    EdgeSparseVectorParamsBuilder, EdgeVectorParamsBuilder, FieldCondition, Filter, JsonPath,
-    KeywordIndexParams, Match, Modifier, NamedQuery, PayloadFieldSchema, PayloadSchemaParams,
-    PointId, PointInsertOperations, PointOperations, PointStruct, QueryEnum, Range, SearchRequest,
-    UpdateOperation, ValueVariants, Vector, VectorInternal, VectorStructInternal, Vectors,
-    WithPayloadInterface, WithVector,
+    EdgeSparseVectorParamsBuilder, EdgeVectorParamsBuilder, FieldCondition, Filter,
+    IsEmptyCondition, JsonPath, KeywordIndexParams, Match, Modifier, NamedQuery,
+    PayloadFieldSchema, PayloadSchemaParams, PointId, PointInsertOperations, PointOperations,
+    PointStruct, QueryEnum, Range, SearchRequest, UpdateOperation, ValueVariants, Vector,
+    VectorInternal, VectorStructInternal, Vectors, WithPayloadInterface, WithVector,
 };
 use recollect_model::{KeywordVector, MemoryId, SparseVector, TenantId};
 
 use crate::vector::{
-    FieldVectors, TurnPoint, VectorIndex, VectorQuery, ASSISTANT_VECTOR, KEYWORD_VECTOR,
-    LEXICAL_VECTOR, USER_VECTOR,
+    history_tenant, version_point_id, FieldVectors, ReplacedVersion, TurnPoint, VectorIndex,
+    VectorQuery, ASSISTANT_VECTOR, KEYWORD_VECTOR, LEXICAL_VECTOR, USER_VECTOR,
 };
 use crate::{Scope, StoreError};
 
@@ -141,6 +143,43 @@ fn keyword_point(tenant: &TenantId, conversation: &str, keyword: &str) -> PointI
     ))
 }
 
+/// Dense field vectors of retrieved points whose tenant key is `owner`, by point id.
+fn field_vectors_of(
+    recs: Vec<qdrant_edge::Record>,
+    owner: &str,
+) -> HashMap<MemoryId, FieldVectors> {
+    let mut out = HashMap::with_capacity(recs.len());
+    for r in recs {
+        let tenant = r
+            .payload
+            .as_ref()
+            .and_then(|p| p.0.get("tenant"))
+            .and_then(|v| v.as_str());
+        if tenant != Some(owner) {
+            continue;
+        }
+        let (Some(id), Some(VectorStructInternal::Named(mut named))) = (memory_id(&r.id), r.vector)
+        else {
+            continue;
+        };
+        let dense = |v: Option<VectorInternal>| match v {
+            Some(VectorInternal::Dense(d)) => Some(d),
+            _ => None,
+        };
+        let Some(user) = dense(named.remove(USER_VECTOR)) else {
+            continue;
+        };
+        out.insert(
+            id,
+            FieldVectors {
+                user,
+                assistant: dense(named.remove(ASSISTANT_VECTOR)),
+            },
+        );
+    }
+    out
+}
+
 fn match_value(key: &str, value: &str) -> Condition {
     Condition::Field(FieldCondition::new_match(
         json_path(key),
@@ -175,8 +214,58 @@ fn match_any(key: &str, values: &[String]) -> Condition {
 
 /// Tenant always; conversations when the scope names them; the turn filter's conditions (on
 /// turn points; keyword points carry none of those fields, see [`Scope::conversations_only`]).
+/// As of an earlier time: the current points recorded by then (points written before
+/// `recorded_at` was kept count as recorded; recall checks each turn's record again).
 fn scope_filter(tenant: &TenantId, scope: &Scope) -> Filter {
-    let mut must = vec![match_value("tenant", tenant.as_str())];
+    let mut f = filter_on(tenant.as_str(), scope);
+    if let Some(at) = scope.as_of {
+        let recorded_by = Filter {
+            should: Some(vec![
+                datetime_range("recorded_at", None, Some(at)),
+                Condition::IsEmpty(IsEmptyCondition::from(json_path("recorded_at"))),
+            ]),
+            ..Default::default()
+        };
+        f.must
+            .get_or_insert_with(Vec::new)
+            .push(Condition::Filter(recorded_by));
+    }
+    f
+}
+
+/// The kept versions in scope that were current at `at`.
+fn history_filter(tenant: &TenantId, scope: &Scope, at: DateTime<Utc>) -> Filter {
+    let mut f = filter_on(&history_tenant(tenant), scope);
+    let must = f.must.get_or_insert_with(Vec::new);
+    must.push(datetime_range("recorded_at", None, Some(at)));
+    must.push(Condition::Field(FieldCondition::new_datetime_range(
+        json_path("expired_at"),
+        Range {
+            gt: Some(DateTimeWrapper(at)),
+            gte: None,
+            lt: None,
+            lte: None,
+        },
+    )));
+    f
+}
+
+/// `key` within `[from, to]` (either end open when None).
+fn datetime_range(key: &str, from: Option<DateTime<Utc>>, to: Option<DateTime<Utc>>) -> Condition {
+    Condition::Field(FieldCondition::new_datetime_range(
+        json_path(key),
+        Range {
+            gte: from.map(DateTimeWrapper),
+            lte: to.map(DateTimeWrapper),
+            gt: None,
+            lt: None,
+        },
+    ))
+}
+
+/// [`scope_filter`]'s conditions under a tenant key (a tenant's, or its kept versions').
+fn filter_on(tenant_key: &str, scope: &Scope) -> Filter {
+    let mut must = vec![match_value("tenant", tenant_key)];
     if let Some(convs) = &scope.conversations {
         must.push(match_any("conversation", convs));
     }
@@ -388,6 +477,7 @@ impl VectorIndex for EdgeVectorIndex {
                 "user_speaker": p.user_speaker,
                 "assistant_speaker": p.assistant_speaker,
                 "speakers": speakers(p),
+                "recorded_at": p.recorded_at.to_rfc3339(),
             });
             // Filter fields only when the turn has them: most turns of most deployments carry
             // none, and every payload byte is written, indexed and read back.
@@ -436,8 +526,9 @@ impl VectorIndex for EdgeVectorIndex {
                 (LEXICAL_VECTOR, sparse(v)?)
             }
         };
+        let query = QueryEnum::Nearest(NamedQuery::new(VectorInternal::from(vector), name));
         let req = SearchRequest {
-            query: QueryEnum::Nearest(NamedQuery::new(VectorInternal::from(vector), name)),
+            query: query.clone(),
             filter: Some(scope_filter(tenant, scope)),
             params: None,
             limit,
@@ -446,12 +537,39 @@ impl VectorIndex for EdgeVectorIndex {
             with_vector: None,
             score_threshold: None,
         };
+        // As of an earlier time, the versions current then that edits have since replaced.
+        let history = scope.as_of.map(|at| SearchRequest {
+            query,
+            filter: Some(history_filter(tenant, scope, at)),
+            params: None,
+            limit,
+            offset: 0,
+            with_payload: Some(WithPayloadInterface::Fields(vec![json_path("memory_id")])),
+            with_vector: None,
+            score_threshold: None,
+        });
         Self::blocking(&self.turns, move |s| {
             let pts = s.search(req).map_err(err)?;
-            Ok(pts
+            let mut out: Vec<(MemoryId, f32)> = pts
                 .iter()
                 .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score)))
-                .collect())
+                .collect();
+            if let Some(req) = history {
+                for p in s.search(req).map_err(err)? {
+                    let m = p
+                        .payload
+                        .as_ref()
+                        .and_then(|pl| pl.0.get("memory_id"))
+                        .and_then(|v| v.as_str())
+                        .and_then(MemoryId::parse);
+                    if let Some(m) = m {
+                        out.push((m, p.score));
+                    }
+                }
+                out.sort_by(|a, b| b.1.total_cmp(&a.1));
+                out.truncate(limit);
+            }
+            Ok(out)
         })
         .await
     }
@@ -474,37 +592,107 @@ impl VectorIndex for EdgeVectorIndex {
                     ])),
                 )
                 .map_err(err)?;
-            let mut out = HashMap::with_capacity(recs.len());
+            Ok(field_vectors_of(recs, tenant.as_str()))
+        })
+        .await
+    }
+
+    async fn keep_versions(
+        &self,
+        tenant: &TenantId,
+        versions: &[ReplacedVersion],
+    ) -> Result<(), StoreError> {
+        if versions.is_empty() {
+            return Ok(());
+        }
+        let pids: Vec<PointId> = versions.iter().map(|v| point_id(v.memory_id)).collect();
+        let (tenant, versions) = (tenant.clone(), versions.to_vec());
+        let n = versions.len();
+        self.write(&self.turns, move |s| {
+            let recs = s
+                .retrieve(
+                    &pids,
+                    Some(WithPayloadInterface::Bool(true)),
+                    Some(WithVector::Bool(true)),
+                )
+                .map_err(err)?;
+            let mut keep = Vec::with_capacity(recs.len());
             for r in recs {
-                let owner = r
-                    .payload
-                    .as_ref()
-                    .and_then(|p| p.0.get("tenant"))
-                    .and_then(|v| v.as_str());
-                if owner != Some(tenant.as_str()) {
-                    continue;
-                }
-                let (Some(id), Some(VectorStructInternal::Named(mut named))) =
-                    (memory_id(&r.id), r.vector)
+                let (Some(id), Some(payload), Some(vectors)) =
+                    (memory_id(&r.id), r.payload, r.vector)
                 else {
                     continue;
                 };
-                let dense = |v: Option<VectorInternal>| match v {
-                    Some(VectorInternal::Dense(d)) => Some(d),
-                    _ => None,
-                };
-                let Some(user) = dense(named.remove(USER_VECTOR)) else {
+                let mut payload = payload.0;
+                let Some(v) = versions.iter().find(|v| v.memory_id == id) else {
                     continue;
                 };
-                out.insert(
-                    id,
-                    FieldVectors {
-                        user,
-                        assistant: dense(named.remove(ASSISTANT_VECTOR)),
-                    },
+                if payload.get("tenant").and_then(|t| t.as_str()) != Some(tenant.as_str()) {
+                    continue;
+                }
+                // The point is still the version being replaced (not yet overwritten by the
+                // edit: a redelivery finds the edit's own point here and keeps nothing).
+                let recorded = payload
+                    .get("recorded_at")
+                    .and_then(|t| t.as_str())
+                    .and_then(|t| DateTime::parse_from_rfc3339(t).ok());
+                if recorded.is_some_and(|r| r != v.recorded_at) {
+                    continue;
+                }
+                payload.insert("tenant".into(), history_tenant(&tenant).into());
+                payload.insert("memory_id".into(), id.to_string().into());
+                payload.insert("recorded_at".into(), v.recorded_at.to_rfc3339().into());
+                payload.insert("expired_at".into(), v.expired_at.to_rfc3339().into());
+                keep.push(
+                    PointStruct::new(
+                        point_id(version_point_id(id, v.recorded_at)),
+                        Vectors::from(vectors),
+                        serde_json::Value::Object(payload),
+                    )
+                    .into(),
                 );
             }
-            Ok(out)
+            if keep.is_empty() {
+                return Ok(());
+            }
+            s.update(UpdateOperation::PointOperation(
+                PointOperations::UpsertPoints(PointInsertOperations::PointsList(keep)),
+            ))
+            .map_err(err)?;
+            Self::flush(s);
+            Ok(())
+        })
+        .await?;
+        self.optimizer.wrote(n);
+        Ok(())
+    }
+
+    async fn version_vectors(
+        &self,
+        tenant: &TenantId,
+        versions: &[(MemoryId, DateTime<Utc>)],
+    ) -> Result<HashMap<MemoryId, FieldVectors>, StoreError> {
+        let by_point: HashMap<MemoryId, MemoryId> = versions
+            .iter()
+            .map(|(m, at)| (version_point_id(*m, *at), *m))
+            .collect();
+        let pids: Vec<PointId> = by_point.keys().map(|m| point_id(*m)).collect();
+        let owner = history_tenant(tenant);
+        Self::blocking(&self.turns, move |s| {
+            let recs = s
+                .retrieve(
+                    &pids,
+                    Some(WithPayloadInterface::Fields(vec![json_path("tenant")])),
+                    Some(WithVector::Selector(vec![
+                        USER_VECTOR.into(),
+                        ASSISTANT_VECTOR.into(),
+                    ])),
+                )
+                .map_err(err)?;
+            Ok(field_vectors_of(recs, &owner)
+                .into_iter()
+                .filter_map(|(p, v)| by_point.get(&p).map(|m| (*m, v)))
+                .collect())
         })
         .await
     }
@@ -608,6 +796,27 @@ impl VectorIndex for EdgeVectorIndex {
             .iter()
             .map(|k| keyword_point(tenant, conversation, k))
             .collect();
+        if !ids.is_empty() {
+            let kept = Filter {
+                must: Some(vec![
+                    match_value("tenant", &history_tenant(tenant)),
+                    match_any(
+                        "memory_id",
+                        &ids.iter().map(|m| m.to_string()).collect::<Vec<_>>(),
+                    ),
+                ]),
+                ..Default::default()
+            };
+            self.write(&self.turns, move |s| {
+                s.update(UpdateOperation::PointOperation(
+                    PointOperations::DeletePointsByFilter(kept),
+                ))
+                .map_err(err)?;
+                Self::flush(s);
+                Ok(())
+            })
+            .await?;
+        }
         for (shard, ids) in [(&self.turns, turn_ids), (&self.keywords, keyword_ids)] {
             if ids.is_empty() {
                 continue;
@@ -633,12 +842,15 @@ impl VectorIndex for EdgeVectorIndex {
         let scope = Scope::of(&[conversation]);
         let n = self.count(tenant, &scope).await?;
         let filter = scope_filter(tenant, &scope);
+        let kept = filter_on(&history_tenant(tenant), &scope);
         let f2 = scope_filter(tenant, &scope.conversations_only());
         self.write(&self.turns, move |s| {
-            s.update(UpdateOperation::PointOperation(
-                PointOperations::DeletePointsByFilter(filter),
-            ))
-            .map_err(err)?;
+            for f in [filter, kept] {
+                s.update(UpdateOperation::PointOperation(
+                    PointOperations::DeletePointsByFilter(f),
+                ))
+                .map_err(err)?;
+            }
             Self::flush(s);
             Ok(())
         })
@@ -678,7 +890,13 @@ impl VectorIndex for EdgeVectorIndex {
 impl EdgeVectorIndex {
     /// (turn points, keyword points) in scope, without an async runtime: erasure audits and tests.
     pub fn audit_counts(&self, tenant: &TenantId, scope: &Scope) -> Result<(u64, u64), StoreError> {
-        let count = |shard: &EdgeShard| shard_count(shard, scope_filter(tenant, scope));
+        // Kept versions count as turn points: they hold the turn's words too.
+        let count = |shard: &EdgeShard| {
+            Ok::<u64, StoreError>(
+                shard_count(shard, scope_filter(tenant, scope))?
+                    + shard_count(shard, filter_on(&history_tenant(tenant), scope))?,
+            )
+        };
         let keywords = shard_count(
             &self.keywords,
             scope_filter(tenant, &scope.conversations_only()),

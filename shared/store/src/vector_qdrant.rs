@@ -28,8 +28,8 @@ use recollect_model::{KeywordVector, MemoryId, SparseVector, TenantId};
 use recollect_telemetry as metrics;
 
 use crate::vector::{
-    FieldVectors, TurnPoint, VectorField, VectorIndex, VectorQuery, ASSISTANT_VECTOR,
-    KEYWORD_VECTOR, LEXICAL_VECTOR, USER_VECTOR,
+    history_tenant, version_point_id, FieldVectors, ReplacedVersion, TurnPoint, VectorField,
+    VectorIndex, VectorQuery, ASSISTANT_VECTOR, KEYWORD_VECTOR, LEXICAL_VECTOR, USER_VECTOR,
 };
 use crate::{Scope, StoreError};
 
@@ -112,13 +112,63 @@ fn text(payload: &HashMap<String, QValue>, key: &str) -> Option<String> {
     }
 }
 
-/// Tenant always; conversations when the scope names them.
+fn ts(t: chrono::DateTime<chrono::Utc>) -> Timestamp {
+    Timestamp {
+        seconds: t.timestamp(),
+        nanos: t.timestamp_subsec_nanos() as i32,
+    }
+}
+
+/// Tenant always; conversations when the scope names them; the turn filter. As of an earlier
+/// time: the current points recorded by then (points written before `recorded_at` was kept
+/// count as recorded; recall checks each turn's record again).
 pub fn scope_filter(tenant: &TenantId, scope: &Scope) -> Filter {
+    let mut f = filter_on(tenant.as_str(), scope);
+    if let Some(at) = scope.as_of {
+        f.must.push(
+            Filter::should([
+                Condition::datetime_range(
+                    "recorded_at",
+                    DatetimeRange {
+                        lte: Some(ts(at)),
+                        ..Default::default()
+                    },
+                ),
+                Condition::is_empty("recorded_at"),
+            ])
+            .into(),
+        );
+    }
+    f
+}
+
+/// The kept versions in scope that were current at `at`.
+fn history_filter(tenant: &TenantId, scope: &Scope, at: chrono::DateTime<chrono::Utc>) -> Filter {
+    let mut f = filter_on(&history_tenant(tenant), scope);
+    f.must.push(Condition::datetime_range(
+        "recorded_at",
+        DatetimeRange {
+            lte: Some(ts(at)),
+            ..Default::default()
+        },
+    ));
+    f.must.push(Condition::datetime_range(
+        "expired_at",
+        DatetimeRange {
+            gt: Some(ts(at)),
+            ..Default::default()
+        },
+    ));
+    f
+}
+
+/// [`scope_filter`]'s conditions under a tenant key (a tenant's, or its kept versions').
+fn filter_on(tenant_key: &str, scope: &Scope) -> Filter {
     // An explicit keyword match: the client's From<String> turns text with spaces into a
     // full-text match, which is not what an id needs.
     let mut must = vec![Condition::matches(
         "tenant",
-        MatchValue::Keyword(tenant.as_str().to_string()),
+        MatchValue::Keyword(tenant_key.to_string()),
     )];
     if let Some(convs) = &scope.conversations {
         must.push(Condition::matches("conversation", convs.clone()));
@@ -134,10 +184,6 @@ pub fn scope_filter(tenant: &TenantId, scope: &Scope) -> Filter {
         }
     }
     if f.from.is_some() || f.to.is_some() {
-        let ts = |t: chrono::DateTime<chrono::Utc>| Timestamp {
-            seconds: t.timestamp(),
-            nanos: t.timestamp_subsec_nanos() as i32,
-        };
         must.push(Condition::datetime_range(
             "timestamp",
             DatetimeRange {
@@ -167,6 +213,37 @@ pub fn scope_filter(tenant: &TenantId, scope: &Scope) -> Filter {
         });
     }
     Filter::must(must)
+}
+
+/// Dense field vectors of retrieved points whose tenant key is `owner`, by point id.
+fn field_vectors_of(
+    points: Vec<qdrant_client::qdrant::RetrievedPoint>,
+    owner: &str,
+) -> HashMap<MemoryId, FieldVectors> {
+    let mut out = HashMap::with_capacity(points.len());
+    for r in points {
+        if text(&r.payload, "tenant").as_deref() != Some(owner) {
+            continue;
+        }
+        let (Some(id), Some(v)) = (memory_id(&r.id), r.vectors.as_ref()) else {
+            continue;
+        };
+        let dense = |name: &str| match v.get_vector_by_name(name)? {
+            qdrant_client::qdrant::vector_output::Vector::Dense(d) => Some(d.data),
+            _ => None,
+        };
+        let Some(user) = dense(USER_VECTOR) else {
+            continue;
+        };
+        out.insert(
+            id,
+            FieldVectors {
+                user,
+                assistant: dense(ASSISTANT_VECTOR),
+            },
+        );
+    }
+    out
 }
 
 fn sparse_pairs(v: &SparseVector) -> (Vec<u32>, Vec<f32>) {
@@ -308,6 +385,7 @@ pub fn turn_point(p: &TurnPoint) -> PointStruct {
         speakers.extend(p.assistant_speaker.as_deref());
     }
     payload.insert("speakers", speakers);
+    payload.insert("recorded_at", p.recorded_at.to_rfc3339());
     // Filter fields only when the turn has them (most turns carry none).
     for (k, v) in [("user_id", &p.user_id), ("agent_id", &p.agent_id)] {
         if let Some(v) = v {
@@ -620,12 +698,35 @@ impl VectorIndex for QdrantVectorIndex {
             let Some(req) = search_request(&self.turns, tenant, scope, query, limit) else {
                 return Ok(vec![]);
             };
+            let history = scope.as_of.map(|at| {
+                let mut h = req.clone();
+                h.filter = Some(history_filter(tenant, scope, at));
+                h.with_payload = Some(
+                    qdrant_client::qdrant::with_payload_selector::SelectorOptions::Include(
+                        PayloadIncludeSelector::new(vec!["memory_id".into()]),
+                    )
+                    .into(),
+                );
+                h
+            });
             let res = self.client.query(req).await.map_err(err)?;
-            Ok(res
+            let mut out: Vec<(MemoryId, f32)> = res
                 .result
                 .iter()
                 .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score)))
-                .collect())
+                .collect();
+            // As of an earlier time, the versions current then that edits have since replaced.
+            if let Some(h) = history {
+                let res = self.client.query(h).await.map_err(err)?;
+                out.extend(res.result.iter().filter_map(|p| {
+                    text(&p.payload, "memory_id")
+                        .and_then(|m| MemoryId::parse(&m))
+                        .map(|m| (m, p.score))
+                }));
+                out.sort_by(|a, b| b.1.total_cmp(&a.1));
+                out.truncate(limit);
+            }
+            Ok(out)
         })
         .await
     }
@@ -652,30 +753,116 @@ impl VectorIndex for QdrantVectorIndex {
                 )
                 .await
                 .map_err(err)?;
-            let mut out = HashMap::with_capacity(res.result.len());
+            Ok(field_vectors_of(res.result, tenant.as_str()))
+        })
+        .await
+    }
+
+    async fn keep_versions(
+        &self,
+        tenant: &TenantId,
+        versions: &[ReplacedVersion],
+    ) -> Result<(), StoreError> {
+        self.observed(true, async {
+            if versions.is_empty() {
+                return Ok(());
+            }
+            let pids: Vec<PointId> = versions.iter().map(|v| point_id(v.memory_id)).collect();
+            let res = self
+                .client
+                .get_points(
+                    GetPointsBuilder::new(&self.turns, pids)
+                        .with_payload(true)
+                        .with_vectors(true),
+                )
+                .await
+                .map_err(err)?;
+            let mut keep = Vec::new();
             for r in res.result {
+                let Some(id) = memory_id(&r.id) else { continue };
+                let Some(v) = versions.iter().find(|v| v.memory_id == id) else {
+                    continue;
+                };
                 if text(&r.payload, "tenant").as_deref() != Some(tenant.as_str()) {
                     continue;
                 }
-                let (Some(id), Some(v)) = (memory_id(&r.id), r.vectors.as_ref()) else {
+                // Still the version being replaced (a redelivered edit finds its own point).
+                let recorded = text(&r.payload, "recorded_at")
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(&t).ok());
+                if recorded.is_some_and(|t| t != v.recorded_at) {
+                    continue;
+                }
+                let Some(vectors) = r.vectors.and_then(|v| v.vectors_options) else {
                     continue;
                 };
-                let dense = |name: &str| match v.get_vector_by_name(name)? {
-                    qdrant_client::qdrant::vector_output::Vector::Dense(d) => Some(d.data),
-                    _ => None,
-                };
-                let Some(user) = dense(USER_VECTOR) else {
+                let qdrant_client::qdrant::vectors_output::VectorsOptions::Vectors(named) = vectors
+                else {
                     continue;
                 };
-                out.insert(
-                    id,
-                    FieldVectors {
-                        user,
-                        assistant: dense(ASSISTANT_VECTOR),
-                    },
-                );
+                let mut out: HashMap<String, Vector> = HashMap::new();
+                for (name, vo) in named.vectors {
+                    use qdrant_client::qdrant::vector_output::Vector as V;
+                    match vo.into_vector() {
+                        V::Dense(d) => out.insert(name, Vector::new_dense(d.data)),
+                        V::Sparse(s) => out.insert(name, Vector::new_sparse(s.indices, s.values)),
+                        _ => None,
+                    };
+                }
+                let mut payload = Payload::from(r.payload);
+                payload.insert("tenant", history_tenant(tenant));
+                payload.insert("memory_id", id.to_string());
+                payload.insert("recorded_at", v.recorded_at.to_rfc3339());
+                payload.insert("expired_at", v.expired_at.to_rfc3339());
+                keep.push(PointStruct::new(
+                    point_id(version_point_id(id, v.recorded_at)),
+                    out,
+                    payload,
+                ));
             }
-            Ok(out)
+            if keep.is_empty() {
+                return Ok(());
+            }
+            self.client
+                .upsert_points(
+                    qdrant_client::qdrant::UpsertPointsBuilder::new(&self.turns, keep).wait(true),
+                )
+                .await
+                .map_err(err)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn version_vectors(
+        &self,
+        tenant: &TenantId,
+        versions: &[(MemoryId, chrono::DateTime<chrono::Utc>)],
+    ) -> Result<HashMap<MemoryId, FieldVectors>, StoreError> {
+        self.observed(false, async {
+            if versions.is_empty() {
+                return Ok(HashMap::new());
+            }
+            let by_point: HashMap<MemoryId, MemoryId> = versions
+                .iter()
+                .map(|(m, at)| (version_point_id(*m, *at), *m))
+                .collect();
+            let pids: Vec<PointId> = by_point.keys().map(|m| point_id(*m)).collect();
+            let res = self
+                .client
+                .get_points(
+                    GetPointsBuilder::new(&self.turns, pids)
+                        .with_payload(PayloadIncludeSelector::new(vec!["tenant".to_string()]))
+                        .with_vectors(VectorsSelector::new(vec![
+                            USER_VECTOR.to_string(),
+                            ASSISTANT_VECTOR.to_string(),
+                        ])),
+                )
+                .await
+                .map_err(err)?;
+            Ok(field_vectors_of(res.result, &history_tenant(tenant))
+                .into_iter()
+                .filter_map(|(p, v)| by_point.get(&p).map(|m| (*m, v)))
+                .collect())
         })
         .await
     }
@@ -769,6 +956,23 @@ impl VectorIndex for QdrantVectorIndex {
                 .iter()
                 .map(|k| keyword_point(tenant, conversation, k))
                 .collect();
+            if !ids.is_empty() {
+                let kept = Filter::must([
+                    Condition::matches("tenant", MatchValue::Keyword(history_tenant(tenant))),
+                    Condition::matches(
+                        "memory_id",
+                        ids.iter().map(|m| m.to_string()).collect::<Vec<_>>(),
+                    ),
+                ]);
+                self.client
+                    .delete_points(
+                        DeletePointsBuilder::new(self.turns.as_str())
+                            .points(kept)
+                            .wait(true),
+                    )
+                    .await
+                    .map_err(err)?;
+            }
             for (coll, ids) in [(&self.turns, turn_ids), (&self.keywords, keyword_ids)] {
                 if ids.is_empty() {
                     continue;
@@ -795,11 +999,16 @@ impl VectorIndex for QdrantVectorIndex {
         self.observed(true, async {
             let scope = Scope::of(&[conversation]);
             let n = self.count(tenant, &scope).await?;
-            for coll in [&self.turns, &self.keywords] {
+            let kept = filter_on(&history_tenant(tenant), &scope);
+            for (coll, filter) in [
+                (&self.turns, scope_filter(tenant, &scope)),
+                (&self.turns, kept),
+                (&self.keywords, scope_filter(tenant, &scope)),
+            ] {
                 self.client
                     .delete_points(
                         DeletePointsBuilder::new(coll.as_str())
-                            .points(scope_filter(tenant, &scope))
+                            .points(filter)
                             .wait(true),
                     )
                     .await
@@ -940,6 +1149,7 @@ mod tests {
             user_id: None,
             agent_id: None,
             metadata: Default::default(),
+            recorded_at: chrono::Utc::now(),
         };
         let s = turn_point(&p);
         assert_eq!(memory_id(&s.id), Some(p.memory_id));
