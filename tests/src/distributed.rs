@@ -367,6 +367,20 @@ impl GrpcClients {
     ) -> Result<tonic::Response<recollect_proto::v1::Turn>, tonic::Status> {
         self.read_path.get(r).await
     }
+
+    pub async fn edit_memory(
+        &mut self,
+        r: tonic::Request<recollect_proto::v1::EditMemoryRequest>,
+    ) -> Result<tonic::Response<recollect_proto::v1::Turn>, tonic::Status> {
+        self.store_path.edit_memory(r).await
+    }
+
+    pub async fn memory_history(
+        &mut self,
+        r: tonic::Request<recollect_proto::v1::MemoryHistoryRequest>,
+    ) -> Result<tonic::Response<recollect_proto::v1::MemoryHistoryResponse>, tonic::Status> {
+        self.read_path.memory_history(r).await
+    }
 }
 
 #[cfg(test)]
@@ -381,6 +395,8 @@ mod tests {
         assert!(!is_store_path(&Method::GET, "/v1/conversations/c1"));
         assert!(!is_store_path(&Method::POST, "/v1/recall"));
         assert!(!is_store_path(&Method::GET, "/v1/memories/x"));
+        assert!(is_store_path(&Method::PATCH, "/v1/memories/x"));
+        assert!(!is_store_path(&Method::GET, "/v1/memories/x/history"));
         assert!(!is_store_path(&Method::GET, "/healthz"));
     }
 }

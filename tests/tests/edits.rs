@@ -282,3 +282,59 @@ fn residue(data: &std::path::Path) {
     assert_eq!(points, 11, "11 turns, no kept version of the erased one");
     assert_eq!(kept["turn_versions"], 0, "{kept:?}");
 }
+
+/// `recollect edit`, `recollect history` and `recollect recall --as-of` on a data directory.
+#[test]
+fn edit_history_and_as_of_from_the_cli() {
+    use std::process::Command;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path();
+    let cli = |args: &[&str]| {
+        let out = Command::new(recollect_tests::binary())
+            .args(["--data-dir", data.to_str().unwrap()])
+            .args(args)
+            .env("RECOLLECT__EMBEDDER__KIND", "hash")
+            .env("RECOLLECT__TELEMETRY__LOG_LEVEL", "warn")
+            .env_remove("RECOLLECT_API_KEYS")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{args:?}: {stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let file = data.join("turns.jsonl");
+    std::fs::create_dir_all(data).unwrap();
+    std::fs::write(
+        &file,
+        format!(
+            "{}\n",
+            json!({"conversation_id": "c", "turn_id": "t1", "timestamp": "2024-05-01T10:00:00Z",
+                   "user": format!("I adopted a tabby cat named {OLD}.")})
+        ),
+    )
+    .unwrap();
+    cli(&["ingest", file.to_str().unwrap()]);
+    let id = recollect_model::MemoryId::derive(&TenantId("default".into()), "c", "t1").to_string();
+    let before = chrono::Utc::now().to_rfc3339();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let edited: Value = serde_json::from_str(&cli(&[
+        "edit",
+        &id,
+        "--user",
+        &format!("I adopted a beagle named {NEW}."),
+        "--metadata",
+        r#"{"source": "cli"}"#,
+    ]))
+    .unwrap();
+    assert_eq!(edited["version"], 2, "{edited}");
+    let h: Value = serde_json::from_str(&cli(&["history", &id])).unwrap();
+    assert_eq!(h["versions"].as_array().unwrap().len(), 2, "{h}");
+    let now = cli(&["recall", "adopted", "--json"]);
+    assert!(now.contains(NEW) && !now.contains(OLD), "{now}");
+    let then = cli(&["recall", "adopted", "--json", "--as-of", &before]);
+    assert!(then.contains(OLD) && !then.contains(NEW), "{then}");
+}

@@ -4,8 +4,8 @@
 //! of the same server cross-checks that both edges see the same data.
 
 use recollect_proto::v1::{
-    DeleteRequest, GetRequest, ListConversationsRequest, ListTurnsRequest, RecallRequest,
-    StoreRequest, TurnInput,
+    DeleteRequest, EditMemoryRequest, GetRequest, ListConversationsRequest, ListTurnsRequest,
+    MemoryHistoryRequest, RecallRequest, StoreRequest, TurnInput,
 };
 use recollect_tests::distributed::{Deployment, GrpcClients, Mode};
 use recollect_tests::Server;
@@ -188,6 +188,74 @@ fn store_recall_get_delete_round_trip_and_idempotent_retry(mode: Mode) {
         assert_eq!(t.conversation_id, "chat-1");
         assert_eq!(t.turn_id, "1");
         assert_eq!(t.timestamp, "2023-05-08T13:56:00Z");
+        assert_eq!(t.version, 1);
+
+        // Edit: a new version; the history has both; Get as of before it, the first.
+        let before = chrono::Utc::now().to_rfc3339();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let v2 = c
+            .edit_memory(authed(
+                EditMemoryRequest {
+                    memory_id: ids[0].clone(),
+                    user: Some("I went to a support group yesterday, it was moving.".into()),
+                    metadata_json: Some(r#"{"edited": true}"#.into()),
+                    wait: true,
+                    ..Default::default()
+                },
+                ka,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(v2.version, 2, "{v2:?}");
+        assert_eq!(v2.metadata_json, r#"{"edited":true}"#);
+        let h = c
+            .memory_history(authed(
+                MemoryHistoryRequest {
+                    memory_id: ids[0].clone(),
+                },
+                ka,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(h.versions.len(), 2);
+        assert!(h.versions[0].expired_at.is_some() && h.versions[1].expired_at.is_none());
+        let old = c
+            .get(authed(
+                GetRequest {
+                    memory_id: ids[0].clone(),
+                    as_of: Some(before),
+                },
+                ka,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(old.user.contains("LGBTQ"), "{old:?}");
+        let bad = c
+            .edit_memory(authed(
+                EditMemoryRequest {
+                    memory_id: ids[0].clone(),
+                    ..Default::default()
+                },
+                ka,
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(bad.code(), Code::InvalidArgument, "{bad:?}");
+        let other = c
+            .edit_memory(authed(
+                EditMemoryRequest {
+                    memory_id: ids[0].clone(),
+                    user: Some("not yours".into()),
+                    ..Default::default()
+                },
+                Some("key-b"),
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(other.code(), Code::NotFound, "{other:?}");
 
         let d = c
             .delete(authed(

@@ -35,6 +35,8 @@ fn snapshot(s: &Server, convs: &[&str], ids: &[String]) -> Value {
     for id in ids {
         let (st, m) = s.get(&format!("/v1/memories/{id}"), Some(B));
         out.insert(format!("memory:{id}"), json!([st, m]));
+        let (st, h) = s.get(&format!("/v1/memories/{id}/history"), Some(B));
+        out.insert(format!("history:{id}"), json!([st, h]));
     }
     let (st, r) = s.post(
         "/v1/recall",
@@ -164,6 +166,38 @@ fn tenant_a_cannot_reach_tenant_b(mode: Mode) {
         assert_eq!(st, 404, "A erased B's memory {id}: {r}");
         let (st2, r2) = s.delete(&format!("/v1/memories/{never}"), Some(A));
         assert_eq!(shape(st, &r, id), shape(st2, &r2, never));
+        // Editing it, reading its history, reading it as of any time: the same 404.
+        let edit = json!({"user": "A was here", "wait": true});
+        let (st, r) = s.patch(&format!("/v1/memories/{id}"), Some(A), &edit);
+        probes += 1;
+        assert_eq!(st, 404, "A edited B's memory {id}: {r}");
+        let (st2, r2) = s.patch(&format!("/v1/memories/{never}"), Some(A), &edit);
+        assert_eq!(shape(st, &r, id), shape(st2, &r2, never));
+        for suffix in ["/history", "?as_of=2030-01-01T00:00:00Z"] {
+            let (st, r) = s.get(&format!("/v1/memories/{id}{suffix}"), Some(A));
+            probes += 1;
+            assert_eq!(st, 404, "A read B's memory {id}{suffix}: {r}");
+            let (st2, r2) = s.get(&format!("/v1/memories/{never}{suffix}"), Some(A));
+            assert_eq!(shape(st, &r, id), shape(st2, &r2, never));
+        }
+    }
+    // Recall as of any time sees nothing of B's either.
+    for at in ["2030-01-01T00:00:00Z", "2000-01-01T00:00:00Z"] {
+        let (st, r) = s.post(
+            "/v1/recall",
+            Some(A),
+            &json!({"query": "greyhound Biscuit Lisbon sister Ines marathon rain", "k": 50, "as_of": at}),
+        );
+        probes += 1;
+        assert_eq!(st, 200, "{r}");
+        assert!(
+            r["memories"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|m| !b_ids.iter().any(|b| m["memory_id"] == b.as_str())),
+            "A recalled B's memory as of {at}: {r}"
+        );
     }
 
     // B's end user, agent and metadata as A's filters and listing: nothing of B's.
@@ -293,7 +327,12 @@ fn tenant_a_cannot_reach_tenant_b(mode: Mode) {
             None,
         );
         probes += 1;
-        assert_eq!(st, 404, "{body}");
+        // An unknown query parameter is refused, naming it; nothing of B's either way.
+        assert_eq!(st, 400, "{body}");
+        assert!(
+            body.contains("unknown field `tenant`") && !body.contains("Bee"),
+            "{body}"
+        );
     }
     // No key, a wrong key, a key with tenant-ish decorations: 401 everywhere.
     for auth in [

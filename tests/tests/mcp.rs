@@ -162,7 +162,16 @@ fn handshake_tools_store_search_isolation_and_errors_embedded() {
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["search_memory", "store_turn", "forget_memory"]);
+    assert_eq!(
+        names,
+        [
+            "search_memory",
+            "memory_history",
+            "store_turn",
+            "forget_memory",
+            "edit_memory"
+        ]
+    );
     for t in tools["result"]["tools"].as_array().unwrap() {
         assert_eq!(t["inputSchema"]["type"], "object", "{t}");
         assert!(t["description"].as_str().unwrap().len() > 20);
@@ -234,6 +243,55 @@ fn handshake_tools_store_search_isolation_and_errors_embedded() {
     a.send_line("{not json");
     // Still serving after all that.
     assert_eq!(a.request("ping", json!({}))["result"], json!({}));
+    // Editing it: search returns the edit, the history both versions, search as of before
+    // the edit the old text; a bad edit is a tool error and changes nothing.
+    let before = chrono::Utc::now().to_rfc3339();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let edited = a.call(
+        "edit_memory",
+        json!({"memory_id": id, "user": "Melanie painted a lighthouse at dusk."}),
+    );
+    assert_eq!(edited["result"]["isError"], false, "{edited}");
+    assert_eq!(
+        edited["result"]["structuredContent"]["memory"]["version"],
+        2
+    );
+    let found = a.call(
+        "search_memory",
+        json!({"query": "What did Melanie paint?", "k": 1}),
+    );
+    assert!(
+        memories(&found)[0]["user"]
+            .as_str()
+            .unwrap()
+            .contains("lighthouse"),
+        "{found}"
+    );
+    let then = a.call(
+        "search_memory",
+        json!({"query": "What did Melanie paint?", "k": 1, "as_of": before}),
+    );
+    assert!(
+        !memories(&then)[0]["user"]
+            .as_str()
+            .unwrap()
+            .contains("lighthouse"),
+        "{then}"
+    );
+    let history = a.call("memory_history", json!({"memory_id": id}));
+    assert_eq!(
+        history["result"]["structuredContent"]["versions"]
+            .as_array()
+            .map(Vec::len),
+        Some(2),
+        "{history}"
+    );
+    let bad = a.call("edit_memory", json!({"memory_id": id}));
+    assert_eq!(bad["result"]["isError"], true, "{bad}");
+    assert!(bad["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("at least one of user, assistant, metadata"));
     // Forgetting the memory: gone from search; a second time, a tool error naming it.
     let forgot = a.call("forget_memory", json!({"memory_id": id}));
     assert_eq!(forgot["result"]["isError"], false, "{forgot}");
@@ -327,6 +385,17 @@ fn against_a_running_server_the_key_decides_the_tenant(mode: Mode) {
         json!({"conversation_id": "chat-1", "user": ""}),
     );
     assert_eq!(refused["result"]["isError"], true, "{refused}");
+    // Editing through the server.
+    let edited = a.call(
+        "edit_memory",
+        json!({"memory_id": id, "metadata": {"checked": true}}),
+    );
+    assert_eq!(edited["result"]["isError"], false, "{edited}");
+    let history = a.call("memory_history", json!({"memory_id": id}));
+    assert_eq!(
+        history["result"]["structuredContent"]["versions"][1]["metadata"]["checked"], true,
+        "{history}"
+    );
     // Forgetting through the server.
     let forgot = a.call("forget_memory", json!({"memory_id": id}));
     assert_eq!(forgot["result"]["isError"], false, "{forgot}");
@@ -431,8 +500,21 @@ fn streamable_http_tools_with_the_tenant_from_the_key(mode: Mode) {
         .map(|t| t["name"].as_str().unwrap())
         .collect();
     match mode {
-        Mode::Embedded => assert_eq!(names, ["search_memory", "store_turn", "forget_memory"]),
-        Mode::Distributed => assert_eq!(names, ["search_memory"], "the query service cannot store"),
+        Mode::Embedded => assert_eq!(
+            names,
+            [
+                "search_memory",
+                "memory_history",
+                "store_turn",
+                "forget_memory",
+                "edit_memory"
+            ]
+        ),
+        Mode::Distributed => assert_eq!(
+            names,
+            ["search_memory", "memory_history"],
+            "the query service cannot store"
+        ),
     }
     // Tenant A's turn, stored through the HTTP API (the gateway in distributed mode).
     let (st, r) = s.post(

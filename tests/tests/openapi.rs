@@ -385,6 +385,20 @@ fn openapi_document_matches_the_served_api(mode: Mode) {
         &format!("/v1/memories/{id}"),
         None,
     );
+    let edited = check_2xx(
+        "patch",
+        "/v1/memories/{id}",
+        &format!("/v1/memories/{id}"),
+        Some(&serde_json::json!({"metadata": {"checked": true}, "wait": true})),
+    );
+    assert_eq!(edited["version"], 2, "{edited}");
+    let history = check_2xx(
+        "get",
+        "/v1/memories/{id}/history",
+        &format!("/v1/memories/{id}/history"),
+        None,
+    );
+    assert_eq!(history["versions"].as_array().map(Vec::len), Some(2));
     check_2xx(
         "get",
         "/v1/conversations/{id}",

@@ -48,6 +48,9 @@ pub struct RecallArgs {
     /// Only turns whose metadata has KEY equal to VALUE (a JSON number, true/false, or text).
     #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = meta_pair)]
     pub metadata: Vec<(String, serde_json::Value)>,
+    /// Recall what was held at this RFC 3339 time (before later edits).
+    #[arg(long)]
+    pub as_of: Option<chrono::DateTime<chrono::Utc>>,
     #[arg(long, default_value_t = 10)]
     pub k: i64,
     #[arg(long)]
@@ -70,6 +73,42 @@ pub struct DeleteArgs {
     pub server: Option<String>,
     #[arg(long, env = "RECOLLECT_API_KEY")]
     pub api_key: Option<String>,
+}
+
+#[derive(Args)]
+pub struct EditArgs {
+    /// The memory id of the turn to edit.
+    pub memory: String,
+    /// The corrected user text.
+    #[arg(long)]
+    pub user: Option<String>,
+    /// The corrected assistant text ("" removes it).
+    #[arg(long)]
+    pub assistant: Option<String>,
+    /// The turn's new metadata, a JSON object (replaces the old one).
+    #[arg(long, value_parser = json_object)]
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    #[arg(long)]
+    pub server: Option<String>,
+    #[arg(long, env = "RECOLLECT_API_KEY")]
+    pub api_key: Option<String>,
+}
+
+#[derive(Args)]
+pub struct HistoryArgs {
+    /// The memory id.
+    pub memory: String,
+    #[arg(long)]
+    pub server: Option<String>,
+    #[arg(long, env = "RECOLLECT_API_KEY")]
+    pub api_key: Option<String>,
+}
+
+fn json_object(s: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    match serde_json::from_str(s) {
+        Ok(serde_json::Value::Object(m)) => Ok(m),
+        _ => Err("a JSON object, e.g. '{\"source\": \"crm\"}'".into()),
+    }
 }
 
 /// One JSONL line: a turn plus its conversation.
@@ -208,6 +247,7 @@ pub async fn recall(settings: Settings, a: RecallArgs) -> anyhow::Result<()> {
         from: a.from,
         to: a.to,
         metadata: (!a.metadata.is_empty()).then(|| a.metadata.iter().cloned().collect()),
+        as_of: a.as_of,
         ..Default::default()
     };
     let body = match &a.server {
@@ -321,5 +361,67 @@ async fn delete_memory(settings: Settings, a: DeleteArgs) -> anyhow::Result<()> 
             );
         }
     }
+    Ok(())
+}
+
+/// `recollect edit ID`: a new version of one memory (the old one kept in its history), printed
+/// as JSON once recallable.
+pub async fn edit(settings: Settings, a: EditArgs) -> anyhow::Result<()> {
+    let patch = recollect_model::TurnPatch {
+        user: a.user,
+        assistant: a.assistant,
+        metadata: a.metadata,
+        wait: Some(true),
+    };
+    let turn = match &a.server {
+        Some(url) => {
+            check(
+                client(&a.api_key)?
+                    .patch(format!("{url}/v1/memories/{}", a.memory))
+                    .json(&patch)
+                    .send()
+                    .await?,
+            )
+            .await?
+        }
+        None => {
+            let app = App::open(settings).await?;
+            let r = app
+                .gateway
+                .edit(&TenantId::default_tenant(), &a.memory, patch, "cli")
+                .await;
+            app.shutdown().await;
+            serde_json::to_value(r?)?
+        }
+    };
+    println!("{}", serde_json::to_string_pretty(&turn)?);
+    Ok(())
+}
+
+/// `recollect history ID`: every version of one memory, oldest first, as JSON.
+pub async fn history(settings: Settings, a: HistoryArgs) -> anyhow::Result<()> {
+    let body = match &a.server {
+        Some(url) => {
+            check(
+                client(&a.api_key)?
+                    .get(format!("{url}/v1/memories/{}/history", a.memory))
+                    .send()
+                    .await?,
+            )
+            .await?
+        }
+        None => {
+            let Some(id) = recollect_model::MemoryId::parse(&a.memory) else {
+                bail!("{:?} is not a memory id", a.memory);
+            };
+            let raw = recollect_store::RawStore::open(&settings.storage.data_dir.join("raw.redb"))?;
+            let versions = raw.versions(&TenantId::default_tenant(), id)?;
+            if versions.is_empty() {
+                bail!("memory {} not found", a.memory);
+            }
+            serde_json::json!({"memory_id": id, "versions": versions})
+        }
+    };
+    println!("{}", serde_json::to_string_pretty(&body)?);
     Ok(())
 }

@@ -61,6 +61,10 @@ enum Command {
     Import(transfer::ImportArgs),
     /// Erase a conversation from every store.
     Delete(cli::DeleteArgs),
+    /// Edit one memory's text or metadata: a new version, the old one kept in its history.
+    Edit(cli::EditArgs),
+    /// Every version of one memory, oldest first.
+    History(cli::HistoryArgs),
     /// Synthetic load: ingest turns end to end, then time recall.
     Bench(bench::BenchArgs),
     /// Retrieval evaluation.
@@ -117,6 +121,8 @@ fn main() -> anyhow::Result<()> {
             Command::Export(a) => transfer::export(settings, a).await,
             Command::Import(a) => transfer::import(settings, a).await,
             Command::Delete(a) => cli::delete(settings, a).await,
+            Command::Edit(a) => cli::edit(settings, a).await,
+            Command::History(a) => cli::history(settings, a).await,
             Command::Eval { which } => eval::run(settings, which).await,
             Command::Bench(a) => bench::run(settings, a).await,
         }

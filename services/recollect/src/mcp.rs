@@ -1,7 +1,7 @@
 //! `recollect mcp`: memory as agent tools over the Model Context Protocol on stdio, on the
 //! official SDK (`rmcp`) through the serving layer's handler (`recollect_serve::mcp`), the same
 //! one `recollect serve` and `recollect-query` serve at `/mcp` over Streamable HTTP.
-//! Tools: `search_memory`, `store_turn` and `forget_memory`.
+//! Tools: `search_memory`, `memory_history`, `store_turn`, `edit_memory` and `forget_memory`.
 //!
 //! The tenant comes from the credential only: with `--server` the key (RECOLLECT_API_KEY) goes to
 //! the server as a bearer token; without it the data directory is opened directly and the key is
@@ -86,13 +86,42 @@ impl MemoryBackend for Remote {
         _tenant: &TenantId,
         memory_id: &str,
     ) -> Result<(String, String), RecollectError> {
-        // Checked here too: the id becomes part of the URL.
-        let id = recollect_model::MemoryId::parse(memory_id).ok_or_else(|| {
-            RecollectError::invalid(format!("memory id {memory_id:?} is not a memory id"))
-        })?;
+        let id = memory_id_in_url(memory_id)?;
         let body = remote(self.client.delete(format!("{}/v1/memories/{id}", self.url))).await?;
         let field = |k: &str| body[k].as_str().unwrap_or_default().to_string();
         Ok((field("conversation_id"), field("turn_id")))
+    }
+
+    async fn edit(
+        &self,
+        _tenant: &TenantId,
+        memory_id: &str,
+        patch: recollect_model::TurnPatch,
+    ) -> Result<recollect_model::Turn, RecollectError> {
+        let id = memory_id_in_url(memory_id)?;
+        let body = remote(
+            self.client
+                .patch(format!("{}/v1/memories/{id}", self.url))
+                .json(&patch),
+        )
+        .await?;
+        serde_json::from_value(body)
+            .map_err(|e| RecollectError::internal(format!("unexpected server answer: {e}")))
+    }
+
+    async fn history(
+        &self,
+        _tenant: &TenantId,
+        memory_id: &str,
+    ) -> Result<Vec<recollect_model::Turn>, RecollectError> {
+        let id = memory_id_in_url(memory_id)?;
+        let body = remote(
+            self.client
+                .get(format!("{}/v1/memories/{id}/history", self.url)),
+        )
+        .await?;
+        serde_json::from_value(body["versions"].clone())
+            .map_err(|e| RecollectError::internal(format!("unexpected server answer: {e}")))
     }
 
     fn can_store(&self) -> bool {
@@ -101,6 +130,13 @@ impl MemoryBackend for Remote {
 }
 
 /// Sends a request to the server; an error body keeps its message.
+/// Checked here too: the id becomes part of the URL.
+fn memory_id_in_url(memory_id: &str) -> Result<recollect_model::MemoryId, RecollectError> {
+    recollect_model::MemoryId::parse(memory_id).ok_or_else(|| {
+        RecollectError::invalid(format!("memory id {memory_id:?} is not a memory id"))
+    })
+}
+
 async fn remote(req: reqwest::RequestBuilder) -> Result<Value, RecollectError> {
     let resp = req
         .send()

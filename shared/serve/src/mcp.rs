@@ -1,5 +1,6 @@
 //! Memory as agent tools over the Model Context Protocol, on the official Rust SDK (`rmcp`):
-//! `search_memory` and `store_turn`. The same handler serves `recollect mcp` on stdio and the
+//! `search_memory`, `memory_history`, and where the process can store, `store_turn`,
+//! `edit_memory` and `forget_memory`. The same handler serves `recollect mcp` on stdio and the
 //! Streamable HTTP transport at `/mcp` of `recollect serve` and `recollect-query`.
 //!
 //! The tenant comes from the credential only: on stdio it is resolved once at start, over HTTP
@@ -11,7 +12,9 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use recollect_api::Auth;
-use recollect_model::{Classify, ErrorKind, RecalledMemory, RecollectError, TenantId, TurnInput};
+use recollect_model::{
+    Classify, ErrorKind, RecalledMemory, RecollectError, TenantId, Turn, TurnInput, TurnPatch,
+};
 use recollect_recall::RecallRequest;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
@@ -45,8 +48,21 @@ pub trait MemoryBackend: Send + Sync {
         tenant: &TenantId,
         memory_id: &str,
     ) -> Result<(String, String), RecollectError>;
-    /// False where this process cannot store (the query service): `store_turn` and
-    /// `forget_memory` are not offered.
+    /// Edits one memory (waiting until the new version is recallable): the version now current.
+    async fn edit(
+        &self,
+        tenant: &TenantId,
+        memory_id: &str,
+        patch: TurnPatch,
+    ) -> Result<Turn, RecollectError>;
+    /// Every version of a memory, oldest first.
+    async fn history(
+        &self,
+        tenant: &TenantId,
+        memory_id: &str,
+    ) -> Result<Vec<Turn>, RecollectError>;
+    /// False where this process cannot store (the query service): `store_turn`, `edit_memory`
+    /// and `forget_memory` are not offered.
     fn can_store(&self) -> bool;
 }
 
@@ -89,6 +105,29 @@ impl MemoryBackend for Roles {
             RecollectError::Unavailable(format!("erasing is served by {}", crate::GATEWAY_SERVICE))
         })?;
         g.delete_memory(tenant, memory_id).await
+    }
+
+    async fn edit(
+        &self,
+        tenant: &TenantId,
+        memory_id: &str,
+        patch: TurnPatch,
+    ) -> Result<Turn, RecollectError> {
+        let g = self.gateway.as_ref().ok_or_else(|| {
+            RecollectError::Unavailable(format!("editing is served by {}", crate::GATEWAY_SERVICE))
+        })?;
+        g.edit_memory(tenant, memory_id, patch, "mcp").await
+    }
+
+    async fn history(
+        &self,
+        tenant: &TenantId,
+        memory_id: &str,
+    ) -> Result<Vec<Turn>, RecollectError> {
+        let q = self.query.as_ref().ok_or_else(|| {
+            RecollectError::Unavailable(format!("history is served by {}", crate::QUERY_SERVICE))
+        })?;
+        q.memory_history(tenant, memory_id).await
     }
 
     fn can_store(&self) -> bool {
@@ -144,13 +183,27 @@ impl MemoryTools {
                     "now": {"type": "string", "format": "date-time", "description": "RFC 3339 anchor for relative times in the query (\"last week\")"},
                     "user_id": {"type": "string", "description": "only turns of this end user"},
                     "agent_id": {"type": "string", "description": "only turns of this agent"},
-                    "metadata": {"type": "object", "description": "only turns whose metadata has these keys equal to these string, number or boolean values"}
+                    "metadata": {"type": "object", "description": "only turns whose metadata has these keys equal to these string, number or boolean values"},
+                    "as_of": {"type": "string", "format": "date-time", "description": "RFC 3339: recall what was remembered at that time (before later edits)"}
                 },
                 "required": ["query"],
                 "additionalProperties": false
             })),
         )
-        .with_title("Search memory")];
+        .with_title("Search memory"),
+        Tool::new(
+            "memory_history",
+            "Every version of one remembered turn (by memory_id), oldest first: what each edit replaced and when.",
+            schema(json!({
+                "type": "object",
+                "properties": {
+                    "memory_id": {"type": "string", "description": "the memory's id (a UUID)"}
+                },
+                "required": ["memory_id"],
+                "additionalProperties": false
+            })),
+        )
+        .with_title("Memory history")];
         if self.backend.can_store() {
             tools.push(
                 Tool::new(
@@ -191,6 +244,24 @@ impl MemoryTools {
                 )
                 .with_title("Forget a memory"),
             );
+            tools.push(
+                Tool::new(
+                    "edit_memory",
+                    "Correct one remembered turn (by memory_id): its text or metadata. The edit becomes what search returns; the old version is kept in the memory's history, not lost.",
+                    schema(json!({
+                        "type": "object",
+                        "properties": {
+                            "memory_id": {"type": "string", "description": "the memory's id (a UUID)"},
+                            "user": {"type": "string", "description": "the corrected user text"},
+                            "assistant": {"type": "string", "description": "the corrected assistant text (empty removes it)"},
+                            "metadata": {"type": "object", "description": "replaces the turn's metadata"}
+                        },
+                        "required": ["memory_id"],
+                        "additionalProperties": false
+                    })),
+                )
+                .with_title("Edit a memory"),
+            );
         }
         tools
     }
@@ -213,6 +284,7 @@ impl MemoryTools {
                     user_ids: a.user_id.map(|u| vec![u]),
                     agent_ids: a.agent_id.map(|u| vec![u]),
                     metadata: a.metadata,
+                    as_of: a.as_of,
                     ..Default::default()
                 };
                 match self.tenant(ctx) {
@@ -252,6 +324,34 @@ impl MemoryTools {
                     Ok(t) => self.backend.forget(&t, &a.memory_id).await.map(|(c, turn)| {
                         json!({"memory_id": a.memory_id, "conversation_id": c, "turn_id": turn})
                     }),
+                    Err(e) => Err(e),
+                }
+            }
+            "edit_memory" if self.backend.can_store() => {
+                let a: EditArgs = arguments(name, args)?;
+                let patch = TurnPatch {
+                    user: a.user,
+                    assistant: a.assistant,
+                    metadata: a.metadata,
+                    wait: Some(true),
+                };
+                match self.tenant(ctx) {
+                    Ok(t) => self
+                        .backend
+                        .edit(&t, &a.memory_id, patch)
+                        .await
+                        .map(|turn| json!({"memory": turn})),
+                    Err(e) => Err(e),
+                }
+            }
+            "memory_history" => {
+                let a: ForgetArgs = arguments(name, args)?;
+                match self.tenant(ctx) {
+                    Ok(t) => self
+                        .backend
+                        .history(&t, &a.memory_id)
+                        .await
+                        .map(|v| json!({"memory_id": a.memory_id, "versions": v})),
                     Err(e) => Err(e),
                 }
             }
@@ -306,12 +406,27 @@ struct SearchArgs {
     agent_id: Option<String>,
     #[serde(default)]
     metadata: Option<std::collections::BTreeMap<String, Value>>,
+    #[serde(default)]
+    as_of: Option<DateTime<Utc>>,
 }
 
+/// `forget_memory` and `memory_history`: one memory by id.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ForgetArgs {
     memory_id: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EditArgs {
+    memory_id: String,
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default)]
+    assistant: Option<String>,
+    #[serde(default)]
+    metadata: Option<serde_json::Map<String, Value>>,
 }
 
 #[derive(Deserialize)]
