@@ -337,4 +337,44 @@ fn edit_history_and_as_of_from_the_cli() {
     assert!(now.contains(NEW) && !now.contains(OLD), "{now}");
     let then = cli(&["recall", "adopted", "--json", "--as-of", &before]);
     assert!(then.contains(OLD) && !then.contains(NEW), "{then}");
+
+    // Export carries every version; import into another data dir replays them, once.
+    let out = data.join("export.jsonl");
+    cli(&["export", "--out", out.to_str().unwrap()]);
+    let line: Value = serde_json::from_str(std::fs::read_to_string(&out).unwrap().trim()).unwrap();
+    assert_eq!(line["version"], 2, "{line}");
+    assert!(
+        line["history"][0]["user"].as_str().unwrap().contains(OLD),
+        "{line}"
+    );
+    let other = tempfile::tempdir().unwrap();
+    let cli2 = |args: &[&str]| {
+        let o = Command::new(recollect_tests::binary())
+            .args(["--data-dir", other.path().to_str().unwrap()])
+            .args(args)
+            .env("RECOLLECT__EMBEDDER__KIND", "hash")
+            .env("RECOLLECT__TELEMETRY__LOG_LEVEL", "warn")
+            .env_remove("RECOLLECT_API_KEYS")
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    for _ in 0..2 {
+        cli2(&["import", out.to_str().unwrap()]);
+        let h: Value = serde_json::from_str(&cli2(&["history", &id])).unwrap();
+        let texts: Vec<&str> = h["versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["user"].as_str().unwrap())
+            .collect();
+        assert_eq!(texts.len(), 2, "{h}");
+        assert!(texts[0].contains(OLD) && texts[1].contains(NEW), "{h}");
+        assert_eq!(h["versions"][1]["metadata"]["source"], "cli", "{h}");
+    }
 }

@@ -67,7 +67,7 @@ pub struct ImportArgs {
 }
 
 /// Fields of an exported line that the server derives: dropped on import.
-const DERIVED: [&str; 8] = [
+const DERIVED: [&str; 12] = [
     "format",
     "conversation_id",
     "memory_id",
@@ -76,17 +76,66 @@ const DERIVED: [&str; 8] = [
     "recorded_at",
     "extraction",
     "fragments",
+    "version",
+    "first_recorded_at",
+    "expired_at",
+    "history",
 ];
 
-/// One exported line: the turn as stored, tagged with the format.
-fn export_line(mut turn: Map<String, Value>) -> Value {
+/// One exported line: the turn as stored (its current version), tagged with the format; an
+/// edited turn carries its earlier versions, oldest first, under `history`.
+fn export_line(mut turn: Map<String, Value>, history: Vec<Value>) -> Value {
     for k in ["tenant", "extraction", "fragments"] {
         turn.remove(k);
     }
     let mut line = Map::new();
     line.insert("format".into(), Value::String("recollect.v1".into()));
     line.extend(turn);
+    if !history.is_empty() {
+        let history = history
+            .into_iter()
+            .map(|mut v| {
+                if let Some(o) = v.as_object_mut() {
+                    for k in ["tenant", "extraction", "fragments"] {
+                        o.remove(k);
+                    }
+                }
+                v
+            })
+            .collect();
+        line.insert("history".into(), Value::Array(history));
+    }
     Value::Object(line)
+}
+
+/// The edits a line's versions make, in order: after its first version is stored, each later
+/// version (the line itself last) is applied as an edit.
+#[derive(Debug, Clone)]
+pub struct VersionEdits {
+    pub conversation: String,
+    /// The first version as stored again (a no-op that answers with the memory id).
+    pub first: TurnInput,
+    pub edits: Vec<recollect_model::TurnPatch>,
+}
+
+/// The text fields a version sets, as an edit.
+fn as_patch(v: &Map<String, Value>) -> recollect_model::TurnPatch {
+    recollect_model::TurnPatch {
+        user: v.get("user").and_then(Value::as_str).map(String::from),
+        assistant: Some(
+            v.get("assistant")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+        ),
+        metadata: Some(
+            v.get("metadata")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default(),
+        ),
+        wait: Some(false),
+    }
 }
 
 pub async fn export(settings: Settings, a: ExportArgs) -> anyhow::Result<()> {
@@ -141,7 +190,17 @@ pub async fn export(settings: Settings, a: ExportArgs) -> anyhow::Result<()> {
                         let Value::Object(m) = t.clone() else {
                             bail!("the server answered a turn that is not an object: {t}");
                         };
-                        serde_json::to_writer(&mut out, &export_line(m))?;
+                        let mut history = Vec::new();
+                        if m.get("version").and_then(Value::as_u64).unwrap_or(1) > 1 {
+                            let id = m
+                                .get("memory_id")
+                                .and_then(Value::as_str)
+                                .unwrap_or_default();
+                            let h = get(format!("{url}/v1/memories/{id}/history")).await?;
+                            history = h["versions"].as_array().cloned().unwrap_or_default();
+                            history.pop();
+                        }
+                        serde_json::to_writer(&mut out, &export_line(m, history))?;
                         out.write_all(b"\n")?;
                         n += 1;
                         bar.inc(1);
@@ -180,10 +239,18 @@ pub async fn export(settings: Settings, a: ExportArgs) -> anyhow::Result<()> {
                     if user.is_some() && t.user_id != user {
                         continue;
                     }
+                    let mut history = Vec::new();
+                    if t.is_edit() {
+                        let mut versions = raw.versions(&tenant, t.memory_id)?;
+                        versions.pop();
+                        for v in versions {
+                            history.push(serde_json::to_value(v)?);
+                        }
+                    }
                     let Value::Object(m) = serde_json::to_value(&t)? else {
                         unreachable!("a turn serialises to an object");
                     };
-                    serde_json::to_writer(&mut out, &export_line(m))?;
+                    serde_json::to_writer(&mut out, &export_line(m, history))?;
                     out.write_all(b"\n")?;
                     n += 1;
                     bar.inc(1);
@@ -209,13 +276,92 @@ pub async fn import(settings: Settings, a: ImportArgs) -> anyhow::Result<()> {
     let turns = parse(format, &text, &a.conversation_prefix)
         .with_context(|| format!("{} ({format:?})", a.file.display()))?;
     check_all(&turns).with_context(|| format!("{} ({format:?})", a.file.display()))?;
+    let edits = match format {
+        Format::Recollect => {
+            edits_of(&text, &turns).with_context(|| format!("{} ({format:?})", a.file.display()))?
+        }
+        _ => Vec::new(),
+    };
     let convs: BTreeSet<&str> = turns.iter().map(|(c, _)| c.as_str()).collect();
     eprintln!(
-        "importing {} turns of {} conversations ({format:?})",
+        "importing {} turns of {} conversations ({format:?}), {} of them edited",
         turns.len(),
-        convs.len()
+        convs.len(),
+        edits.len()
     );
-    store_batches(settings, &a.server, &a.api_key, batches(turns)).await
+    store_batches(settings.clone(), &a.server, &a.api_key, batches(turns)).await?;
+    if !edits.is_empty() {
+        replay_edits(settings, &a.server, &a.api_key, edits).await?;
+    }
+    Ok(())
+}
+
+/// Applies each edited turn's later versions in order, from the first one the store does not
+/// have yet: a second import of the same file, or one resumed after a kill, adds nothing twice.
+/// The versions get this store's transaction times (the import's), in the file's order.
+async fn replay_edits(
+    settings: Settings,
+    server: &Option<String>,
+    api_key: &Option<String>,
+    edits: Vec<VersionEdits>,
+) -> anyhow::Result<()> {
+    let total: usize = edits.iter().map(|e| e.edits.len()).sum();
+    let bar = crate::progress::bar(total as u64, "edits");
+    let mut applied = 0;
+    match server {
+        Some(url) => {
+            let c = client(api_key)?;
+            for e in edits {
+                // Storing the first version again is a no-op that names the memory.
+                let r = crate::cli::check(
+                    c.post(format!("{url}/v1/conversations/{}/turns", e.conversation))
+                        .json(&serde_json::json!({"turns": [e.first], "wait": true}))
+                        .send()
+                        .await?,
+                )
+                .await?;
+                let id = r["memory_ids"][0].as_str().unwrap_or_default().to_string();
+                let current =
+                    crate::cli::check(c.get(format!("{url}/v1/memories/{id}")).send().await?)
+                        .await?;
+                let have = current["version"].as_u64().unwrap_or(1) as usize;
+                for p in e.edits.iter().skip(have.saturating_sub(1)) {
+                    let mut p = p.clone();
+                    p.wait = Some(true);
+                    crate::cli::check(
+                        c.patch(format!("{url}/v1/memories/{id}"))
+                            .json(&p)
+                            .send()
+                            .await?,
+                    )
+                    .await?;
+                    applied += 1;
+                }
+                bar.inc(e.edits.len() as u64);
+            }
+        }
+        None => {
+            let app = App::open(settings).await?;
+            let tenant = TenantId::default_tenant();
+            for e in edits {
+                let turn_id = e.first.turn_id.clone().unwrap_or_default();
+                let id = recollect_model::MemoryId::derive(&tenant, &e.conversation, &turn_id);
+                let have = app.raw.get(id)?.map_or(1, |t| t.version) as usize;
+                for p in e.edits.iter().skip(have.saturating_sub(1)) {
+                    app.gateway
+                        .edit(&tenant, &id.to_string(), p.clone(), "import")
+                        .await?;
+                    applied += 1;
+                }
+                bar.inc(e.edits.len() as u64);
+            }
+            app.wait_enriched().await?;
+            app.shutdown().await;
+        }
+    }
+    bar.finish_and_clear();
+    eprintln!("applied {applied} edits");
+    Ok(())
 }
 
 /// Consecutive turns of one conversation in requests of up to 256.
@@ -363,6 +509,15 @@ fn parse_recollect(text: &str, prefix: &str) -> anyhow::Result<Vec<(String, Turn
             .and_then(Value::as_str)
             .with_context(|| format!("{}: conversation_id is missing", at()))?
             .to_string();
+        // An edited turn is stored as its first version; `edits_of` replays the rest.
+        if let Some(Value::Object(first)) = m.get("history").and_then(|h| h.get(0)).cloned() {
+            for k in ["user", "assistant", "metadata"] {
+                match first.get(k) {
+                    Some(v) => m.insert(k.to_string(), v.clone()),
+                    None => m.remove(k),
+                };
+            }
+        }
         for k in DERIVED {
             m.remove(k);
         }
@@ -373,6 +528,41 @@ fn parse_recollect(text: &str, prefix: &str) -> anyhow::Result<Vec<(String, Turn
         let t: TurnInput = serde_json::from_value(Value::Object(m))
             .with_context(|| format!("{}: not a turn", at()))?;
         out.push((format!("{prefix}{conv}"), t));
+    }
+    Ok(out)
+}
+
+/// The edited turns of a `recollect export` file: each with its first version and the edits
+/// that lead to its last.
+pub fn edits_of(text: &str, turns: &[(String, TurnInput)]) -> anyhow::Result<Vec<VersionEdits>> {
+    let mut out = Vec::new();
+    let lines = text.lines().filter(|l| !l.trim().is_empty());
+    for (line, (conv, first)) in lines.zip(turns) {
+        let v: Value = serde_json::from_str(line)?;
+        let Some(history) = v.get("history").and_then(Value::as_array) else {
+            continue;
+        };
+        let mut edits: Vec<recollect_model::TurnPatch> = history
+            .iter()
+            .skip(1)
+            .filter_map(Value::as_object)
+            .map(as_patch)
+            .collect();
+        if let Some(current) = v.as_object() {
+            edits.push(as_patch(current));
+        }
+        for e in &edits {
+            request::validate_patch(e, recollect_gateway::Limits::default().max_text_bytes)
+                .map_err(|r| anyhow::anyhow!("conversation {conv:?}: {}", r.message))?;
+        }
+        if first.turn_id.is_none() {
+            bail!("conversation {conv:?}: an edited turn needs its turn_id to be replayed");
+        }
+        out.push(VersionEdits {
+            conversation: conv.clone(),
+            first: first.clone(),
+            edits,
+        });
     }
     Ok(out)
 }
