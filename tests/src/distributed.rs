@@ -51,6 +51,7 @@ impl Mode {
 pub fn is_store_path(method: &Method, path: &str) -> bool {
     let conversation = path.strip_prefix("/v1/conversations/");
     path == "/v1/tenant"
+        || path == "/v1/reindex"
         || (method == Method::POST && conversation.is_some_and(|c| c.ends_with("/turns")))
         || (method == Method::DELETE && conversation.is_some())
         || ((method == Method::DELETE || method == Method::PATCH)

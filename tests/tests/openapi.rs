@@ -425,6 +425,8 @@ fn openapi_document_matches_the_served_api(mode: Mode) {
     for p in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
         check_2xx("get", p, p, None);
     }
+    let reindexing = check_2xx("post", "/v1/reindex", "/v1/reindex", None);
+    assert_eq!(reindexing["turns"], 2, "{reindexing}");
     let second = stored["memory_ids"][1].as_str().unwrap().to_string();
     let forgotten = check_2xx(
         "delete",

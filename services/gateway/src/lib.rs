@@ -57,6 +57,15 @@ pub async fn delete_conversation(
 }
 
 /// What erasing one memory removed.
+/// What `POST /v1/reindex` started.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Reindexing {
+    /// Conversations whose derivation starts over.
+    pub conversations: u64,
+    /// Turns sent through the workers again.
+    pub turns: u64,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MemoryErased {
     #[schema(value_type = String)]
@@ -210,6 +219,12 @@ impl Gateway {
             limits,
             stored,
         }
+    }
+
+    /// The embedded gateway with the graph beside its raw store (for `reindex`).
+    pub fn with_graph(mut self, graph: Arc<dyn Graph>) -> Self {
+        self.graph = Some(graph);
+        self
     }
 
     /// A gateway in front of Kafka: no local state, any number of replicas.
@@ -546,6 +561,68 @@ impl Gateway {
         }
     }
 
+    /// Derives every turn of `tenant` again (`POST /v1/reindex`, `recollect reindex`): after an
+    /// extractor, rule or model change, through the same workers as a store. Recall goes on
+    /// meanwhile from what is there; each re-enriched turn replaces its own links and points,
+    /// and each conversation is consolidated again. Embedded, from the raw store: every turn is
+    /// marked pending first, durably, so a kill part-way resumes at the next start. Distributed,
+    /// from the graph's copy of each turn (Kafka's retention may have dropped the log):
+    /// re-publishing is idempotent, so a reindex cut short is simply run again.
+    pub async fn reindex(
+        &self,
+        tenant: &TenantId,
+        trace_id: &str,
+    ) -> Result<Reindexing, RecollectError> {
+        let classified = RecollectError::from_classified;
+        let graph = self.graph.clone().ok_or_else(|| {
+            RecollectError::internal("this gateway has no graph to reindex".to_string())
+        })?;
+        if let Some(raw) = self.raw.clone() {
+            let t = tenant.clone();
+            let (turns, conversations) = tokio::task::spawn_blocking(move || {
+                Ok::<_, recollect_store::StoreError>((
+                    raw.mark_pending(&t)?,
+                    raw.conversations(&t)?,
+                ))
+            })
+            .await
+            .map_err(RecollectError::internal)?
+            .map_err(classified)?;
+            for c in &conversations {
+                graph
+                    .restart_derivation(tenant, c)
+                    .await
+                    .map_err(classified)?;
+            }
+            self.replay_pending().await?;
+            return Ok(Reindexing {
+                conversations: conversations.len() as u64,
+                turns,
+            });
+        }
+        let conversations = graph.conversations(tenant).await.map_err(classified)?;
+        let mut turns = 0;
+        for c in &conversations {
+            graph
+                .restart_derivation(tenant, c)
+                .await
+                .map_err(classified)?;
+            let records = graph
+                .conversation_turns(tenant, c, 0, u64::MAX)
+                .await
+                .map_err(classified)?;
+            let all: Vec<Turn> = records.into_iter().map(|r| r.turn).collect();
+            for chunk in all.chunks(256) {
+                self.publish(chunk, trace_id).await?;
+            }
+            turns += all.len() as u64;
+        }
+        Ok(Reindexing {
+            conversations: conversations.len() as u64,
+            turns,
+        })
+    }
+
     /// Re-publishes every turn whose enrichment had not finished (after a crash or restart).
     pub async fn replay_pending(&self) -> Result<usize, RecollectError> {
         let Some(raw) = self.raw.clone() else {
@@ -845,6 +922,33 @@ pub mod http {
         Ok((StatusCode::ACCEPTED, axum::Json(turn)))
     }
 
+    /// Derives every turn of the caller's tenant again (after an extractor, rule or model
+    /// change); recall goes on meanwhile. Answers once the work is queued.
+    #[utoipa::path(
+        post,
+        path = "/v1/reindex",
+        tag = "store",
+        responses(
+            (status = 202, description = "queued: the turns go through the workers again", body = super::Reindexing),
+            (status = 401, description = "missing or unknown API key", body = recollect_api::ErrorBody),
+        ),
+        security((), ("bearer" = []))
+    )]
+    pub async fn reindex(
+        State(s): State<GatewayState>,
+        Tenant(tenant): Tenant,
+    ) -> Result<(StatusCode, axum::Json<super::Reindexing>), ApiError> {
+        let trace_id = uuid::Uuid::new_v4().to_string();
+        let r = s.gateway.reindex(&tenant, &trace_id).await?;
+        tracing::info!(
+            trace_id,
+            conversations = r.conversations,
+            turns = r.turns,
+            "reindex queued"
+        );
+        Ok((StatusCode::ACCEPTED, axum::Json(r)))
+    }
+
     pub fn router(state: GatewayState) -> Router {
         Router::new()
             .route("/v1/conversations/{id}/turns", post(store_turns))
@@ -854,6 +958,7 @@ pub mod http {
             )
             .route("/v1/conversations/{id}", delete(delete_conversation))
             .route("/v1/tenant", delete(delete_tenant))
+            .route("/v1/reindex", post(reindex))
             .with_state(state)
     }
 
@@ -864,7 +969,8 @@ pub mod http {
         delete_conversation,
         delete_memory,
         edit_memory,
-        delete_tenant
+        delete_tenant,
+        reindex
     ))]
     pub struct GatewayApi;
 

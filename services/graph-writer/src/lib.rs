@@ -547,6 +547,9 @@ mod tests {
         async fn purge_erased(&self, t: &TenantId, c: &str) -> Result<u64, StoreError> {
             self.inner.purge_erased(t, c).await
         }
+        async fn restart_derivation(&self, t: &TenantId, c: &str) -> Result<(), StoreError> {
+            self.inner.restart_derivation(t, c).await
+        }
     }
 
     fn delivery(i: usize, recorded_at: &str) -> Delivery {

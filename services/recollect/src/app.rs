@@ -260,7 +260,8 @@ impl App {
             max_text_bytes: settings.server.max_text_bytes,
             wait_timeout: std::time::Duration::from_secs(settings.server.wait_timeout_secs),
         };
-        let gateway = Arc::new(Gateway::new(raw.clone(), bus_dyn, limits, stored));
+        let gateway =
+            Arc::new(Gateway::new(raw.clone(), bus_dyn, limits, stored).with_graph(graph.clone()));
         let recall_cfg = RecallConfig {
             default_k: settings.server.default_k,
             max_k: settings.server.max_k,

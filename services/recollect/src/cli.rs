@@ -95,6 +95,15 @@ pub struct EditArgs {
 }
 
 #[derive(Args)]
+pub struct ReindexArgs {
+    /// A running server to reindex (recall goes on meanwhile); default: the data dir directly.
+    #[arg(long)]
+    pub server: Option<String>,
+    #[arg(long, env = "RECOLLECT_API_KEY")]
+    pub api_key: Option<String>,
+}
+
+#[derive(Args)]
 pub struct HistoryArgs {
     /// The memory id.
     pub memory: String,
@@ -423,5 +432,82 @@ pub async fn history(settings: Settings, a: HistoryArgs) -> anyhow::Result<()> {
         }
     };
     println!("{}", serde_json::to_string_pretty(&body)?);
+    Ok(())
+}
+
+/// `recollect reindex`: every turn of the tenant (on a data dir: of every tenant) derived again, with a progress bar while the
+/// workers go through them. Killed part-way (data dir or embedded server), the rest is done at
+/// the next start.
+pub async fn reindex(settings: Settings, a: ReindexArgs) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    match &a.server {
+        Some(url) => {
+            let c = client(&a.api_key)?;
+            let r = check(c.post(format!("{url}/v1/reindex")).send().await?).await?;
+            let total = r["turns"].as_u64().unwrap_or(0);
+            eprintln!(
+                "reindexing {total} turns of {} conversations; recall goes on meanwhile",
+                r["conversations"]
+            );
+            // Progress from the conversations' pending counts (a distributed deployment's
+            // gateway cannot see the workers' progress: there the bar ends at once).
+            let mut convs: Vec<String> = Vec::new();
+            let mut cursor: Option<String> = None;
+            loop {
+                let mut path = format!("{url}/v1/conversations?limit=500");
+                if let Some(cur) = &cursor {
+                    path.push_str(&format!("&cursor={cur}"));
+                }
+                let page = check(c.get(path).send().await?).await?;
+                for v in page["conversations"].as_array().into_iter().flatten() {
+                    convs.extend(v.as_str().map(String::from));
+                }
+                cursor = page["next_cursor"].as_str().map(String::from);
+                if cursor.is_none() {
+                    break;
+                }
+            }
+            let bar = crate::progress::bar(total, "reindex");
+            loop {
+                let mut pending = 0;
+                for conv in &convs {
+                    let info = check(
+                        c.get(format!("{url}/v1/conversations/{conv}"))
+                            .send()
+                            .await?,
+                    )
+                    .await?;
+                    pending += info["pending"].as_u64().unwrap_or(0);
+                }
+                bar.set_position(total.saturating_sub(pending));
+                if pending == 0 {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            bar.finish_and_clear();
+        }
+        None => {
+            // On a data dir: every tenant in it.
+            let app = App::open(settings).await?;
+            let mut turns = 0;
+            for tenant in app.raw.tenants()? {
+                turns += app.gateway.reindex(&tenant, "cli").await?.turns;
+            }
+            let bar = crate::progress::bar(turns, "reindex");
+            loop {
+                let raw = app.raw.clone();
+                let pending = tokio::task::spawn_blocking(move || raw.pending_count()).await??;
+                bar.set_position(turns.saturating_sub(pending));
+                if pending == 0 {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            bar.finish_and_clear();
+            app.shutdown().await;
+        }
+    }
+    println!("reindexed in {:.1}s", started.elapsed().as_secs_f64());
     Ok(())
 }

@@ -65,6 +65,8 @@ enum Command {
     Edit(cli::EditArgs),
     /// Every version of one memory, oldest first.
     History(cli::HistoryArgs),
+    /// Derive every turn again from the stored turns (after an extractor, rule or model change).
+    Reindex(cli::ReindexArgs),
     /// Synthetic load: ingest turns end to end, then time recall.
     Bench(bench::BenchArgs),
     /// Retrieval evaluation.
@@ -123,6 +125,7 @@ fn main() -> anyhow::Result<()> {
             Command::Delete(a) => cli::delete(settings, a).await,
             Command::Edit(a) => cli::edit(settings, a).await,
             Command::History(a) => cli::history(settings, a).await,
+            Command::Reindex(a) => cli::reindex(settings, a).await,
             Command::Eval { which } => eval::run(settings, which).await,
             Command::Bench(a) => bench::run(settings, a).await,
         }

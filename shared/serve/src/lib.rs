@@ -74,6 +74,7 @@ pub const OPERATIONS: &[(&str, &str, Role)] = &[
     ("DELETE", "/v1/memories/{id}", Role::Gateway),
     ("PATCH", "/v1/memories/{id}", Role::Gateway),
     ("DELETE", "/v1/tenant", Role::Gateway),
+    ("POST", "/v1/reindex", Role::Gateway),
     ("POST", "/v1/recall", Role::Query),
     ("GET", "/v1/memories/{id}", Role::Query),
     ("GET", "/v1/memories/{id}/history", Role::Query),

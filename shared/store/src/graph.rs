@@ -305,6 +305,16 @@ pub struct ConversationState {
 }
 
 impl ConversationState {
+    /// What a reindex keeps: positions (a turn keeps its place), nothing derived.
+    pub fn restarted(&self) -> Self {
+        Self {
+            next_position: self.next_position,
+            recent_positions: self.recent_positions.clone(),
+            recorded_from: self.recorded_from,
+            ..Self::default()
+        }
+    }
+
     /// Bound on `recent_positions`: far above what an uncommitted batch can redeliver.
     pub const RECENT_POSITIONS: usize = 1024;
 
@@ -582,6 +592,16 @@ pub trait Graph: Send + Sync + 'static {
     /// fragments with such a member, a covered state. A writer that lost a race with an eraser
     /// calls it; returns turns removed.
     async fn purge_erased(&self, tenant: &TenantId, conversation: &str) -> Result<u64, StoreError>;
+
+    /// Starts a conversation's derivation over (a reindex): its fragments go, and its state
+    /// forgets the reference state and how far consolidation got, so that re-enriching its
+    /// turns in order derives them afresh. Turns, links and positions stay (recall goes on;
+    /// each re-enriched turn replaces its own links).
+    async fn restart_derivation(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<(), StoreError>;
 
     /// Removes every node, edge, fragment and state of a conversation; returns turns removed.
     async fn delete_conversation(

@@ -722,6 +722,55 @@ impl Graph for EmbeddedGraph {
         .await
     }
 
+    async fn restart_derivation(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<(), StoreError> {
+        let (tenant, conversation) = (tenant.as_str().to_string(), conversation.to_string());
+        self.blocking(move |db| {
+            let cp = keys::join(&[&tenant, &conversation]);
+            let cend = keys::prefix_end(&cp);
+            let w = db.begin_write()?;
+            {
+                let mut states = w.open_table(CONV_STATE)?;
+                let state: Option<ConversationState> = match states.get(cp.as_slice())? {
+                    Some(v) => Some(serde_json::from_slice(v.value())?),
+                    None => None,
+                };
+                if let Some(state) = state {
+                    let fresh = state.restarted();
+                    states.insert(cp.as_slice(), serde_json::to_vec(&fresh)?.as_slice())?;
+                }
+                let mut cf = w.open_table(CONV_FRAGMENTS)?;
+                let mut ft = w.open_table(FRAGMENTS)?;
+                for f in third_parts(&cf, &cp)? {
+                    ft.remove(keys::join(&[&tenant, &f]).as_slice())?;
+                }
+                cf.retain_in(cp.as_slice()..cend.as_slice(), |_, _| false)?;
+                let idx = w.open_table(CONV_TURNS)?;
+                let mut nodes = w.open_table(TURNS)?;
+                let ids: Vec<u128> = idx
+                    .range(cp.as_slice()..cend.as_slice())?
+                    .map(|e| e.map(|(_, v)| v.value()))
+                    .collect::<Result<_, _>>()?;
+                for id in ids {
+                    let rec: Option<TurnRecord> = match nodes.get(id)? {
+                        Some(v) => Some(serde_json::from_slice(v.value())?),
+                        None => None,
+                    };
+                    if let Some(mut rec) = rec.filter(|r| !r.fragments.is_empty()) {
+                        rec.fragments.clear();
+                        nodes.insert(id, serde_json::to_vec(&rec)?.as_slice())?;
+                    }
+                }
+            }
+            w.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn advance_consolidated_until(
         &self,
         tenant: &TenantId,

@@ -1188,6 +1188,39 @@ impl Graph for Neo4jGraph {
         .await
     }
 
+    async fn restart_derivation(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<(), StoreError> {
+        let state = self
+            .conversation_state(tenant, conversation)
+            .await?
+            .restarted();
+        self.observed(true, async {
+            self.run(
+                query(
+                    "MATCH (f:Fragment) WHERE f.tenant = $tenant AND f.conversation = $conv \
+                     DETACH DELETE f",
+                )
+                .param("tenant", tenant.as_str())
+                .param("conv", conversation),
+            )
+            .await?;
+            // The consolidator's own property goes back too (it never moves back otherwise).
+            self.run(
+                query(
+                    "MATCH (s:ConversationState {key: $key}) \
+                     SET s.json = $json, s.consolidated_until = 0",
+                )
+                .param("key", state_key(tenant.as_str(), conversation))
+                .param("json", serde_json::to_string(&state)?),
+            )
+            .await
+        })
+        .await
+    }
+
     async fn purge_erased(&self, tenant: &TenantId, conversation: &str) -> Result<u64, StoreError> {
         self.observed(true, self.purge(tenant, conversation)).await
     }

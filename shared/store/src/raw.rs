@@ -243,6 +243,25 @@ impl RawStore {
         Ok(out)
     }
 
+    /// Marks every turn of `tenant` pending (a reindex: the pipeline derives them again, and a
+    /// kill part-way leaves the rest pending for the replay at start). Returns the turns marked.
+    pub fn mark_pending(&self, tenant: &TenantId) -> Result<u64, StoreError> {
+        let w = self.db.begin_write()?;
+        let mut n = 0;
+        {
+            let idx = w.open_table(CONV_INDEX)?;
+            let mut pending = w.open_table(PENDING)?;
+            let prefix = keys::join(&[tenant.as_str()]);
+            let end = keys::prefix_end(&prefix);
+            for e in idx.range(prefix.as_slice()..end.as_slice())? {
+                pending.insert(e?.1.value(), ())?;
+                n += 1;
+            }
+        }
+        w.commit()?;
+        Ok(n)
+    }
+
     pub fn pending_count(&self) -> Result<u64, StoreError> {
         let r = self.db.begin_read()?;
         Ok(r.open_table(PENDING)?.len()?)
@@ -285,6 +304,22 @@ impl RawStore {
         let r = self.db.begin_read()?;
         let k = keys::join(&[tenant.as_str(), conversation]);
         Ok(r.open_table(CONV_NEXT)?.get(k.as_slice())?.is_some())
+    }
+
+    /// Every tenant with a conversation.
+    pub fn tenants(&self) -> Result<Vec<TenantId>, StoreError> {
+        let r = self.db.begin_read()?;
+        let mut out: Vec<TenantId> = Vec::new();
+        for e in r.open_table(CONV_NEXT)?.iter()? {
+            let (k, _) = e?;
+            if let Some(t) = keys::split(k.value()).first() {
+                let t = String::from_utf8_lossy(t).into_owned();
+                if out.last().is_none_or(|l| l.as_str() != t) {
+                    out.push(TenantId(t));
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Conversation ids of a tenant.

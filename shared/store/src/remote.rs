@@ -112,6 +112,10 @@ pub enum GraphCall {
         tenant: TenantId,
         conversation: String,
     },
+    RestartDerivation {
+        tenant: TenantId,
+        conversation: String,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -304,6 +308,10 @@ pub async fn dispatch_graph(
             tenant,
             conversation,
         } => json(g.purge_erased(&tenant, &conversation).await?),
+        GraphCall::RestartDerivation {
+            tenant,
+            conversation,
+        } => json(g.restart_derivation(&tenant, &conversation).await?),
     }
 }
 
@@ -670,6 +678,17 @@ impl Graph for RemoteGraph {
     }
     async fn purge_erased(&self, tenant: &TenantId, conversation: &str) -> Result<u64, StoreError> {
         self.call(GraphCall::PurgeErased {
+            tenant: tenant.clone(),
+            conversation: conversation.into(),
+        })
+        .await
+    }
+    async fn restart_derivation(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<(), StoreError> {
+        self.call(GraphCall::RestartDerivation {
             tenant: tenant.clone(),
             conversation: conversation.into(),
         })
