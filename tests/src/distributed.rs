@@ -52,6 +52,7 @@ pub fn is_store_path(method: &Method, path: &str) -> bool {
     let conversation = path.strip_prefix("/v1/conversations/");
     path == "/v1/tenant"
         || path == "/v1/reindex"
+        || path == "/v1/admin/backup"
         || (method == Method::POST && conversation.is_some_and(|c| c.ends_with("/turns")))
         || (method == Method::DELETE && conversation.is_some())
         || ((method == Method::DELETE || method == Method::PATCH)

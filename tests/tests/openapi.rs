@@ -261,7 +261,14 @@ fn openapi_document_matches_the_served_api_distributed() {
 
 fn openapi_document_matches_the_served_api(mode: Mode) {
     let dir = tempfile::tempdir().unwrap();
-    let s = Deployment::start(mode, dir.path(), &[("RECOLLECT__EMBEDDER__KIND", "hash")]);
+    let s = Deployment::start(
+        mode,
+        dir.path(),
+        &[
+            ("RECOLLECT__EMBEDDER__KIND", "hash"),
+            ("RECOLLECT__SERVER__ADMIN_KEY", "adm"),
+        ],
+    );
     let doc = api_document(&s);
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."), "{doc}");
 
@@ -443,6 +450,26 @@ fn openapi_document_matches_the_served_api(mode: Mode) {
     );
     // Open mode: the single tenant is "default".
     check_2xx("delete", "/v1/tenant", "/v1/tenant?confirm=default", None);
+    // The operator endpoint, with the admin key: a copy of the data dir (embedded); a
+    // distributed gateway has none and says so, in the documented error shape.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let to = elsewhere.path().join("backup");
+    let r = s
+        .client
+        .post(format!("{}/v1/admin/backup", s.url))
+        .bearer_auth("adm")
+        .json(&serde_json::json!({"path": to}))
+        .send()
+        .unwrap();
+    let st = r.status().as_u16();
+    let v: Value = r.json().unwrap();
+    let schema = response_schema(&doc, "/v1/admin/backup", "post", st);
+    check(&doc, schema, &v, &format!("post /v1/admin/backup {st}"));
+    match mode {
+        Mode::Embedded => assert_eq!(st, 200, "{v}"),
+        Mode::Distributed => assert_eq!(st, 400, "{v}"),
+    }
+    seen.insert(("post".to_string(), "/v1/admin/backup".to_string()));
     assert_eq!(
         seen, documented_pairs,
         "every documented operation was exercised"

@@ -57,6 +57,34 @@ pub async fn delete_conversation(
 }
 
 /// What erasing one memory removed.
+/// A consistent copy of a data directory, made while the server runs (`POST
+/// /v1/admin/backup`, `recollect backup`).
+#[async_trait::async_trait]
+pub trait Backup: Send + Sync {
+    /// Copies every store kept in the data directory to `to` (absent or empty; absolute).
+    async fn backup(&self, to: &std::path::Path) -> Result<BackupDone, RecollectError>;
+}
+
+/// `POST /v1/admin/backup` body.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BackupRequest {
+    /// Absolute path on the server's machine, absent or an empty directory.
+    pub path: String,
+}
+
+/// What a backup wrote.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct BackupDone {
+    pub path: String,
+    /// Bytes copied.
+    pub bytes: u64,
+    /// How long writes waited for the copy (recall went on throughout).
+    pub paused_ms: u64,
+    /// Stores kept elsewhere (a graph or vector server), not in this copy.
+    pub not_included: Vec<String>,
+}
+
 /// What `POST /v1/reindex` started.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Reindexing {
@@ -192,6 +220,8 @@ impl Default for Limits {
 pub struct Gateway {
     /// Embedded mode's durable log; None when Kafka is the log.
     raw: Option<RawStore>,
+    /// Embedded mode: held (shared) around every write, taken whole by a backup.
+    gate: Option<Arc<tokio::sync::RwLock<()>>>,
     /// Distributed mode: where `wait` looks for stored turns.
     graph: Option<Arc<dyn Graph>>,
     bus: Arc<dyn Bus>,
@@ -214,10 +244,26 @@ impl Gateway {
     pub fn new(raw: RawStore, bus: Arc<dyn Bus>, limits: Limits, stored: Arc<Notify>) -> Self {
         Self {
             raw: Some(raw),
+            gate: None,
             graph: None,
             bus,
             limits,
             stored,
+        }
+    }
+
+    /// Writes hold `gate` (shared) while they change a store; a backup takes it whole.
+    pub fn with_gate(mut self, gate: Arc<tokio::sync::RwLock<()>>) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// Shared hold of the write gate (none in a distributed gateway). Never held while waiting
+    /// for the workers: they need it too, and a backup waiting for it would stop them.
+    async fn writing(&self) -> Option<tokio::sync::RwLockReadGuard<'_, ()>> {
+        match &self.gate {
+            Some(g) => Some(g.read().await),
+            None => None,
         }
     }
 
@@ -231,6 +277,7 @@ impl Gateway {
     pub fn distributed(bus: Arc<dyn Bus>, graph: Arc<dyn Graph>, limits: Limits) -> Self {
         Self {
             raw: None,
+            gate: None,
             graph: Some(graph),
             bus,
             limits,
@@ -263,11 +310,14 @@ impl Gateway {
         };
         let (t, c) = (tenant.clone(), conversation.to_string());
         let turns = req.turns;
+        let writing = self.writing().await;
         let appended: Vec<Appended> =
             tokio::task::spawn_blocking(move || raw.append(&t, &c, &turns))
                 .await
                 .map_err(RecollectError::internal)?
                 .map_err(RecollectError::from_classified)?;
+        // Published after the gate is let go: a pending turn in a backup is replayed at start.
+        drop(writing);
         metrics::TURNS_ACCEPTED
             .with_label_values(&[] as &[&str])
             .inc_by(appended.len() as u64);
@@ -498,6 +548,7 @@ impl Gateway {
             Some(raw) => {
                 let t = tenant.clone();
                 let p = patch.clone();
+                let _writing = self.writing().await;
                 let edited = tokio::task::spawn_blocking(move || raw.edit(&t, mid, &p))
                     .await
                     .map_err(RecollectError::internal)?
@@ -579,6 +630,7 @@ impl Gateway {
         })?;
         if let Some(raw) = self.raw.clone() {
             let t = tenant.clone();
+            let writing = self.writing().await;
             let (turns, conversations) = tokio::task::spawn_blocking(move || {
                 Ok::<_, recollect_store::StoreError>((
                     raw.mark_pending(&t)?,
@@ -594,6 +646,7 @@ impl Gateway {
                     .await
                     .map_err(classified)?;
             }
+            drop(writing);
             self.replay_pending().await?;
             return Ok(Reindexing {
                 conversations: conversations.len() as u64,
@@ -752,6 +805,10 @@ pub mod http {
         pub gateway: Arc<Gateway>,
         pub eraser: Arc<dyn Eraser>,
         pub auth: Auth,
+        /// Embedded: the backup of the data directory; None where there is none (distributed).
+        pub backup: Option<Arc<dyn super::Backup>>,
+        /// Bearer key of the operator endpoints; empty: they are off.
+        pub admin_key: String,
     }
 
     impl HasAuth for GatewayState {
@@ -949,6 +1006,66 @@ pub mod http {
         Ok((StatusCode::ACCEPTED, axum::Json(r)))
     }
 
+    /// A consistent copy of the server's data directory, written on the server's machine while
+    /// it runs: writes wait for the copy (recall does not), and the copy opens as a data
+    /// directory of its own (`recollect restore`). An operator endpoint: the bearer key is
+    /// `server.admin_key`, not a tenant's; off while that is empty.
+    #[utoipa::path(
+        post,
+        path = "/v1/admin/backup",
+        tag = "operations",
+        request_body = super::BackupRequest,
+        responses(
+            (status = 200, description = "copied", body = super::BackupDone),
+            (status = 400, description = "bad path (relative, or a non-empty directory), nothing written; or no data directory here (distributed)", body = recollect_api::ErrorBody),
+            (status = 401, description = "not the admin key", body = recollect_api::ErrorBody),
+            (status = 404, description = "operator endpoints are off (server.admin_key is empty)", body = recollect_api::ErrorBody),
+        ),
+        security(("bearer" = []))
+    )]
+    pub async fn backup(
+        State(s): State<GatewayState>,
+        headers: axum::http::HeaderMap,
+        Json(req): Json<super::BackupRequest>,
+    ) -> Result<axum::Json<super::BackupDone>, ApiError> {
+        if s.admin_key.is_empty() {
+            return Err(RecollectError::NotFound(
+                "operator endpoints are off: set server.admin_key (RECOLLECT__SERVER__ADMIN_KEY)"
+                    .into(),
+            )
+            .into());
+        }
+        let given = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        // No early exit on the first differing byte.
+        let same = given.len() == s.admin_key.len()
+            && given
+                .bytes()
+                .zip(s.admin_key.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0;
+        if !same {
+            return Err(RecollectError::Unauthenticated(
+                "the admin key is required (Authorization: Bearer <server.admin_key>)".into(),
+            )
+            .into());
+        }
+        let Some(b) = &s.backup else {
+            return Err(RecollectError::invalid(
+                "no data directory here: a distributed deployment is backed up with Kafka's, \
+                 Neo4j's and Qdrant's own tools (docs/OPERATIONS.md#backup)"
+                    .to_string(),
+            )
+            .into());
+        };
+        let done = b.backup(std::path::Path::new(&req.path)).await?;
+        tracing::info!(path = %done.path, bytes = done.bytes, paused_ms = done.paused_ms, "backup written");
+        Ok(axum::Json(done))
+    }
+
     pub fn router(state: GatewayState) -> Router {
         Router::new()
             .route("/v1/conversations/{id}/turns", post(store_turns))
@@ -970,7 +1087,8 @@ pub mod http {
         delete_memory,
         edit_memory,
         delete_tenant,
-        reindex
+        reindex,
+        backup
     ))]
     pub struct GatewayApi;
 
@@ -983,6 +1101,14 @@ pub mod http {
 
         fn openapi(&self) -> utoipa::openapi::OpenApi {
             <GatewayApi as utoipa::OpenApi>::openapi()
+        }
+
+        fn operator_router(&self) -> Option<Router> {
+            Some(
+                Router::new()
+                    .route("/v1/admin/backup", post(backup))
+                    .with_state(self.clone()),
+            )
         }
 
         async fn store(

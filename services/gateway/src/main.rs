@@ -28,6 +28,10 @@ async fn main() -> anyhow::Result<()> {
             gateway: Arc::new(Gateway::distributed(bus, graph.clone(), limits)),
             eraser: Arc::new(StoreEraser { graph, vectors }),
             auth: Auth::new(settings.api_keys()),
+            // No data directory here: Kafka, the graph and the vectors are backed up with
+            // their own tools; the endpoint says so.
+            backup: None,
+            admin_key: settings.server.admin_key.clone(),
         })),
         query: None,
     };

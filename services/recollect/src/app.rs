@@ -29,6 +29,7 @@ pub struct App {
     pub gateway: Arc<Gateway>,
     pub recall: Arc<Recall>,
     pub eraser: Arc<dyn Eraser>,
+    pub backup: Arc<DataDirBackup>,
     /// Query embeddings by query text (hit rates for the bench).
     pub query_cache: Arc<CachedEmbedder<Arc<dyn Embedder>>>,
     shutdown: watch::Sender<bool>,
@@ -49,8 +50,124 @@ impl StoreHooks for EmbeddedHooks {
     }
 }
 
+/// A stage whose batches hold the write gate (shared): a backup waits for the batch in hand
+/// and holds the next one off until the copy is done.
+struct Gated {
+    inner: Arc<dyn Stage>,
+    gate: Arc<tokio::sync::RwLock<()>>,
+}
+
+#[async_trait::async_trait]
+impl Stage for Gated {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn input_topic(&self) -> &'static str {
+        self.inner.input_topic()
+    }
+    fn max_batch(&self) -> usize {
+        self.inner.max_batch()
+    }
+    async fn handle(
+        &self,
+        batch: &[recollect_bus::Delivery],
+    ) -> Vec<Result<Vec<recollect_bus::Message>, recollect_bus::StageError>> {
+        let _writing = self.gate.read().await;
+        self.inner.handle(batch).await
+    }
+}
+
+/// `POST /v1/admin/backup`, `recollect backup`: the data directory's stores copied while every
+/// writer (store, edit, erase, the workers' batches) waits at the gate; recall goes on.
+pub struct DataDirBackup {
+    dir: std::path::PathBuf,
+    gate: Arc<tokio::sync::RwLock<()>>,
+    graph: Arc<dyn Graph>,
+    vectors: Arc<dyn VectorIndex>,
+}
+
+#[async_trait::async_trait]
+impl recollect_gateway::Backup for DataDirBackup {
+    async fn backup(&self, to: &Path) -> Result<recollect_gateway::BackupDone, RecollectError> {
+        if !to.is_absolute() {
+            return Err(RecollectError::invalid(format!(
+                "path {:?} must be absolute (a directory on the server's machine)",
+                to.display()
+            )));
+        }
+        if to.starts_with(&self.dir) {
+            return Err(RecollectError::invalid(format!(
+                "path {:?} is inside the data directory",
+                to.display()
+            )));
+        }
+        if to.exists()
+            && std::fs::read_dir(to)
+                .map(|mut d| d.next().is_some())
+                .unwrap_or(true)
+        {
+            return Err(RecollectError::invalid(format!(
+                "path {:?} exists and is not an empty directory; nothing written",
+                to.display()
+            )));
+        }
+        let io = |e: std::io::Error| RecollectError::internal(format!("backup: {e}"));
+        std::fs::create_dir_all(to).map_err(io)?;
+        let _no_writes = self.gate.write().await;
+        let paused = std::time::Instant::now();
+        let mut not_included = Vec::new();
+        let copy = |name: &str| -> Result<(), RecollectError> {
+            std::fs::copy(self.dir.join(name), to.join(name))
+                .map(drop)
+                .map_err(io)
+        };
+        copy("raw.redb")?;
+        if self.graph.kind() == "embedded" {
+            copy("graph.redb")?;
+        } else {
+            not_included.push(format!("graph ({})", self.graph.kind()));
+        }
+        let copied = self
+            .vectors
+            .copy_files_to(&to.join("vectors"))
+            .await
+            .map_err(RecollectError::from_classified)?;
+        if !copied {
+            not_included.push(format!("vectors ({})", self.vectors.kind()));
+        }
+        let paused_ms = paused.elapsed().as_millis() as u64;
+        drop(_no_writes);
+        // Durable before the answer: every copied file synced.
+        let bytes = sync_tree(to).map_err(io)?;
+        Ok(recollect_gateway::BackupDone {
+            path: to.display().to_string(),
+            bytes,
+            paused_ms,
+            not_included,
+        })
+    }
+}
+
+/// fsyncs every file under `dir`; returns their total size.
+fn sync_tree(dir: &Path) -> std::io::Result<u64> {
+    let mut bytes = 0;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_type()?.is_dir() {
+            bytes += sync_tree(&e.path())?;
+        } else {
+            let f = std::fs::File::open(e.path())?;
+            f.sync_all()?;
+            bytes += f.metadata()?.len();
+        }
+    }
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(bytes)
+}
+
 struct EmbeddedEraser {
     raw: RawStore,
+    gate: Arc<tokio::sync::RwLock<()>>,
     graph: Arc<dyn Graph>,
     vectors: Arc<dyn VectorIndex>,
     /// Query embeddings keyed by query text: emptied on every erasure, since a tenant's
@@ -65,6 +182,9 @@ impl Eraser for EmbeddedEraser {
         tenant: &TenantId,
         conversation: &str,
     ) -> Result<Option<u64>, RecollectError> {
+        // Not taken by erase_tenant around this: a second shared hold behind a waiting backup
+        // would deadlock.
+        let _writing = self.gate.read().await;
         // The marker first, durably: from here on no stage writes a turn of this conversation
         // recorded until now, however far along the pipeline it is.
         self.graph
@@ -109,6 +229,7 @@ impl Eraser for EmbeddedEraser {
         tenant: &TenantId,
         id: MemoryId,
     ) -> Result<Option<Turn>, RecollectError> {
+        let _writing = self.gate.read().await;
         let raw = self.raw.clone();
         let in_raw = tokio::task::spawn_blocking(move || raw.get(id))
             .await
@@ -242,6 +363,16 @@ impl App {
             )),
             Arc::new(consolidator),
         ];
+        let gate = Arc::new(tokio::sync::RwLock::new(()));
+        let stages: Vec<Arc<dyn Stage>> = stages
+            .into_iter()
+            .map(|inner| {
+                Arc::new(Gated {
+                    inner,
+                    gate: gate.clone(),
+                }) as Arc<dyn Stage>
+            })
+            .collect();
         let (shutdown, rx) = watch::channel(false);
         let bus_dyn: Arc<dyn Bus> = bus.clone();
         let handles = stages
@@ -260,8 +391,11 @@ impl App {
             max_text_bytes: settings.server.max_text_bytes,
             wait_timeout: std::time::Duration::from_secs(settings.server.wait_timeout_secs),
         };
-        let gateway =
-            Arc::new(Gateway::new(raw.clone(), bus_dyn, limits, stored).with_graph(graph.clone()));
+        let gateway = Arc::new(
+            Gateway::new(raw.clone(), bus_dyn, limits, stored)
+                .with_graph(graph.clone())
+                .with_gate(gate.clone()),
+        );
         let recall_cfg = RecallConfig {
             default_k: settings.server.default_k,
             max_k: settings.server.max_k,
@@ -274,8 +408,15 @@ impl App {
             query_embedder,
             recall_cfg,
         ));
+        let backup = Arc::new(DataDirBackup {
+            dir: dir.clone(),
+            gate: gate.clone(),
+            graph: graph.clone(),
+            vectors: vectors.clone(),
+        });
         let eraser = Arc::new(EmbeddedEraser {
             raw: raw.clone(),
+            gate,
             graph: graph.clone(),
             vectors: vectors.clone(),
             query_cache: query_cache.clone(),
@@ -289,6 +430,7 @@ impl App {
             gateway,
             recall,
             eraser,
+            backup,
             query_cache,
             shutdown,
             stages: handles,

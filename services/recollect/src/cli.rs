@@ -104,6 +104,27 @@ pub struct ReindexArgs {
 }
 
 #[derive(Args)]
+pub struct BackupArgs {
+    /// Where to write the copy: an absolute path, absent or an empty directory (with --server:
+    /// on the server's machine).
+    #[arg(long)]
+    pub to: PathBuf,
+    /// A running server to back up while it serves; default: the data dir directly.
+    #[arg(long)]
+    pub server: Option<String>,
+    /// The server's `server.admin_key`.
+    #[arg(long, env = "RECOLLECT_ADMIN_KEY", hide_env_values = true)]
+    pub admin_key: Option<String>,
+}
+
+#[derive(Args)]
+pub struct RestoreArgs {
+    /// A directory `recollect backup` wrote; copied into the data dir, which must be absent or
+    /// empty. The first start then finishes whatever the backup caught half-way.
+    pub from: PathBuf,
+}
+
+#[derive(Args)]
 pub struct HistoryArgs {
     /// The memory id.
     pub memory: String,
@@ -509,5 +530,61 @@ pub async fn reindex(settings: Settings, a: ReindexArgs) -> anyhow::Result<()> {
         }
     }
     println!("reindexed in {:.1}s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// `recollect backup --to DIR`: a consistent copy of the data directory, from a running server
+/// (`--server`, with the admin key) or from the data dir itself.
+pub async fn backup(settings: Settings, a: BackupArgs) -> anyhow::Result<()> {
+    let to = if a.to.is_absolute() {
+        a.to.clone()
+    } else {
+        std::env::current_dir()?.join(&a.to)
+    };
+    let done = match &a.server {
+        Some(url) => {
+            let r = reqwest::Client::new()
+                .post(format!("{url}/v1/admin/backup"))
+                .bearer_auth(a.admin_key.clone().unwrap_or_default())
+                .json(&serde_json::json!({"path": to}))
+                .send()
+                .await?;
+            check(r).await?
+        }
+        None => {
+            let app = App::open(settings).await?;
+            let r = recollect_gateway::Backup::backup(app.backup.as_ref(), &to).await;
+            app.shutdown().await;
+            serde_json::to_value(r?)?
+        }
+    };
+    println!("{}", serde_json::to_string_pretty(&done)?);
+    Ok(())
+}
+
+/// `recollect restore DIR`: a backup becomes the data dir (absent or empty: nothing is
+/// overwritten).
+pub async fn restore(settings: Settings, a: RestoreArgs) -> anyhow::Result<()> {
+    let dir = &settings.storage.data_dir;
+    if dir.exists() && std::fs::read_dir(dir)?.next().is_some() {
+        bail!(
+            "data dir {} is not empty: restore into a new one (--data-dir), nothing was changed",
+            dir.display()
+        );
+    }
+    if !a.from.join("raw.redb").is_file() {
+        bail!(
+            "{} holds no raw.redb: not a recollect backup",
+            a.from.display()
+        );
+    }
+    recollect_store::copy_dir(&a.from, dir)?;
+    // Opened once here so a damaged copy is reported now, not at the next start.
+    let raw = recollect_store::RawStore::open(&dir.join("raw.redb"))?;
+    println!(
+        "restored {} turns into {}; start the server on it",
+        raw.count()?,
+        dir.display()
+    );
     Ok(())
 }

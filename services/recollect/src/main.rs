@@ -67,6 +67,10 @@ enum Command {
     History(cli::HistoryArgs),
     /// Derive every turn again from the stored turns (after an extractor, rule or model change).
     Reindex(cli::ReindexArgs),
+    /// A consistent copy of the data directory, also while the server runs (--server).
+    Backup(cli::BackupArgs),
+    /// Make a backup the data directory (absent or empty).
+    Restore(cli::RestoreArgs),
     /// Synthetic load: ingest turns end to end, then time recall.
     Bench(bench::BenchArgs),
     /// Retrieval evaluation.
@@ -126,6 +130,8 @@ fn main() -> anyhow::Result<()> {
             Command::Edit(a) => cli::edit(settings, a).await,
             Command::History(a) => cli::history(settings, a).await,
             Command::Reindex(a) => cli::reindex(settings, a).await,
+            Command::Backup(a) => cli::backup(settings, a).await,
+            Command::Restore(a) => cli::restore(settings, a).await,
             Command::Eval { which } => eval::run(settings, which).await,
             Command::Bench(a) => bench::run(settings, a).await,
         }

@@ -19,6 +19,8 @@ pub fn roles(app: &App) -> Roles {
             gateway: app.gateway.clone(),
             eraser: app.eraser.clone(),
             auth: auth.clone(),
+            backup: Some(app.backup.clone()),
+            admin_key: app.settings.server.admin_key.clone(),
         })),
         query: Some(Arc::new(QueryState {
             recall: app.recall.clone(),

@@ -57,6 +57,9 @@ pub struct ServerSettings {
     /// Serve the memory browser at `/ui` (where the read path is served). The Helm chart turns
     /// it off unless asked.
     pub ui: bool,
+    /// Bearer key of the operator endpoints (backup); empty: they are off. Secret: redacted.
+    #[serde(default)]
+    pub admin_key: String,
 }
 
 /// Tenants of the keys, never the keys themselves: `Debug` output ends up in logs.
@@ -73,6 +76,14 @@ impl std::fmt::Debug for ServerSettings {
         f.debug_struct("ServerSettings")
             .field("listen", &self.listen)
             .field("api_keys", &keys)
+            .field(
+                "admin_key",
+                &if self.admin_key.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_turns_per_request", &self.max_turns_per_request)
             .field("max_query_bytes", &self.max_query_bytes)

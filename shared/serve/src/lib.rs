@@ -75,6 +75,7 @@ pub const OPERATIONS: &[(&str, &str, Role)] = &[
     ("PATCH", "/v1/memories/{id}", Role::Gateway),
     ("DELETE", "/v1/tenant", Role::Gateway),
     ("POST", "/v1/reindex", Role::Gateway),
+    ("POST", "/v1/admin/backup", Role::Gateway),
     ("POST", "/v1/recall", Role::Query),
     ("GET", "/v1/memories/{id}", Role::Query),
     ("GET", "/v1/memories/{id}/history", Role::Query),
@@ -92,6 +93,10 @@ pub trait StoreRole: Send + Sync {
     fn router(&self) -> Router;
     /// The OpenAPI paths of those routes.
     fn openapi(&self) -> utoipa::openapi::OpenApi;
+    /// Operator routes (backup): their own key, outside the tenants' auth and limits.
+    fn operator_router(&self) -> Option<Router> {
+        None
+    }
     /// Validates and stores one batch of a conversation (waiting when the request says so).
     async fn store(
         &self,
@@ -363,6 +368,9 @@ pub fn router(
     // Only the work routes are limited: health, readiness and metrics must answer under load.
     let work = work.route_layer(middleware::from_fn_with_state(guard, recollect_api::guard));
     let mut app = Router::new().merge(work);
+    if let Some(op) = roles.gateway.as_ref().and_then(|g| g.operator_router()) {
+        app = app.merge(op);
+    }
     for &(method, path, role) in OPERATIONS {
         if !roles.has(role) {
             app = app.merge(served_elsewhere(method, path, role, roles.service()));

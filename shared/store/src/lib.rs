@@ -37,3 +37,18 @@ pub use vector::{
 };
 pub use vector_edge::EdgeVectorIndex;
 pub use vector_qdrant::{QdrantSettings, QdrantVectorIndex};
+
+/// Copies a directory tree (a backup of a store's files; the caller keeps writers away).
+pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> Result<(), StoreError> {
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let target = to.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            copy_dir(&e.path(), &target)?;
+        } else {
+            std::fs::copy(e.path(), &target)?;
+        }
+    }
+    Ok(())
+}

@@ -190,6 +190,13 @@ pub trait VectorIndex: Send + Sync + 'static {
     /// Turn points in scope.
     async fn count(&self, tenant: &TenantId, scope: &Scope) -> Result<u64, StoreError>;
 
+    /// Copies the index's files to `dir` as one consistent whole (a backup), holding off its
+    /// own writes and background work meanwhile. False when it keeps no files of its own here
+    /// (a server, backed up with its own tools).
+    async fn copy_files_to(&self, _dir: &std::path::Path) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
     /// Background maintenance (index building); never required for correctness.
     async fn optimize(&self) -> Result<(), StoreError> {
         Ok(())

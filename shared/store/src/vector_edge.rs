@@ -38,6 +38,9 @@ pub struct EdgeVectorIndex {
     /// another thread holds its WAL lock, which concurrent writers (several graph-writers through
     /// the store service) otherwise cause.
     writes: Arc<parking_lot::Mutex<()>>,
+    /// Held by the optimiser while it rewrites segments and by a backup while it copies them.
+    files: Arc<parking_lot::Mutex<()>>,
+    dir: std::path::PathBuf,
 }
 
 /// Points written before the background optimiser runs (merging small segments, building the
@@ -57,7 +60,7 @@ struct Optimizer {
 }
 
 impl Optimizer {
-    fn spawn(shards: [Weak<EdgeShard>; 2]) -> Self {
+    fn spawn(shards: [Weak<EdgeShard>; 2], files: Arc<parking_lot::Mutex<()>>) -> Self {
         // 1: the store may have been closed with unoptimised segments; look once after opening.
         let written = Arc::new(AtomicU64::new(1));
         let last_write = Arc::new(parking_lot::Mutex::new(Instant::now()));
@@ -77,6 +80,7 @@ impl Optimizer {
                     for shard in &shards {
                         let Some(s) = shard.upgrade() else { return };
                         let started = Instant::now();
+                        let _copying_waits = files.lock();
                         match s.optimize() {
                             Ok(true) => tracing::info!(
                                 points_since_last = n,
@@ -386,13 +390,19 @@ impl EdgeVectorIndex {
             .build();
         let turns = Arc::new(open_shard(&dir.join("turns"), turns_cfg, true)?);
         let keywords = Arc::new(open_shard(&dir.join("keywords"), kw_cfg, false)?);
-        let optimizer = Optimizer::spawn([Arc::downgrade(&turns), Arc::downgrade(&keywords)]);
+        let files = Arc::new(parking_lot::Mutex::new(()));
+        let optimizer = Optimizer::spawn(
+            [Arc::downgrade(&turns), Arc::downgrade(&keywords)],
+            files.clone(),
+        );
         Ok(Self {
             turns,
             keywords,
             dim,
             optimizer,
             writes: Arc::new(parking_lot::Mutex::new(())),
+            files,
+            dir: dir.to_path_buf(),
         })
     }
 
@@ -879,6 +889,22 @@ impl VectorIndex for EdgeVectorIndex {
             Ok(n as u64)
         })
         .await
+    }
+
+    async fn copy_files_to(&self, to: &Path) -> Result<bool, StoreError> {
+        let (writes, files) = (self.writes.clone(), self.files.clone());
+        let (turns, keywords) = (self.turns.clone(), self.keywords.clone());
+        let (from, to) = (self.dir.clone(), to.to_path_buf());
+        tokio::task::spawn_blocking(move || {
+            // No update and no optimisation while the segments are copied.
+            let _no_writes = writes.lock();
+            let _no_rewrites = files.lock();
+            turns.flush();
+            keywords.flush();
+            crate::copy_dir(&from, &to)?;
+            Ok(true)
+        })
+        .await?
     }
 
     async fn optimize(&self) -> Result<(), StoreError> {
