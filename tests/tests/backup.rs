@@ -12,6 +12,9 @@ use recollect_tests::{env_refs, hash_env};
 use serde_json::{json, Value};
 
 const A: &str = "key-a";
+
+/// Memory ids of the batches stored so far, by batch.
+type Accepted = Arc<Mutex<Vec<(usize, Vec<String>)>>>;
 const ADMIN: &str = "admin-secret";
 
 fn env() -> Vec<(&'static str, String)> {
@@ -56,7 +59,7 @@ fn backup_while_ingesting_then_restore_embedded() {
     let env = env();
     let mut s = Deployment::start(Mode::Embedded, &data, &env_refs(&env));
     let url = s.url.clone();
-    let accepted: Arc<Mutex<Vec<(usize, Vec<String>)>>> = Arc::default();
+    let accepted: Accepted = Arc::default();
     let writer = {
         let (accepted, url) = (accepted.clone(), url.clone());
         std::thread::spawn(move || {
