@@ -292,6 +292,21 @@ fn tenant_a_cannot_reach_tenant_b(mode: Mode) {
     assert_eq!(st, 200);
     assert_eq!(m["tenant"], "tenant-a", "{m}");
     assert_eq!(s.get(&format!("/v1/memories/{a_id}"), Some(B)).0, 404);
+    // A's reindex derives A's turns only (B's snapshot below is unchanged); the operator
+    // backup takes no tenant's key.
+    let (st, r) = s.post("/v1/reindex", Some(A), &json!({}));
+    probes += 1;
+    assert_eq!(st, 202, "{r}");
+    assert_eq!(
+        (r["conversations"].as_u64(), r["turns"].as_u64()),
+        (Some(1), Some(1)),
+        "A reindexed more than its own: {r}"
+    );
+    for key in [A, B] {
+        let (st, r) = s.post("/v1/admin/backup", Some(key), &json!({"path": "/tmp/not-here"}));
+        probes += 1;
+        assert!(st == 404 || st == 401, "a tenant key ran a backup: {st} {r}");
+    }
     for (h, v) in [
         ("x-tenant", "tenant-b"),
         ("x-tenant-id", "tenant-b"),
