@@ -303,9 +303,16 @@ fn tenant_a_cannot_reach_tenant_b(mode: Mode) {
         "A reindexed more than its own: {r}"
     );
     for key in [A, B] {
-        let (st, r) = s.post("/v1/admin/backup", Some(key), &json!({"path": "/tmp/not-here"}));
+        let (st, r) = s.post(
+            "/v1/admin/backup",
+            Some(key),
+            &json!({"path": "/tmp/not-here"}),
+        );
         probes += 1;
-        assert!(st == 404 || st == 401, "a tenant key ran a backup: {st} {r}");
+        assert!(
+            st == 404 || st == 401,
+            "a tenant key ran a backup: {st} {r}"
+        );
     }
     for (h, v) in [
         ("x-tenant", "tenant-b"),

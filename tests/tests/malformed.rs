@@ -641,6 +641,92 @@ fn cases() -> Vec<Case> {
             body: None,
         });
     }
+    // Edits of the seed turn (SEED: its memory id, filled in at run time) that must change
+    // nothing, and reads as of times that are not times.
+    let seed = "/v1/memories/SEED";
+    for (label, body) in [
+        ("edit: empty object", b"{}".to_vec()),
+        ("edit: not JSON", b"{user: hi}".to_vec()),
+        ("edit: array", b"[]".to_vec()),
+        ("edit: null", b"null".to_vec()),
+        ("edit: user a number", br#"{"user": 5}"#.to_vec()),
+        ("edit: user blank", br#"{"user": "   "}"#.to_vec()),
+        (
+            "edit: user control char",
+            b"{\"user\": \"a\\u0007b\"}".to_vec(),
+        ),
+        ("edit: user NUL", b"{\"user\": \"a\\u0000b\"}".to_vec()),
+        ("edit: metadata a list", br#"{"metadata": [1, 2]}"#.to_vec()),
+        ("edit: metadata a string", br#"{"metadata": "x"}"#.to_vec()),
+        (
+            "edit: unknown field",
+            br#"{"user": "fine", "tenant": "b"}"#.to_vec(),
+        ),
+        (
+            "edit: turn_id",
+            br#"{"user": "fine", "turn_id": "other"}"#.to_vec(),
+        ),
+        (
+            "edit: wait a string",
+            br#"{"user": "fine", "wait": "yes"}"#.to_vec(),
+        ),
+        ("edit: invalid UTF-8", b"{\"user\": \"\xff\xfe\"}".to_vec()),
+        (
+            "edit: user over the limit",
+            format!(r#"{{"user": "{}"}}"#, "a".repeat(70_000)).into_bytes(),
+        ),
+    ] {
+        v.push(Case {
+            label: label.to_string(),
+            method: "PATCH",
+            path: seed.to_string(),
+            content_type: Some("application/json"),
+            body: Some(body),
+        });
+    }
+    for q in [
+        "?as_of=yesterday",
+        "?as_of=",
+        "?as_of=1800-01-01T00:00:00Z&x=1",
+        "?asof=2024-01-01T00:00:00Z",
+        "?as_of=%FF",
+    ] {
+        v.push(Case {
+            label: format!("memory {q}"),
+            method: "GET",
+            path: format!("{seed}{q}"),
+            content_type: None,
+            body: None,
+        });
+    }
+    for as_of in [
+        json!("yesterday"),
+        json!(5),
+        json!("1800-01-01T00:00:00Z"),
+        json!({}),
+    ] {
+        v.push(json_case(
+            format!("recall as_of {as_of}"),
+            "/v1/recall",
+            serde_json::to_vec(&json!({"query": "hello", "as_of": as_of})).unwrap(),
+        ));
+    }
+    for id in ["not-an-id", "%FF", "00000000-0000-4000-8000-000000000000"] {
+        v.push(Case {
+            label: format!("history of {id}"),
+            method: "GET",
+            path: format!("/v1/memories/{id}/history"),
+            content_type: None,
+            body: None,
+        });
+        v.push(Case {
+            label: format!("edit of {id}"),
+            method: "PATCH",
+            path: format!("/v1/memories/{id}"),
+            content_type: Some("application/json"),
+            body: Some(br#"{"user": "fine"}"#.to_vec()),
+        });
+    }
     // Wrong methods on every route.
     for (method, path) in [
         ("DELETE", TURNS),
@@ -653,6 +739,13 @@ fn cases() -> Vec<Case> {
         ("PATCH", "/v1/conversations/base"),
         ("POST", "/v1/tenant"),
         ("GET", "/v1/tenant"),
+        ("GET", "/v1/reindex"),
+        ("DELETE", "/v1/reindex"),
+        ("PUT", "/v1/memories/00000000-0000-4000-8000-000000000000"),
+        (
+            "POST",
+            "/v1/memories/00000000-0000-4000-8000-000000000000/history",
+        ),
     ] {
         v.push(Case {
             label: format!("{method} {path}"),
@@ -701,7 +794,8 @@ fn malformed_requests_get_4xx_and_store_nothing(mode: Mode) {
     for c in &cases {
         tried += 1;
         let m = reqwest::Method::from_bytes(c.method.as_bytes()).unwrap();
-        let mut req = client.request(m, format!("{}{}", s.url, c.path));
+        let path = c.path.replace("SEED", &seed_id);
+        let mut req = client.request(m, format!("{}{path}", s.url));
         if let Some(ct) = c.content_type {
             req = req.header("content-type", ct);
         }
@@ -771,6 +865,10 @@ fn malformed_requests_get_4xx_and_store_nothing(mode: Mode) {
         &json!({"turns": [{"turn_id": "after", "user": "still working after the storm", "timestamp": TS}], "wait": true}),
     );
     assert_eq!(st, 202, "{r}");
+    // No edit went through: the seed is at its first version.
+    let (st, h) = s.get(&format!("/v1/memories/{seed_id}/history"), None);
+    assert_eq!(st, 200, "{h}");
+    assert_eq!(h["versions"].as_array().map(Vec::len), Some(1), "{h}");
     s.stop();
     // Residue: anything stored besides the seed turn and the final valid one.
     let residue = s.stored_turns(dir.path(), "default") as i64 - 2
