@@ -236,3 +236,28 @@ mod tests {
         assert!(decode_store("bad id", ok, 10, 100).is_err());
     }
 }
+
+#[cfg(test)]
+mod patch_tests {
+    use super::*;
+    use crate::TurnPatch;
+
+    #[test]
+    fn an_edit_names_the_field_it_gets_wrong() {
+        let bad = |p: TurnPatch| validate_patch(&p, 100).unwrap_err().message;
+        assert!(bad(TurnPatch::default()).contains("at least one of"));
+        let p = |u: &str| TurnPatch {
+            user: Some(u.into()),
+            ..Default::default()
+        };
+        assert!(bad(p(" ")).starts_with("patch.user"), "{}", bad(p(" ")));
+        assert!(bad(p("a\u{7}")).starts_with("patch.user"));
+        assert!(bad(p(&"a".repeat(101))).starts_with("patch.user"));
+        // An empty assistant text removes it: allowed.
+        let remove = TurnPatch {
+            assistant: Some(String::new()),
+            ..Default::default()
+        };
+        assert!(validate_patch(&remove, 100).is_ok());
+    }
+}

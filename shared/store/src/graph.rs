@@ -610,3 +610,123 @@ pub trait Graph: Send + Sync + 'static {
         conversation: &str,
     ) -> Result<u64, StoreError>;
 }
+
+#[cfg(test)]
+mod version_tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn turn(user: &str) -> Turn {
+        let t = Utc.with_ymd_and_hms(2024, 5, 1, 10, 0, 0).unwrap();
+        serde_json::from_value(serde_json::json!({
+            "tenant": "t", "conversation_id": "c", "turn_id": "1", "position": 0,
+            "user": user, "timestamp": t, "recorded_at": t,
+        }))
+        .unwrap()
+    }
+
+    fn edit(of: &Turn, user: &str, secs: i64) -> Turn {
+        recollect_model::TurnPatch {
+            user: Some(user.into()),
+            ..Default::default()
+        }
+        .apply(of, of.recorded_at + chrono::Duration::seconds(secs))
+        .unwrap()
+    }
+
+    fn record(t: Turn) -> TurnRecord {
+        TurnRecord {
+            turn: t,
+            extraction: Extraction::default(),
+            fragments: vec![],
+            history: vec![],
+        }
+    }
+
+    #[test]
+    fn edits_supersede_replays_and_older_versions_do_not() {
+        let v1 = turn("cat");
+        let v2 = edit(&v1, "dog", 10);
+        assert_eq!(
+            (v2.version, v2.first_recorded_at),
+            (2, Some(v1.recorded_at))
+        );
+        let mut rec = record(v1.clone());
+        assert_eq!(
+            rec.version_write(&v1),
+            VersionWrite::Rewrite,
+            "a replayed store"
+        );
+        assert_eq!(rec.version_write(&v2), VersionWrite::Supersede);
+        rec.supersede(v2.clone(), Extraction::default());
+        assert_eq!(
+            rec.version_write(&v2),
+            VersionWrite::Rewrite,
+            "a replayed edit"
+        );
+        assert_eq!(
+            rec.version_write(&v1),
+            VersionWrite::Stale,
+            "a retried store"
+        );
+        // Two edits made from the same version (two gateways): the later one is a new version.
+        let other = edit(&v1, "bird", 20);
+        assert_eq!(rec.version_write(&other), VersionWrite::Supersede);
+        rec.supersede(other, Extraction::default());
+        assert_eq!(
+            rec.turn.version, 3,
+            "numbered in the order they become current"
+        );
+        let early = edit(&v1, "fish", 5);
+        assert_eq!(rec.version_write(&early), VersionWrite::Stale);
+        assert_eq!(
+            rec.versions()
+                .iter()
+                .map(|t| t.user.as_str())
+                .collect::<Vec<_>>(),
+            ["cat", "dog", "bird"]
+        );
+        assert_eq!(rec.history[0].turn.expired_at, Some(v2.recorded_at));
+    }
+
+    #[test]
+    fn as_of_picks_the_version_current_then() {
+        let v1 = turn("cat");
+        let v2 = edit(&v1, "dog", 10);
+        let mut rec = record(v1.clone());
+        rec.supersede(v2.clone(), Extraction::default());
+        let at = |s: i64| v1.recorded_at + chrono::Duration::seconds(s);
+        assert!(rec.as_of(at(-1)).is_none(), "not recorded yet");
+        assert_eq!(rec.as_of(at(0)).unwrap().turn.user, "cat");
+        assert_eq!(rec.as_of(at(9)).unwrap().turn.user, "cat");
+        assert_eq!(rec.as_of(at(10)).unwrap().turn.user, "dog");
+        assert_eq!(rec.as_of(at(1000)).unwrap().turn.user, "dog");
+    }
+
+    #[test]
+    fn an_edit_of_an_erased_memory_stays_erased() {
+        let v1 = turn("cat");
+        let late = edit(&v1, "dog", 3600);
+        let mut e = Erasures::default();
+        e.turns.insert(
+            v1.memory_id,
+            TurnErasure {
+                at: v1.recorded_at + chrono::Duration::seconds(60),
+                position: 0,
+            },
+        );
+        assert!(e.covers_turn(&v1) && e.covers_turn(&late));
+        // Stored again after the erasure: a new memory, and its edits are not covered.
+        let mut again = turn("cat again");
+        again.recorded_at += chrono::Duration::seconds(120);
+        assert!(!e.covers_turn(&again) && !e.covers_turn(&edit(&again, "x", 1)));
+    }
+
+    #[test]
+    fn runs_never_hold_a_key_twice() {
+        let items = [1, 2, 1, 3, 4, 5, 2];
+        let runs = distinct_runs(&items, 3, |i| *i);
+        assert_eq!(runs, vec![&[1, 2][..], &[1, 3, 4], &[5, 2]]);
+        assert_eq!(distinct_runs(&[] as &[u8], 3, |i| *i).len(), 0);
+    }
+}
