@@ -25,19 +25,6 @@ pub struct RecallConfig {
     /// Bonus for a turn that carries a time expression when the question asks "when", or whose
     /// times fall in the question's time hint.
     pub time_weight: f32,
-    /// Pseudo-relevance feedback: weight of the mean vector of the first pass's top turns added
-    /// to the query vector for a second dense pass (0 = off).
-    pub prf_weight: f32,
-    pub prf_depth: usize,
-    /// Weight of keyword-neighbour terms added to the BM25 query (times their cosine; 0 = off).
-    pub lexical_expansion: f32,
-    /// Discount on a field said by someone other than the person the question names.
-    pub speaker_penalty: f32,
-    /// Diversity: at most this many memories from one conversation-day before the rest of the
-    /// ranking (0 = off). Questions about several events need more than one day's turns.
-    pub day_cap: usize,
-    /// BM25 over the analysed query terms (question scaffolding removed) instead of all terms.
-    pub lexical_from_analysis: bool,
 }
 
 impl Default for RecallConfig {
@@ -55,46 +42,71 @@ impl Default for RecallConfig {
             lexical_weight: 0.3,
             neighbour_weight: 0.35,
             time_weight: 0.2,
-            prf_weight: 0.0,
-            prf_depth: 3,
-            lexical_from_analysis: false,
-            day_cap: 0,
-            speaker_penalty: 0.0,
-            lexical_expansion: 0.0,
         }
     }
 }
 
-/// Components that can be switched off one at a time, to measure each one's worth.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Ablation {
-    pub path_b: bool,
-    pub path_c: bool,
+/// A component of recall that an evaluation can switch off, to measure its worth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Component {
+    PathB,
+    PathC,
     /// Entity, time and location traversal (Path B keeps only keyword vectors).
-    pub graph: bool,
+    Graph,
     /// Source-aware scoring (rank by dense cosine instead).
-    pub scoring: bool,
-    pub dense: bool,
-    pub lexical: bool,
-    /// Field max-sim (use the mean of the field cosines instead).
-    pub fields: bool,
+    Scoring,
+    Dense,
+    Lexical,
+    /// Field max-sim (the mean of the field cosines instead).
+    FieldMaxSim,
+}
+
+impl Component {
+    pub const ALL: [Component; 7] = [
+        Component::PathB,
+        Component::PathC,
+        Component::Graph,
+        Component::Scoring,
+        Component::Dense,
+        Component::Lexical,
+        Component::FieldMaxSim,
+    ];
+
+    /// The name `recollect eval --ablate` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Component::PathB => "path-b",
+            Component::PathC => "path-c",
+            Component::Graph => "graph",
+            Component::Scoring => "scoring",
+            Component::Dense => "dense",
+            Component::Lexical => "lexical",
+            Component::FieldMaxSim => "fields",
+        }
+    }
+}
+
+/// A recall run with at most one component switched off (the default: the full system).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ablation {
+    pub off: Option<Component>,
 }
 
 impl Ablation {
+    /// Whether this run leaves `c` out.
+    pub fn without(&self, c: Component) -> bool {
+        self.off == Some(c)
+    }
+
+    /// `none` or a component's name.
     pub fn parse(name: &str) -> Option<Self> {
-        let mut a = Self::default();
-        match name {
-            "none" => {}
-            "path-b" => a.path_b = true,
-            "path-c" => a.path_c = true,
-            "graph" => a.graph = true,
-            "scoring" => a.scoring = true,
-            "dense" => a.dense = true,
-            "lexical" => a.lexical = true,
-            "fields" => a.fields = true,
-            _ => return None,
+        if name == "none" {
+            return Some(Self::default());
         }
-        Some(a)
+        Component::ALL
+            .into_iter()
+            .find(|c| c.name() == name)
+            .map(|c| Self { off: Some(c) })
     }
 
     pub const NAMES: [&'static str; 7] = [

@@ -8,39 +8,16 @@ use recollect_model::{MemoryId, RecalledMemory, ScoreParts, TenantId};
 use recollect_store::Scope;
 
 use crate::softtfidf;
-use crate::{Ablation, PathB, PathC, QueryVectors, Recall, RecallError};
+use crate::{Ablation, Component, PathB, PathC, QueryVectors, Recall, RecallError};
 
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// Field max-sim (never a mixture, unless ablated): the best of the user and assistant cosines.
-/// When the question names a speaker of the turn, fields said by others are discounted.
-fn field_cos(
-    q: &[f32],
-    f: &recollect_store::vector::FieldVectors,
-    t: &recollect_model::Turn,
-    asked: &[String],
-    speaker_penalty: f32,
-    mixture: bool,
-) -> f32 {
-    let by_asked = |s: &Option<String>| {
-        s.as_ref()
-            .is_some_and(|s| asked.contains(&s.to_lowercase()))
-    };
-    let (u_asked, a_asked) = (by_asked(&t.user_speaker), by_asked(&t.assistant_speaker));
-    let weight = |mine: bool| {
-        if (u_asked || a_asked) && !mine {
-            1.0 - speaker_penalty
-        } else {
-            1.0
-        }
-    };
-    let u = dot(q, &f.user) * weight(u_asked);
-    match (
-        f.assistant.as_ref().map(|a| dot(q, a) * weight(a_asked)),
-        mixture,
-    ) {
+fn field_cos(q: &[f32], f: &recollect_store::vector::FieldVectors, mixture: bool) -> f32 {
+    let u = dot(q, &f.user);
+    match (f.assistant.as_ref().map(|a| dot(q, a)), mixture) {
         (Some(a), false) => u.max(a),
         (Some(a), true) => (u + a) / 2.0,
         (None, _) => u,
@@ -113,20 +90,13 @@ pub async fn score(
         in_b: bool,
         in_c: bool,
     }
-    // People the question asks about: their own words weigh more than what others said to them.
-    let asked: Vec<String> = qa.entities.iter().map(|e| e.to_lowercase()).collect();
     let mut rows: Vec<Row> = Vec::with_capacity(records.len());
     for (idx, rec) in records.iter().enumerate() {
         let id = rec.turn.memory_id;
         let cos = match vectors.get(&id) {
-            Some(f) if !ablation.dense => field_cos(
-                &qv.query,
-                f,
-                &rec.turn,
-                &asked,
-                cfg.speaker_penalty,
-                ablation.fields,
-            ),
+            Some(f) if !ablation.without(Component::Dense) => {
+                field_cos(&qv.query, f, ablation.without(Component::FieldMaxSim))
+            }
             _ => 0.0,
         };
         // Time evidence: the question asks "when" and the turn says when; or the turn's times
@@ -171,7 +141,7 @@ pub async fn score(
                 let kw = row.s_kw / kw_norm;
                 let frag = row.s_frag / frag_norm;
                 let w = (w_base + 0.15 * row.s_kw).min(w_cap);
-                let keymem = if ablation.scoring {
+                let keymem = if ablation.without(Component::Scoring) {
                     row.cos
                 } else {
                     match (row.in_b, row.in_c) {
@@ -213,39 +183,6 @@ pub async fn score(
     };
     let mut scored = score_all(&rows);
 
-    // Pseudo-relevance feedback: pull the query towards the first pass's best turns, re-score.
-    if cfg.prf_weight > 0.0 && !ablation.dense {
-        let mut order: Vec<&(f32, usize, ScoreParts, Vec<String>)> = scored.iter().collect();
-        order.sort_by(|a, b| b.0.total_cmp(&a.0));
-        let mut centroid = vec![0f32; qv.query.len()];
-        let mut n = 0f32;
-        for (_, i, _, _) in order.iter().take(cfg.prf_depth) {
-            if let Some(f) = vectors.get(&records[*i].turn.memory_id) {
-                for v in std::iter::once(&f.user).chain(f.assistant.as_ref()) {
-                    centroid.iter_mut().zip(v).for_each(|(c, x)| *c += x);
-                    n += 1.0;
-                }
-            }
-        }
-        if n > 0.0 {
-            let mut q: Vec<f32> = qv
-                .query
-                .iter()
-                .zip(&centroid)
-                .map(|(a, c)| a + cfg.prf_weight * c / n)
-                .collect();
-            let norm = q.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-9);
-            q.iter_mut().for_each(|x| *x /= norm);
-            for row in rows.iter_mut() {
-                let t = &records[row.idx].turn;
-                if let Some(f) = vectors.get(&t.memory_id) {
-                    row.cos = field_cos(&q, f, t, &asked, cfg.speaker_penalty, ablation.fields);
-                }
-            }
-            scored = score_all(&rows);
-        }
-    }
-
     // Neighbouring rounds carry part of each other's score: answers often span adjacent turns.
     if cfg.neighbour_weight > 0.0 {
         let pos: HashMap<(&str, u64), f32> = scored
@@ -275,24 +212,6 @@ pub async fn score(
         b.0.total_cmp(&a.0)
             .then_with(|| records[a.1].turn.position.cmp(&records[b.1].turn.position))
     });
-    if cfg.day_cap > 0 {
-        let mut per_day: HashMap<(&str, chrono::NaiveDate), usize> = HashMap::new();
-        let (mut head, mut tail) = (Vec::with_capacity(scored.len()), Vec::new());
-        for item in scored {
-            let t = &records[item.1].turn;
-            let n = per_day
-                .entry((t.conversation_id.as_str(), t.timestamp.date_naive()))
-                .or_default();
-            *n += 1;
-            if *n <= cfg.day_cap {
-                head.push(item);
-            } else {
-                tail.push(item);
-            }
-        }
-        head.extend(tail);
-        scored = head;
-    }
     scored.truncate(k);
     Ok(scored
         .into_iter()

@@ -24,7 +24,7 @@ use recollect_store::{Graph, Scope, StoreError, VectorField, VectorIndex, Vector
 use recollect_telemetry as metrics;
 use serde::{Deserialize, Serialize};
 
-pub use config::{Ablation, RecallConfig};
+pub use config::{Ablation, Component, RecallConfig};
 pub use path_b::PathB;
 pub use path_c::PathC;
 
@@ -114,11 +114,7 @@ pub struct RecallResponse {
 
 /// BM25 query weights: each distinct query term once (IDF is applied by the index).
 pub fn lexical_query(query: &str) -> SparseVector {
-    lexical_query_terms(&recollect_extract::text::lexical_terms(query))
-}
-
-fn lexical_query_terms(terms: &[String]) -> SparseVector {
-    let mut ids: Vec<u32> = terms
+    let mut ids: Vec<u32> = recollect_extract::text::lexical_terms(query)
         .iter()
         .map(|t| recollect_extract::text::term_id(t))
         .collect();
@@ -128,29 +124,6 @@ fn lexical_query_terms(terms: &[String]) -> SparseVector {
         values: vec![1.0; ids.len()],
         indices: ids,
     }
-}
-
-/// Adds Path B's single-word keyword neighbours to a BM25 query, weighted by their cosine.
-fn expand(mut q: SparseVector, b: &PathB, weight: f32) -> SparseVector {
-    let mut extra: HashMap<u32, f32> = HashMap::new();
-    for n in &b.neighbours {
-        for (name, sim) in n {
-            if name.contains(' ') {
-                continue;
-            }
-            let id = recollect_extract::text::term_id(name);
-            if q.indices.contains(&id) {
-                continue;
-            }
-            let w = extra.entry(id).or_insert(0.0);
-            *w = w.max(weight * sim);
-        }
-    }
-    for (id, w) in extra {
-        q.indices.push(id);
-        q.values.push(w);
-    }
-    q
 }
 
 pub struct Recall {
@@ -263,20 +236,9 @@ impl Recall {
         tenant: &TenantId,
         scope: &Scope,
         query: &str,
-        qa: &QueryAnalysis,
-        b: &PathB,
         limit: usize,
     ) -> Result<HashMap<MemoryId, f32>, RecallError> {
-        let q = if self.config.lexical_from_analysis && !qa.lexical_terms.is_empty() {
-            lexical_query_terms(&qa.lexical_terms)
-        } else {
-            lexical_query(query)
-        };
-        let q = if self.config.lexical_expansion > 0.0 {
-            expand(q, b, self.config.lexical_expansion)
-        } else {
-            q
-        };
+        let q = lexical_query(query);
         Ok(self
             .vectors
             .search(tenant, scope, &VectorQuery::Lexical(q), limit)
@@ -425,7 +387,7 @@ impl Recall {
         let (b, dense) = tokio::join!(
             path_b::run(self, tenant, &scope, &qa, &qv, ablation),
             async {
-                if ablation.dense {
+                if ablation.without(Component::Dense) {
                     Ok(HashMap::new())
                 } else {
                     self.dense(tenant, &scope, &qv.query, depth).await
@@ -438,17 +400,16 @@ impl Recall {
             .observe(phase.elapsed().as_secs_f64());
         let phase = Instant::now();
         // BM25 after Path B, so the query can be widened with its keyword neighbours.
-        let lexical = if ablation.lexical {
+        let lexical = if ablation.without(Component::Lexical) {
             HashMap::new()
         } else {
-            self.lexical(tenant, &scope, &req.query, &qa, &b, depth)
-                .await?
+            self.lexical(tenant, &scope, &req.query, depth).await?
         };
         metrics::RECALL_LATENCY
             .with_label_values(&["lexical"])
             .observe(phase.elapsed().as_secs_f64());
         let phase = Instant::now();
-        let c = if ablation.path_c {
+        let c = if ablation.without(Component::PathC) {
             PathC::default()
         } else {
             path_c::run(self, tenant, &scope, &b).await?

@@ -11,7 +11,7 @@ use recollect_model::{MemoryId, TenantId};
 use recollect_store::{NodeKind, Scope};
 
 use crate::softtfidf::{idf, Neighbours};
-use crate::{Ablation, QueryVectors, Recall, RecallError};
+use crate::{Ablation, Component, QueryVectors, Recall, RecallError};
 
 #[derive(Debug, Default, Clone)]
 pub struct PathB {
@@ -121,7 +121,7 @@ pub async fn run(
         .collect();
 
     let kw = linked(r, tenant, scope, NodeKind::Keyword, &names).await?;
-    let (ent, time, loc) = if ablation.graph {
+    let (ent, time, loc) = if ablation.without(Component::Graph) {
         Default::default()
     } else {
         let time_fut = async {
@@ -154,7 +154,7 @@ pub async fn run(
     let union: HashSet<MemoryId> = sets.iter().flat_map(|s| s.iter().copied()).collect();
     let non_empty: Vec<&HashSet<MemoryId>> =
         sets.iter().copied().filter(|s| !s.is_empty()).collect();
-    let result = if ablation.path_b {
+    let result = if ablation.without(Component::PathB) {
         HashSet::new()
     } else if non_empty.len() >= 2 {
         non_empty[0]
