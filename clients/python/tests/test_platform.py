@@ -1,5 +1,5 @@
-"""End users, agents and filters, listing by user, erasing one memory and the 409 on a
-conflicting turn id, against the live server."""
+"""End users, agents and filters, listing by user, erasing one memory, edits with their history
+and as_of, reindex, and the 409 on a conflicting turn id, against the live server."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from recollect_client import Client, ConflictError, MemoryErased, NotFoundError
+import time
+
+from recollect_client import Client, ConflictError, MemoryErased, MemoryHistory, NotFoundError, Turn
 from recollect_client.errors import BadRequestError
 
 from conftest import KEY
@@ -132,7 +134,7 @@ def test_conflicting_turn_id_is_409_and_stores_nothing(client, conv):
     with pytest.raises(ConflictError) as e:
         client.store_turns(conv, [extra, changed])
     assert e.value.status == 409 and e.value.code == "conflict"
-    assert "turns[1].turn_id" in e.value.message and "DELETE /v1/memories/" in e.value.message
+    assert "turns[1].turn_id" in e.value.message and "PATCH /v1/memories/" in e.value.message
     assert [t.turn_id for t in client.iter_turns(conv)] == ["u-409-0", "u-409-1"]
 
 
@@ -147,3 +149,40 @@ async def test_async_filters_listing_and_delete(aclient, two_users):
     assert erased.conversation_id == conv_a
     left = (await aclient.recall("kayaking", user_ids=[a], k=50)).memories
     assert len(left) == len(got) - 1
+
+
+def test_edit_history_and_as_of(client, other_client, conv):
+    ids = client.store_turns(conv, _turns("u-edit", 2, "web"), wait=True).memory_ids
+    before = datetime.now(timezone.utc)
+    time.sleep(0.05)
+    v2 = client.edit_memory(ids[0], user="I went sailing near Porto instead.", metadata={"fixed": True}, wait=True)
+    assert isinstance(v2, Turn) and v2.version == 2 and v2.user.startswith("I went sailing")
+    assert client.edit_memory(ids[0], user="I went sailing near Porto instead.", metadata={"fixed": True}).version == 2
+    history = client.memory_history(ids[0])
+    assert isinstance(history, MemoryHistory) and len(history.versions) == 2
+    assert history.versions[0].expired_at is not None and "kayaking" in history.versions[0].user
+    assert "kayaking" in client.get_memory(ids[0], as_of=before).user
+    assert "sailing" in client.get_memory(ids[0]).user
+    top = client.recall("sailing Porto", conversation_ids=[conv], k=1).memories[0]
+    assert top.memory_id == ids[0] and "sailing" in top.user
+    old = client.recall("sailing Porto", conversation_ids=[conv], k=5, as_of=before).memories
+    assert all("sailing" not in m.user for m in old)
+    with pytest.raises(BadRequestError) as e:
+        client.edit_memory(ids[0])
+    assert "at least one of" in e.value.message
+    with pytest.raises(NotFoundError):
+        other_client.edit_memory(ids[0], user="not yours")
+    with pytest.raises(NotFoundError):
+        other_client.memory_history(ids[0])
+    assert client.reindex().turns >= 2
+
+
+@pytest.mark.anyio
+async def test_async_edit_and_history(aclient, two_users):
+    (a, _), _ = list(two_users.items())
+    got = (await aclient.recall("kayaking", user_ids=[a], k=1)).memories[0]
+    v2 = await aclient.edit_memory(got.memory_id, assistant="", wait=True)
+    assert v2.version == 2 and not v2.assistant
+    assert len((await aclient.memory_history(got.memory_id)).versions) == 2
+    then = await aclient.get_memory(got.memory_id, as_of=v2.recorded_at)
+    assert then.version == 2

@@ -44,6 +44,9 @@ export type ConversationInfo = JsonOf<paths["/v1/conversations/{id}"]["get"]["re
 export type Erased = JsonOf<paths["/v1/conversations/{id}"]["delete"]["responses"][200]>;
 export type MemoryErased = JsonOf<paths["/v1/memories/{id}"]["delete"]["responses"][200]>;
 export type TenantErased = JsonOf<paths["/v1/tenant"]["delete"]["responses"][200]>;
+export type TurnPatch = Schemas["TurnPatch"];
+export type MemoryHistory = JsonOf<paths["/v1/memories/{id}/history"]["get"]["responses"][200]>;
+export type Reindexing = JsonOf<paths["/v1/reindex"]["post"]["responses"][202]>;
 export type ErrorBody = Schemas["ErrorBody"];
 export type { components, paths };
 
@@ -52,8 +55,10 @@ export type TurnInputLike = Omit<TurnInput, "timestamp"> & { timestamp: string |
 /** `storeTurn`'s turn: `timestamp` defaults to now. */
 export type NewTurn = Omit<TurnInputLike, "timestamp"> & { timestamp?: string | Date };
 /** A recall request: the API's `RecallRequest`, with `now`, `from` and `to` also as `Date`s. */
-export type RecallRequestLike = Omit<RecallRequest, "now" | "from" | "to"> & {
+export type RecallRequestLike = Omit<RecallRequest, "now" | "from" | "to" | "as_of"> & {
   now?: string | Date | null;
+  /** What was held at this transaction time (each turn's version then; nothing recorded later). */
+  as_of?: string | Date | null;
   /** Only turns whose timestamp is at or after this. */
   from?: string | Date | null;
   /** Only turns whose timestamp is before this. */
@@ -305,8 +310,14 @@ export class RecollectClient {
   recall(request: RecallRequestLike | string, options: CallOptions = {}): Promise<RecallResponse> {
     const r: RecallRequestLike = typeof request === "string" ? { query: request } : request;
     const time = (t: string | Date | null | undefined) => (t instanceof Date ? t.toISOString() : t);
-    const body: RecallRequest = { ...r, now: time(r.now), from: time(r.from), to: time(r.to) };
-    for (const k of ["now", "from", "to"] as const) if (body[k] === undefined) delete body[k];
+    const body: RecallRequest = {
+      ...r,
+      now: time(r.now),
+      from: time(r.from),
+      to: time(r.to),
+      as_of: time(r.as_of),
+    };
+    for (const k of ["now", "from", "to", "as_of"] as const) if (body[k] === undefined) delete body[k];
     return this.send({
       method: "POST",
       path: "/v1/recall",
@@ -321,11 +332,14 @@ export class RecollectClient {
   }
 
   /** `GET /v1/memories/{id}`: one stored turn, with its `extraction` (keywords, entities,
-   * locations, times, references; absent while enrichment is pending) and `fragments`. */
-  getMemory(memoryId: string, options: CallOptions = {}): Promise<TurnView> {
+   * locations, times, references; absent while enrichment is pending) and `fragments`; with
+   * `asOf`, the version held at that time. */
+  getMemory(memoryId: string, options: CallOptions & { asOf?: string | Date } = {}): Promise<TurnView> {
+    const asOf = options.asOf instanceof Date ? options.asOf.toISOString() : options.asOf;
     return this.send({
       method: "GET",
       path: `/v1/memories/${segment(memoryId, "memoryId")}`,
+      query: asOf ? { as_of: asOf } : undefined,
       idempotent: true,
       retry: true,
       timeoutMs: options.timeoutMs,
@@ -430,6 +444,51 @@ export class RecollectClient {
       signal: options.signal,
       accept: "application/json",
       parse: json<Erased>(["conversation_id", "turns_erased"], "Erased"),
+    });
+  }
+
+  /** `PATCH /v1/memories/{id}`: a new version of the turn (`user`, `assistant` (`""` removes it)
+   * or `metadata`; at least one); the old one is kept, expired, in its history. Resolves to the
+   * version now current (with `wait: true`, once recallable); the same edit again makes none. */
+  editMemory(memoryId: string, patch: TurnPatch, options: CallOptions = {}): Promise<Turn> {
+    return this.send({
+      method: "PATCH",
+      path: `/v1/memories/${segment(memoryId, "memoryId")}`,
+      body: patch,
+      idempotent: true,
+      retry: true,
+      timeoutMs: options.timeoutMs ?? (patch.wait ? this.waitTimeoutMs : undefined),
+      signal: options.signal,
+      accept: "application/json",
+      parse: json<Turn>(["memory_id", "conversation_id", "user"], "Turn"),
+    });
+  }
+
+  /** `GET /v1/memories/{id}/history`: every version, oldest first (each replaced one with `expired_at`). */
+  memoryHistory(memoryId: string, options: CallOptions = {}): Promise<MemoryHistory> {
+    return this.send({
+      method: "GET",
+      path: `/v1/memories/${segment(memoryId, "memoryId")}/history`,
+      idempotent: true,
+      retry: true,
+      timeoutMs: options.timeoutMs,
+      signal: options.signal,
+      accept: "application/json",
+      parse: json<MemoryHistory>(["memory_id", "versions"], "MemoryHistory"),
+    });
+  }
+
+  /** `POST /v1/reindex`: every turn of the tenant derived again; recall goes on meanwhile. */
+  reindex(options: CallOptions = {}): Promise<Reindexing> {
+    return this.send({
+      method: "POST",
+      path: "/v1/reindex",
+      idempotent: true,
+      retry: true,
+      timeoutMs: options.timeoutMs,
+      signal: options.signal,
+      accept: "application/json",
+      parse: json<Reindexing>(["conversations", "turns"], "Reindexing"),
     });
   }
 

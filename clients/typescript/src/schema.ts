@@ -72,6 +72,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/admin/backup": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * A consistent copy of the server's data directory, written on the server's machine while
+         *     it runs: writes wait for the copy (recall does not), and the copy opens as a data
+         *     directory of its own (`recollect restore`). An operator endpoint: the bearer key is
+         *     `server.admin_key`, not a tenant's; off while that is empty.
+         */
+        post: operations["backup"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/conversations": {
         parameters: {
             query?: never;
@@ -140,6 +162,28 @@ export interface paths {
         delete: operations["delete_memory"];
         options?: never;
         head?: never;
+        /**
+         * Edits one memory: a new version, the current one kept in its history (expired, its
+         *     graph links expired rather than deleted). Recall returns the new version once enriched;
+         *     recall and get with `as_of` still see the old one at earlier times.
+         */
+        patch: operations["edit_memory"];
+        trace?: never;
+    };
+    "/v1/memories/{id}/history": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Every version of a memory: what each edit replaced, when, and what is current. */
+        get: operations["memory_history"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
         patch?: never;
         trace?: never;
     };
@@ -154,6 +198,26 @@ export interface paths {
         put?: never;
         /** Recall memories for a query, with why each was returned (sources and score parts). */
         post: operations["recall"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/reindex": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Derives every turn of the caller's tenant again (after an extractor, rule or model
+         *     change); recall goes on meanwhile. Answers once the work is queued.
+         */
+        post: operations["reindex"];
         delete?: never;
         options?: never;
         head?: never;
@@ -184,6 +248,27 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** @description What a backup wrote. */
+        BackupDone: {
+            path: string;
+            /**
+             * Format: int64
+             * @description Bytes copied.
+             */
+            bytes: number;
+            /**
+             * Format: int64
+             * @description How long writes waited for the copy (recall went on throughout).
+             */
+            paused_ms: number;
+            /** @description Stores kept elsewhere (a graph or vector server), not in this copy. */
+            not_included: string[];
+        };
+        /** @description `POST /v1/admin/backup` body. */
+        BackupRequest: {
+            /** @description Absolute path on the server's machine, absent or an empty directory. */
+            path: string;
+        };
         Binding: {
             location?: string | null;
             event?: string | null;
@@ -263,11 +348,16 @@ export interface components {
             key: string;
             text: string;
         };
-        /** @description What erasing one memory removed. */
         MemoryErased: {
             memory_id: string;
             conversation_id: string;
             turn_id: string;
+        };
+        /** @description Every version of a memory. */
+        MemoryHistory: {
+            memory_id: string;
+            /** @description Oldest first, the current one last; each earlier one has `expired_at`. */
+            versions: components["schemas"]["Turn"][];
         };
         /** @description `POST /v1/recall` body. */
         RecallRequest: {
@@ -305,6 +395,12 @@ export interface components {
              *     number or boolean; keys of letters, digits, _ and -).
              */
             metadata?: Record<string, unknown> | null;
+            /**
+             * Format: date-time
+             * @description Transaction time: recall what Recollect held then (each turn's version current at that
+             *     time; nothing recorded later). An erased turn is never returned, whatever the time.
+             */
+            as_of?: string | null;
         };
         RecallResponse: {
             memories: components["schemas"]["RecalledMemory"][];
@@ -355,6 +451,19 @@ export interface components {
              * @description Turns seen, so bindings can expire.
              */
             turns_seen: number;
+        };
+        /** @description What `POST /v1/reindex` started. */
+        Reindexing: {
+            /**
+             * Format: int64
+             * @description Conversations whose derivation starts over.
+             */
+            conversations: number;
+            /**
+             * Format: int64
+             * @description Turns sent through the workers again.
+             */
+            turns: number;
         };
         /** @description Why a memory was returned. */
         ScoreParts: {
@@ -435,6 +544,22 @@ export interface components {
              */
             user_id?: string | null;
             agent_id?: string | null;
+            /**
+             * Format: int32
+             * @description 1 as first stored, one more per edit (`PATCH /v1/memories/{id}`); left out at 1.
+             */
+            version?: number;
+            /**
+             * Format: date-time
+             * @description On an edited version: when version 1 was recorded. Erasure markers compare with it, so
+             *     an edit never outlives the erasure of the memory it edits.
+             */
+            first_recorded_at?: string | null;
+            /**
+             * Format: date-time
+             * @description On a superseded version (a memory's history): when the next version replaced it.
+             */
+            expired_at?: string | null;
         };
         /** @description A turn as a client sends it. */
         TurnInput: {
@@ -456,6 +581,19 @@ export interface components {
             turns: components["schemas"]["TurnView"][];
             /** @description Pass as `cursor` for the next page; absent on the last one. */
             next_cursor?: string | null;
+        };
+        /**
+         * @description `PATCH /v1/memories/{id}` body: the fields an edit replaces (at least one). The edit is a new
+         *     version of the memory; the one before is kept, expired, in its history.
+         */
+        TurnPatch: {
+            user?: string | null;
+            /** @description The assistant's text; an empty string removes it. */
+            assistant?: string | null;
+            /** @description Replaces the whole metadata object. */
+            metadata?: Record<string, unknown> | null;
+            /** @description Answer only once the new version is recallable (default: once it is stored durably). */
+            wait?: boolean | null;
         };
         /** @description A stored turn with what enrichment made of it. */
         TurnView: components["schemas"]["Turn"] & {
@@ -552,6 +690,57 @@ export interface operations {
             };
             /** @description a dependency does not answer */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    backup: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["BackupRequest"];
+            };
+        };
+        responses: {
+            /** @description copied */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BackupDone"];
+                };
+            };
+            /** @description bad path (relative, or a non-empty directory), nothing written; or no data directory here (distributed) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description not the admin key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description operator endpoints are off (server.admin_key is empty) */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -828,7 +1017,10 @@ export interface operations {
     };
     get_memory: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description RFC 3339 transaction time: the version Recollect held then (404 if none yet). */
+                as_of?: string;
+            };
             header?: never;
             path: {
                 /** @description memory id (UUID) */
@@ -926,6 +1118,119 @@ export interface operations {
             };
         };
     };
+    edit_memory: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description memory id (a UUID) */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TurnPatch"];
+            };
+        };
+        responses: {
+            /** @description the version now current, stored durably (with wait: also recallable); an edit that changes nothing returns the current version */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Turn"];
+                };
+            };
+            /** @description bad input; names the field; nothing changed */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description missing or unknown API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such memory for this tenant (or erased) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description stored, but enrichment did not finish within the wait timeout */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    memory_history: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description memory id (UUID) */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the versions, oldest first */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MemoryHistory"];
+                };
+            };
+            /** @description not a memory id */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description missing or unknown API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description no such memory for this tenant */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     recall: {
         parameters: {
             query?: never;
@@ -968,6 +1273,35 @@ export interface operations {
             };
             /** @description unknown conversation */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    reindex: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description queued: the turns go through the workers again */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Reindexing"];
+                };
+            };
+            /** @description missing or unknown API key */
+            401: {
                 headers: {
                     [name: string]: unknown;
                 };

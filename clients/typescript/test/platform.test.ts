@@ -145,9 +145,36 @@ test("deleteMemory erases one turn; a conflicting turn id is a ConflictError", {
         e instanceof ConflictError &&
         e.status === 409 &&
         e.code === "conflict" &&
-        e.message.includes("DELETE /v1/memories/")
+        e.message.includes("PATCH /v1/memories/")
       );
     });
+  } finally {
+    await rc.deleteConversation(id).catch(() => undefined);
+  }
+});
+
+test("editMemory keeps the old version in the history and for asOf; reindex", { skip: skipLive }, async () => {
+  const rc = client();
+  const id = conv();
+  try {
+    const ids = (await rc.storeTurns(id, turns("u-edit", 2, "web"), { wait: true })).memory_ids;
+    const before = new Date();
+    await new Promise((r) => setTimeout(r, 50));
+    const v2 = await rc.editMemory(ids[0]!, { user: "I went sailing near Porto instead.", wait: true });
+    assert.equal(v2.version, 2);
+    const same = await rc.editMemory(ids[0]!, { user: "I went sailing near Porto instead." });
+    assert.equal(same.version, 2, "the same edit again makes no version");
+    const h = await rc.memoryHistory(ids[0]!);
+    assert.equal(h.versions.length, 2);
+    assert.ok(h.versions[0]!.expired_at && h.versions[0]!.user.includes("kayaking"));
+    assert.ok((await rc.getMemory(ids[0]!, { asOf: before })).user.includes("kayaking"));
+    assert.ok((await rc.getMemory(ids[0]!)).user.includes("sailing"));
+    const old = await rc.recall({ query: "sailing Porto", conversation_ids: [id], k: 5, as_of: before });
+    assert.ok(old.memories.every((m) => !m.user.includes("sailing")));
+    await assert.rejects(rc.editMemory(ids[0]!, {}), BadRequestError);
+    await assert.rejects(client(OTHER_KEY).editMemory(ids[0]!, { user: "not yours" }), NotFoundError);
+    await assert.rejects(client(OTHER_KEY).memoryHistory(ids[0]!), NotFoundError);
+    assert.ok((await rc.reindex()).turns >= 2);
   } finally {
     await rc.deleteConversation(id).catch(() => undefined);
   }

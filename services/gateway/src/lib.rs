@@ -346,7 +346,7 @@ impl Gateway {
         let superseded = self
             .refuse_conflicts(tenant, conversation, &req.turns)
             .await?;
-        let now = chrono::Utc::now();
+        let now = recollect_model::now_micros();
         let mut ids = Vec::with_capacity(req.turns.len());
         let turns: Vec<Turn> = req
             .turns
@@ -564,7 +564,7 @@ impl Gateway {
                 let current = graph_turn(graph.as_ref(), tenant, mid)
                     .await?
                     .ok_or_else(not_found)?;
-                match patch.apply(&current, chrono::Utc::now()) {
+                match patch.apply(&current, recollect_model::now_micros()) {
                     Some(next) => (next, true),
                     None => (current, false),
                 }

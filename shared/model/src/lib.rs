@@ -252,6 +252,13 @@ pub struct Turn {
     pub expired_at: Option<DateTime<Utc>>,
 }
 
+/// Now, to the microsecond: transaction times are compared with times clients send back
+/// (`as_of`), and most clients (Python's datetime, JavaScript's Date, Neo4j) hold no finer.
+pub fn now_micros() -> DateTime<Utc> {
+    chrono::DurationRound::duration_trunc(Utc::now(), chrono::Duration::microseconds(1))
+        .unwrap_or_else(|_| Utc::now())
+}
+
 fn first_version() -> u32 {
     1
 }

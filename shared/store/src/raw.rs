@@ -89,7 +89,7 @@ impl RawStore {
         inputs: &[TurnInput],
     ) -> Result<Vec<Appended>, StoreError> {
         let conv_key = keys::join(&[tenant.as_str(), conversation]);
-        let now = Utc::now();
+        let now = recollect_model::now_micros();
         let w = self.db.begin_write()?;
         let mut out = Vec::with_capacity(inputs.len());
         {
@@ -173,7 +173,7 @@ impl RawStore {
             if current.tenant != *tenant {
                 return Ok(None);
             }
-            let Some(next) = patch.apply(&current, Utc::now()) else {
+            let Some(next) = patch.apply(&current, recollect_model::now_micros()) else {
                 return Ok(Some(Appended {
                     turn: current,
                     new: false,

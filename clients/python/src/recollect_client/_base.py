@@ -25,14 +25,18 @@ from .models import (
     ConversationPage,
     Erased,
     MemoryErased,
+    MemoryHistory,
     RecallRequest,
     RecallResponse,
     ReferenceState,
+    Reindexing,
     StoreRequest,
     StoreResponse,
     TenantErased,
+    Turn,
     TurnInput,
     TurnPage,
+    TurnPatch,
     TurnView,
 )
 
@@ -308,6 +312,7 @@ class BaseClient:
         to: datetime | str | None = None,
         speakers: Sequence[str] | None = None,
         metadata: Mapping[str, str | int | float | bool] | None = None,
+        as_of: datetime | str | None = None,
     ) -> Call[RecallResponse]:
         def listed(v: Sequence[str] | None) -> list[str] | None:
             return list(v) if v is not None else None
@@ -325,6 +330,7 @@ class BaseClient:
                 "to": to,
                 "speakers": listed(speakers),
                 "metadata": dict(metadata) if metadata is not None else None,
+                "as_of": as_of,
             }
         )
         return Call(
@@ -336,8 +342,53 @@ class BaseClient:
             timeout=timeout,
         )
 
-    def _get_memory_call(self, memory_id: str, timeout: float | None) -> Call[TurnView]:
-        return Call("GET", f"/v1/memories/{segment(memory_id, 'memory_id')}", model_parser(TurnView), timeout=timeout)
+    def _get_memory_call(
+        self, memory_id: str, timeout: float | None, as_of: datetime | str | None = None
+    ) -> Call[TurnView]:
+        params = {"as_of": as_of.isoformat() if isinstance(as_of, datetime) else as_of} if as_of else None
+        return Call(
+            "GET",
+            f"/v1/memories/{segment(memory_id, 'memory_id')}",
+            model_parser(TurnView),
+            params=params,
+            timeout=timeout,
+        )
+
+    def _edit_memory_call(
+        self,
+        memory_id: str,
+        user: str | None,
+        assistant: str | None,
+        metadata: Mapping[str, Any] | None,
+        wait: bool,
+        timeout: float | None,
+    ) -> Call[Turn]:
+        body = TurnPatch(
+            user=user,
+            assistant=assistant,
+            metadata=dict(metadata) if metadata is not None else None,
+            wait=wait or None,
+        )
+        return Call(
+            "PATCH",
+            f"/v1/memories/{segment(memory_id, 'memory_id')}",
+            model_parser(Turn),
+            json=body.model_dump(mode="json", exclude_none=True),
+            # The same edit again makes no new version: safe to repeat.
+            idempotent=True,
+            timeout=timeout if timeout is not None else (self.wait_timeout if wait else None),
+        )
+
+    def _memory_history_call(self, memory_id: str, timeout: float | None) -> Call[MemoryHistory]:
+        return Call(
+            "GET",
+            f"/v1/memories/{segment(memory_id, 'memory_id')}/history",
+            model_parser(MemoryHistory),
+            timeout=timeout,
+        )
+
+    def _reindex_call(self, timeout: float | None) -> Call[Reindexing]:
+        return Call("POST", "/v1/reindex", model_parser(Reindexing), idempotent=True, timeout=timeout)
 
     def _list_conversations_call(
         self,

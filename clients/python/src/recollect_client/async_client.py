@@ -17,10 +17,13 @@ from .models import (
     ConversationPage,
     Erased,
     MemoryErased,
+    MemoryHistory,
     RecallResponse,
     ReferenceState,
+    Reindexing,
     StoreResponse,
     TenantErased,
+    Turn,
     TurnInput,
     TurnPage,
     TurnView,
@@ -160,9 +163,10 @@ class AsyncClient(BaseClient):
         to: datetime | str | None = None,
         speakers: Sequence[str] | None = None,
         metadata: Mapping[str, str | int | float | bool] | None = None,
+        as_of: datetime | str | None = None,
         timeout: float | None = None,
     ) -> RecallResponse:
-        """``POST /v1/recall`` with the same filters; see :meth:`Client.recall`."""
+        """``POST /v1/recall`` with the same filters and ``as_of``; see :meth:`Client.recall`."""
         return await self._send(
             self._recall_call(
                 query,
@@ -177,12 +181,37 @@ class AsyncClient(BaseClient):
                 to=to,
                 speakers=speakers,
                 metadata=metadata,
+                as_of=as_of,
             )
         )
 
-    async def get_memory(self, memory_id: str, *, timeout: float | None = None) -> TurnView:
-        """``GET /v1/memories/{id}``: one stored turn with its extraction; see :meth:`Client.get_memory`."""
-        return await self._send(self._get_memory_call(memory_id, timeout))
+    async def get_memory(
+        self, memory_id: str, *, as_of: datetime | str | None = None, timeout: float | None = None
+    ) -> TurnView:
+        """``GET /v1/memories/{id}``: one stored turn with its extraction (with ``as_of``: the
+        version held then); see :meth:`Client.get_memory`."""
+        return await self._send(self._get_memory_call(memory_id, timeout, as_of))
+
+    async def edit_memory(
+        self,
+        memory_id: str,
+        *,
+        user: str | None = None,
+        assistant: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> Turn:
+        """``PATCH /v1/memories/{id}``: a new version; see :meth:`Client.edit_memory`."""
+        return await self._send(self._edit_memory_call(memory_id, user, assistant, metadata, wait, timeout))
+
+    async def memory_history(self, memory_id: str, *, timeout: float | None = None) -> MemoryHistory:
+        """``GET /v1/memories/{id}/history``: every version, oldest first."""
+        return await self._send(self._memory_history_call(memory_id, timeout))
+
+    async def reindex(self, *, timeout: float | None = None) -> Reindexing:
+        """``POST /v1/reindex``: every turn of the tenant derived again; see :meth:`Client.reindex`."""
+        return await self._send(self._reindex_call(timeout))
 
     async def get_memories(
         self, memory_ids: Iterable[str], *, concurrency: int = 8, timeout: float | None = None

@@ -16,10 +16,13 @@ from .models import (
     ConversationPage,
     Erased,
     MemoryErased,
+    MemoryHistory,
     RecallResponse,
     ReferenceState,
+    Reindexing,
     StoreResponse,
     TenantErased,
+    Turn,
     TurnInput,
     TurnPage,
     TurnView,
@@ -179,6 +182,7 @@ class Client(BaseClient):
         to: datetime | str | None = None,
         speakers: Sequence[str] | None = None,
         metadata: Mapping[str, str | int | float | bool] | None = None,
+        as_of: datetime | str | None = None,
         timeout: float | None = None,
     ) -> RecallResponse:
         """``POST /v1/recall``: the ``k`` (1..1000, default 30) memories best matching ``query``,
@@ -187,7 +191,8 @@ class Client(BaseClient):
         times in the query ("last week"). Filters, applied inside every retrieval path so ``k``
         matching turns come back whenever that many exist: ``user_ids``, ``agent_ids``, a time
         range on the turn's timestamp (``from_`` inclusive, sent as ``from``; ``to`` exclusive),
-        ``speakers`` and ``metadata`` equality (string, number or boolean values)."""
+        ``speakers`` and ``metadata`` equality (string, number or boolean values). ``as_of``: what
+        was held at that transaction time (each turn's version then; nothing recorded later)."""
         return self._send(
             self._recall_call(
                 query,
@@ -202,13 +207,37 @@ class Client(BaseClient):
                 to=to,
                 speakers=speakers,
                 metadata=metadata,
+                as_of=as_of,
             )
         )
 
-    def get_memory(self, memory_id: str, *, timeout: float | None = None) -> TurnView:
+    def get_memory(
+        self, memory_id: str, *, as_of: datetime | str | None = None, timeout: float | None = None
+    ) -> TurnView:
         """``GET /v1/memories/{id}``: one stored turn, with its ``extraction`` (keywords, entities,
-        locations, times, references; ``None`` while enrichment is pending) and ``fragments``."""
-        return self._send(self._get_memory_call(memory_id, timeout))
+        locations, times, references; ``None`` while enrichment is pending) and ``fragments``;
+        with ``as_of``, the version held at that time."""
+        return self._send(self._get_memory_call(memory_id, timeout, as_of))
+
+    def edit_memory(
+        self,
+        memory_id: str,
+        *,
+        user: str | None = None,
+        assistant: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> Turn:
+        """``PATCH /v1/memories/{id}``: a new version of the turn (its text or metadata; at least
+        one); the old one is kept, expired, in its history. Returns the version now current
+        (``wait=True``: once it is recallable). The same edit again makes no new version."""
+        return self._send(self._edit_memory_call(memory_id, user, assistant, metadata, wait, timeout))
+
+    def memory_history(self, memory_id: str, *, timeout: float | None = None) -> MemoryHistory:
+        """``GET /v1/memories/{id}/history``: every version, oldest first (each replaced one
+        with ``expired_at``)."""
+        return self._send(self._memory_history_call(memory_id, timeout))
 
     def get_memories(self, memory_ids: Iterable[str], *, timeout: float | None = None) -> list[TurnView]:
         """Several stored turns, in the order given (one request each; a missing one raises
@@ -288,6 +317,11 @@ class Client(BaseClient):
         conversation stays recallable. Raises :class:`~recollect_client.errors.NotFoundError` for
         an id this tenant does not have (or no longer has)."""
         return self._send(self._delete_memory_call(memory_id, timeout))
+
+    def reindex(self, *, timeout: float | None = None) -> Reindexing:
+        """``POST /v1/reindex``: every turn of the tenant derived again (after an extractor, rule
+        or model change); recall goes on meanwhile."""
+        return self._send(self._reindex_call(timeout))
 
     def erase_tenant(self, confirm: str, *, timeout: float | None = None) -> TenantErased:
         """``DELETE /v1/tenant?confirm=TENANT``: erase every conversation of the caller's tenant.

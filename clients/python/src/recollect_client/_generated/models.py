@@ -9,6 +9,40 @@ from typing import Annotated, Any
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 
+class BackupDone(BaseModel):
+    """
+    What a backup wrote.
+    """
+
+    path: str
+    bytes: Annotated[int, Field(ge=0)]
+    """
+    Bytes copied.
+    """
+    paused_ms: Annotated[int, Field(ge=0)]
+    """
+    How long writes waited for the copy (recall went on throughout).
+    """
+    not_included: list[str]
+    """
+    Stores kept elsewhere (a graph or vector server), not in this copy.
+    """
+
+
+class BackupRequest(BaseModel):
+    """
+    `POST /v1/admin/backup` body.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    path: str
+    """
+    Absolute path on the server's machine, absent or an empty directory.
+    """
+
+
 class ConversationInfo(BaseModel):
     conversation_id: str
     turns: Annotated[int, Field(ge=0)]
@@ -72,10 +106,6 @@ class Keyword(BaseModel):
 
 
 class MemoryErased(BaseModel):
-    """
-    What erasing one memory removed.
-    """
-
     memory_id: str
     conversation_id: str
     turn_id: str
@@ -99,6 +129,21 @@ class Reference(BaseModel):
     What it resolved to (an entity name, a location, an ISO date).
     """
     field: FieldModel
+
+
+class Reindexing(BaseModel):
+    """
+    What `POST /v1/reindex` started.
+    """
+
+    conversations: Annotated[int, Field(ge=0)]
+    """
+    Conversations whose derivation starts over.
+    """
+    turns: Annotated[int, Field(ge=0)]
+    """
+    Turns sent through the workers again.
+    """
 
 
 class ScoreParts(BaseModel):
@@ -183,6 +228,19 @@ class Turn(BaseModel):
     existed read back unchanged.
     """
     agent_id: str | None = None
+    version: Annotated[int | None, Field(ge=0)] = None
+    """
+    1 as first stored, one more per edit (`PATCH /v1/memories/{id}`); left out at 1.
+    """
+    first_recorded_at: AwareDatetime | None = None
+    """
+    On an edited version: when version 1 was recorded. Erasure markers compare with it, so
+    an edit never outlives the erasure of the memory it edits.
+    """
+    expired_at: AwareDatetime | None = None
+    """
+    On a superseded version (a memory's history): when the next version replaced it.
+    """
 
 
 class TurnInput(BaseModel):
@@ -207,6 +265,30 @@ class TurnInput(BaseModel):
     agent_id: str | None = None
     """
     The agent (assistant persona) that took part; recall can be scoped to it.
+    """
+
+
+class TurnPatch(BaseModel):
+    """
+    `PATCH /v1/memories/{id}` body: the fields an edit replaces (at least one). The edit is a new
+    version of the memory; the one before is kept, expired, in its history.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    user: str | None = None
+    assistant: str | None = None
+    """
+    The assistant's text; an empty string removes it.
+    """
+    metadata: dict[str, Any] | None = None
+    """
+    Replaces the whole metadata object.
+    """
+    wait: bool | None = None
+    """
+    Answer only once the new version is recallable (default: once it is stored durably).
     """
 
 
@@ -258,6 +340,18 @@ class Extraction(BaseModel):
     extractor: str
     """
     Which extractor produced this (`rules`, `llm:<model>`), for the info metric and audits.
+    """
+
+
+class MemoryHistory(BaseModel):
+    """
+    Every version of a memory.
+    """
+
+    memory_id: str
+    versions: list[Turn]
+    """
+    Oldest first, the current one last; each earlier one has `expired_at`.
     """
 
 
@@ -380,6 +474,11 @@ class RecallRequest(BaseModel):
     """
     Only turns whose metadata has each of these keys equal to the value given (string,
     number or boolean; keys of letters, digits, _ and -).
+    """
+    as_of: AwareDatetime | None = None
+    """
+    Transaction time: recall what Recollect held then (each turn's version current at that
+    time; nothing recorded later). An erased turn is never returned, whatever the time.
     """
 
 
