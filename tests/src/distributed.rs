@@ -377,6 +377,13 @@ impl GrpcClients {
         self.store_path.edit_memory(r).await
     }
 
+    pub async fn reindex(
+        &mut self,
+        r: tonic::Request<recollect_proto::v1::ReindexRequest>,
+    ) -> Result<tonic::Response<recollect_proto::v1::ReindexResponse>, tonic::Status> {
+        self.store_path.reindex(r).await
+    }
+
     pub async fn memory_history(
         &mut self,
         r: tonic::Request<recollect_proto::v1::MemoryHistoryRequest>,

@@ -256,6 +256,12 @@ fn store_recall_get_delete_round_trip_and_idempotent_retry(mode: Mode) {
             .await
             .unwrap_err();
         assert_eq!(other.code(), Code::NotFound, "{other:?}");
+        let re = c
+            .reindex(authed(recollect_proto::v1::ReindexRequest {}, ka))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!((re.conversations, re.turns), (1, 2), "{re:?}");
 
         let d = c
             .delete(authed(

@@ -86,6 +86,9 @@ gateway extractor embedder graph-writer consolidator query
 {{- if hasKey $server "api_keys" }}
 {{- fail "config.server.api_keys is a secret: use secrets.apiKeys or secrets.existingSecret" }}
 {{- end }}
+{{- if hasKey $server "admin_key" }}
+{{- fail "config.server.admin_key: the operator backup is the single binary's; a distributed deployment is backed up with Kafka's, Neo4j's and Qdrant's own tools" }}
+{{- end }}
 {{- $graph := default dict .Values.config.graph }}
 {{- if hasKey $graph "password" }}
 {{- fail "config.graph.password is a secret: use secrets.neo4jPassword or secrets.existingSecret" }}

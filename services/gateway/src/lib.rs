@@ -1154,6 +1154,15 @@ pub mod http {
             Ok((r.conversation_id, r.turn_id))
         }
 
+        async fn reindex(
+            &self,
+            tenant: &recollect_model::TenantId,
+            trace_id: &str,
+        ) -> Result<(u64, u64), RecollectError> {
+            let r = self.gateway.reindex(tenant, trace_id).await?;
+            Ok((r.conversations, r.turns))
+        }
+
         async fn edit_memory(
             &self,
             tenant: &recollect_model::TenantId,

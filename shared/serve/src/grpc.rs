@@ -353,6 +353,27 @@ impl Memory for MemoryService {
         counted("EditMemory", r)
     }
 
+    async fn reindex(
+        &self,
+        request: Request<v1::ReindexRequest>,
+    ) -> Result<Response<v1::ReindexResponse>, Status> {
+        let r: Result<Response<v1::ReindexResponse>, Status> = async {
+            let (tenant, _permit) = self.admit("Reindex", Role::Gateway, &request)?;
+            let trace_id = uuid::Uuid::new_v4().to_string();
+            let (conversations, turns) = self
+                .gateway()
+                .reindex(&tenant, &trace_id)
+                .await
+                .map_err(grpc_status)?;
+            Ok(Response::new(v1::ReindexResponse {
+                conversations,
+                turns,
+            }))
+        }
+        .await;
+        counted("Reindex", r)
+    }
+
     async fn memory_history(
         &self,
         request: Request<v1::MemoryHistoryRequest>,

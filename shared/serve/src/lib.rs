@@ -120,6 +120,12 @@ pub trait StoreRole: Send + Sync {
         tenant: &TenantId,
         id: &str,
     ) -> Result<(String, String), RecollectError>;
+    /// Derives every turn of the tenant again: (conversations, turns) queued.
+    async fn reindex(
+        &self,
+        tenant: &TenantId,
+        trace_id: &str,
+    ) -> Result<(u64, u64), RecollectError>;
     /// Edits one memory: the version now current (NotFound as for `delete_memory`).
     async fn edit_memory(
         &self,
