@@ -475,3 +475,21 @@ pub fn max_consumer_lag(workers: &[&Server]) -> f64 {
         .flat_map(|w| w.metric_values("recollect_bus_consumer_lag_messages", ""))
         .fold(0.0, f64::max)
 }
+
+/// Runs the CLI on a data dir with the lexical-only embedder and no API keys (the open,
+/// single-tenant mode): (success, stdout, stderr).
+pub fn cli(data: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(binary())
+        .args(["--data-dir", data.to_str().expect("a UTF-8 path")])
+        .args(args)
+        .env("RECOLLECT__EMBEDDER__KIND", "hash")
+        .env("RECOLLECT__TELEMETRY__LOG_LEVEL", "warn")
+        .env_remove("RECOLLECT_API_KEYS")
+        .output()
+        .expect("the recollect binary runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

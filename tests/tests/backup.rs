@@ -34,22 +34,10 @@ fn batch(b: usize) -> Value {
     json!({"turns": turns})
 }
 
+/// The CLI on a data dir: (success, stdout and stderr).
 fn cli(data: &std::path::Path, args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(recollect_tests::binary())
-        .args(["--data-dir", data.to_str().unwrap()])
-        .args(args)
-        .env("RECOLLECT__EMBEDDER__KIND", "hash")
-        .env("RECOLLECT__TELEMETRY__LOG_LEVEL", "warn")
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    let (ok, out, err) = recollect_tests::cli(data, args);
+    (ok, format!("{out}{err}"))
 }
 
 #[test]

@@ -286,25 +286,12 @@ fn residue(data: &std::path::Path) {
 /// `recollect edit`, `recollect history` and `recollect recall --as-of` on a data directory.
 #[test]
 fn edit_history_and_as_of_from_the_cli() {
-    use std::process::Command;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path();
     let cli = |args: &[&str]| {
-        let out = Command::new(recollect_tests::binary())
-            .args(["--data-dir", data.to_str().unwrap()])
-            .args(args)
-            .env("RECOLLECT__EMBEDDER__KIND", "hash")
-            .env("RECOLLECT__TELEMETRY__LOG_LEVEL", "warn")
-            .env_remove("RECOLLECT_API_KEYS")
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "{args:?}: {stdout} {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stdout
+        let (ok, out, err) = recollect_tests::cli(data, args);
+        assert!(ok, "{args:?}: {out} {err}");
+        out
     };
     let file = data.join("turns.jsonl");
     std::fs::create_dir_all(data).unwrap();
@@ -349,20 +336,9 @@ fn edit_history_and_as_of_from_the_cli() {
     );
     let other = tempfile::tempdir().unwrap();
     let cli2 = |args: &[&str]| {
-        let o = Command::new(recollect_tests::binary())
-            .args(["--data-dir", other.path().to_str().unwrap()])
-            .args(args)
-            .env("RECOLLECT__EMBEDDER__KIND", "hash")
-            .env("RECOLLECT__TELEMETRY__LOG_LEVEL", "warn")
-            .env_remove("RECOLLECT_API_KEYS")
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
+        let (ok, out, err) = recollect_tests::cli(other.path(), args);
+        assert!(ok, "{args:?}: {err}");
+        out
     };
     for _ in 0..2 {
         cli2(&["import", out.to_str().unwrap()]);

@@ -70,28 +70,56 @@ fn seed(s: &Deployment) -> Vec<String> {
     ids
 }
 
-/// Polls until what is derived equals `want` (consolidation runs after the last turn).
-fn settles_to(s: &Deployment, ids: &[String], want: &Value) -> Value {
+/// What is derived, polled until `done` says so (or a minute passes): consolidation and the
+/// re-enrichment run after the request answers.
+fn poll(s: &Deployment, ids: &[String], done: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let got = derived(s, ids);
-        if &got == want || Instant::now() > deadline {
+        if done(&got) || Instant::now() > deadline {
             return got;
         }
         std::thread::sleep(Duration::from_millis(200));
     }
 }
 
+fn settles_to(s: &Deployment, ids: &[String], want: &Value) -> Value {
+    poll(s, ids, |got| got == want)
+}
+
 /// Fragments exist for the 10-turn window of r1: consolidation ran.
 fn consolidated(s: &Deployment, ids: &[String]) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let d = derived(s, ids);
-        if d[&ids[0]][1].as_array().is_some_and(|f| !f.is_empty()) || Instant::now() > deadline {
-            return d;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    poll(s, ids, |d| {
+        d[&ids[0]][1].as_array().is_some_and(|f| !f.is_empty())
+    })
+}
+
+/// An embedded server with the two seeded conversations, consolidated: (server, ids, derived).
+fn seeded(
+    dir: &std::path::Path,
+    env: &[(&'static str, String)],
+) -> (Deployment, Vec<String>, Value) {
+    let s = Deployment::start(Mode::Embedded, dir, &env_refs(env));
+    let ids = seed(&s);
+    let before = consolidated(&s, &ids);
+    (s, ids, before)
+}
+
+/// Asks for a reindex of the two seeded conversations; recall answers right after.
+fn reindex_answering_recall(s: &Deployment) {
+    let (st, r) = s.post("/v1/reindex", Some(A), &json!({}));
+    assert_eq!(st, 202, "{r}");
+    let counts = (r["conversations"].as_u64(), r["turns"].as_u64());
+    assert_eq!(counts, (Some(2), Some(17)), "{r}");
+    let (st, _) = s.post(
+        "/v1/recall",
+        Some(A),
+        &json!({"query": "greyhound Biscuit"}),
+    );
+    assert_eq!(
+        st, 200,
+        "recall answers while the workers go through the turns"
+    );
 }
 
 fn env() -> Vec<(&'static str, String)> {
@@ -104,9 +132,7 @@ fn env() -> Vec<(&'static str, String)> {
 fn reindex_rebuilds_graph_vectors_and_fragments_from_the_raw_store_embedded() {
     let dir = tempfile::tempdir().unwrap();
     let env = env();
-    let mut s = Deployment::start(Mode::Embedded, dir.path(), &env_refs(&env));
-    let ids = seed(&s);
-    let before = consolidated(&s, &ids);
+    let (mut s, ids, before) = seeded(dir.path(), &env);
     assert!(before[&ids[0]][0]["keywords"]
         .as_array()
         .is_some_and(|k| !k.is_empty()));
@@ -127,18 +153,11 @@ fn reindex_rebuilds_graph_vectors_and_fragments_from_the_raw_store_embedded() {
             (200, Some(0)),
             "{r}"
         );
-        let (st, r) = s.post("/v1/reindex", Some(A), &json!({}));
-        assert_eq!(st, 202, "{r}");
-        assert_eq!(
-            (r["conversations"].as_u64(), r["turns"].as_u64()),
-            (Some(2), Some(17)),
-            "{r}"
-        );
+        reindex_answering_recall(&s);
         if kill_part_way {
             s.front.kill9();
             s = Deployment::start(Mode::Embedded, dir.path(), &env_refs(&env));
         }
-        // Recall answers while the workers go through the turns.
         let (st, _) = s.post(
             "/v1/recall",
             Some(A),
@@ -161,19 +180,7 @@ fn reindex_from_the_graph_distributed() {
     let mut s = Deployment::start(Mode::Distributed, dir.path(), &env_refs(&env));
     let ids = seed(&s);
     let before = consolidated(&s, &ids);
-    let (st, r) = s.post("/v1/reindex", Some(A), &json!({}));
-    assert_eq!(st, 202, "{r}");
-    assert_eq!(
-        (r["conversations"].as_u64(), r["turns"].as_u64()),
-        (Some(2), Some(17)),
-        "{r}"
-    );
-    let (st, _) = s.post(
-        "/v1/recall",
-        Some(A),
-        &json!({"query": "greyhound Biscuit"}),
-    );
-    assert_eq!(st, 200);
+    reindex_answering_recall(&s);
     let after = settles_to(&s, &ids, &before);
     assert_eq!(after, before);
     s.stop();
@@ -183,9 +190,7 @@ fn reindex_from_the_graph_distributed() {
 fn recollect_reindex_on_a_data_dir() {
     let dir = tempfile::tempdir().unwrap();
     let env = env();
-    let mut s = Deployment::start(Mode::Embedded, dir.path(), &env_refs(&env));
-    let ids = seed(&s);
-    let before = consolidated(&s, &ids);
+    let (mut s, ids, before) = seeded(dir.path(), &env);
     s.stop();
     std::fs::remove_dir_all(dir.path().join("vectors")).unwrap();
     let out = std::process::Command::new(recollect_tests::binary())

@@ -5,25 +5,8 @@
 use std::path::Path;
 use std::process::Command;
 
-use recollect_tests::{binary, env_refs, hash_env, Server};
+use recollect_tests::{binary, cli, env_refs, hash_env, Server};
 use serde_json::{json, Value};
-
-/// Runs the CLI on a data dir with the lexical-only embedder: (success, stdout, stderr).
-fn cli(data: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(binary())
-        .args(["--data-dir", data.to_str().unwrap()])
-        .args(args)
-        .env("RECOLLECT__EMBEDDER__KIND", "hash")
-        .env("RECOLLECT__TELEMETRY__LOG_LEVEL", "warn")
-        .env_remove("RECOLLECT_API_KEYS")
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 /// Exported lines, without what differs between two stores of the same turns.
 fn export(data: &Path) -> Vec<Value> {

@@ -442,6 +442,42 @@ impl EdgeVectorIndex {
     fn flush(shard: &EdgeShard) {
         shard.flush();
     }
+
+    /// Dense field vectors of the given points whose tenant key is `owner`, by point id.
+    async fn dense_vectors(
+        &self,
+        pids: Vec<PointId>,
+        owner: String,
+    ) -> Result<HashMap<MemoryId, FieldVectors>, StoreError> {
+        Self::blocking(&self.turns, move |s| {
+            let recs = s
+                .retrieve(
+                    &pids,
+                    Some(WithPayloadInterface::Fields(vec![json_path("tenant")])),
+                    Some(WithVector::Selector(vec![
+                        USER_VECTOR.into(),
+                        ASSISTANT_VECTOR.into(),
+                    ])),
+                )
+                .map_err(err)?;
+            Ok(field_vectors_of(recs, &owner))
+        })
+        .await
+    }
+
+    /// Upserts points into `shard` and flushes it (the caller holds the write lock).
+    fn upsert_in(
+        shard: &EdgeShard,
+        points: Vec<qdrant_edge::PointStructPersisted>,
+    ) -> Result<(), StoreError> {
+        shard
+            .update(UpdateOperation::PointOperation(
+                PointOperations::UpsertPoints(PointInsertOperations::PointsList(points)),
+            ))
+            .map_err(err)?;
+        Self::flush(shard);
+        Ok(())
+    }
 }
 
 fn sparse(v: &SparseVector) -> Result<Vector, StoreError> {
@@ -504,15 +540,8 @@ impl VectorIndex for EdgeVectorIndex {
             );
         }
         let n = structs.len();
-        self.write(&self.turns, move |s| {
-            s.update(UpdateOperation::PointOperation(
-                PointOperations::UpsertPoints(PointInsertOperations::PointsList(structs)),
-            ))
-            .map_err(err)?;
-            Self::flush(s);
-            Ok(())
-        })
-        .await?;
+        self.write(&self.turns, move |s| Self::upsert_in(s, structs))
+            .await?;
         self.optimizer.wrote(n);
         Ok(())
     }
@@ -590,21 +619,7 @@ impl VectorIndex for EdgeVectorIndex {
         ids: &[MemoryId],
     ) -> Result<HashMap<MemoryId, FieldVectors>, StoreError> {
         let pids: Vec<PointId> = ids.iter().map(|m| point_id(*m)).collect();
-        let tenant = tenant.clone();
-        Self::blocking(&self.turns, move |s| {
-            let recs = s
-                .retrieve(
-                    &pids,
-                    Some(WithPayloadInterface::Fields(vec![json_path("tenant")])),
-                    Some(WithVector::Selector(vec![
-                        USER_VECTOR.into(),
-                        ASSISTANT_VECTOR.into(),
-                    ])),
-                )
-                .map_err(err)?;
-            Ok(field_vectors_of(recs, tenant.as_str()))
-        })
-        .await
+        self.dense_vectors(pids, tenant.as_str().to_string()).await
     }
 
     async fn keep_versions(
@@ -665,12 +680,7 @@ impl VectorIndex for EdgeVectorIndex {
             if keep.is_empty() {
                 return Ok(());
             }
-            s.update(UpdateOperation::PointOperation(
-                PointOperations::UpsertPoints(PointInsertOperations::PointsList(keep)),
-            ))
-            .map_err(err)?;
-            Self::flush(s);
-            Ok(())
+            Self::upsert_in(s, keep)
         })
         .await?;
         self.optimizer.wrote(n);
@@ -687,24 +697,12 @@ impl VectorIndex for EdgeVectorIndex {
             .map(|(m, at)| (version_point_id(*m, *at), *m))
             .collect();
         let pids: Vec<PointId> = by_point.keys().map(|m| point_id(*m)).collect();
-        let owner = history_tenant(tenant);
-        Self::blocking(&self.turns, move |s| {
-            let recs = s
-                .retrieve(
-                    &pids,
-                    Some(WithPayloadInterface::Fields(vec![json_path("tenant")])),
-                    Some(WithVector::Selector(vec![
-                        USER_VECTOR.into(),
-                        ASSISTANT_VECTOR.into(),
-                    ])),
-                )
-                .map_err(err)?;
-            Ok(field_vectors_of(recs, &owner)
-                .into_iter()
-                .filter_map(|(p, v)| by_point.get(&p).map(|m| (*m, v)))
-                .collect())
-        })
-        .await
+        Ok(self
+            .dense_vectors(pids, history_tenant(tenant))
+            .await?
+            .into_iter()
+            .filter_map(|(p, v)| by_point.get(&p).map(|m| (*m, v)))
+            .collect())
     }
 
     async fn upsert_keywords(

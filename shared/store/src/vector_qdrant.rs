@@ -548,6 +548,27 @@ impl QdrantVectorIndex {
         Ok(())
     }
 
+    /// Dense field vectors of the given points whose tenant key is `owner`, by point id.
+    async fn dense_vectors(
+        &self,
+        pids: Vec<PointId>,
+        owner: &str,
+    ) -> Result<HashMap<MemoryId, FieldVectors>, StoreError> {
+        let res = self
+            .client
+            .get_points(
+                GetPointsBuilder::new(&self.turns, pids)
+                    .with_payload(PayloadIncludeSelector::new(vec!["tenant".to_string()]))
+                    .with_vectors(VectorsSelector::new(vec![
+                        USER_VECTOR.to_string(),
+                        ASSISTANT_VECTOR.to_string(),
+                    ])),
+            )
+            .await
+            .map_err(err)?;
+        Ok(field_vectors_of(res.result, owner))
+    }
+
     fn check_dim(&self, v: &[f32]) -> Result<(), StoreError> {
         if v.len() != self.dim {
             return Err(StoreError::Invalid(format!(
@@ -741,19 +762,7 @@ impl VectorIndex for QdrantVectorIndex {
                 return Ok(HashMap::new());
             }
             let pids: Vec<PointId> = ids.iter().map(|m| point_id(*m)).collect();
-            let res = self
-                .client
-                .get_points(
-                    GetPointsBuilder::new(&self.turns, pids)
-                        .with_payload(PayloadIncludeSelector::new(vec!["tenant".to_string()]))
-                        .with_vectors(VectorsSelector::new(vec![
-                            USER_VECTOR.to_string(),
-                            ASSISTANT_VECTOR.to_string(),
-                        ])),
-                )
-                .await
-                .map_err(err)?;
-            Ok(field_vectors_of(res.result, tenant.as_str()))
+            self.dense_vectors(pids, tenant.as_str()).await
         })
         .await
     }
@@ -847,19 +856,9 @@ impl VectorIndex for QdrantVectorIndex {
                 .map(|(m, at)| (version_point_id(*m, *at), *m))
                 .collect();
             let pids: Vec<PointId> = by_point.keys().map(|m| point_id(*m)).collect();
-            let res = self
-                .client
-                .get_points(
-                    GetPointsBuilder::new(&self.turns, pids)
-                        .with_payload(PayloadIncludeSelector::new(vec!["tenant".to_string()]))
-                        .with_vectors(VectorsSelector::new(vec![
-                            USER_VECTOR.to_string(),
-                            ASSISTANT_VECTOR.to_string(),
-                        ])),
-                )
-                .await
-                .map_err(err)?;
-            Ok(field_vectors_of(res.result, &history_tenant(tenant))
+            Ok(self
+                .dense_vectors(pids, &history_tenant(tenant))
+                .await?
                 .into_iter()
                 .filter_map(|(p, v)| by_point.get(&p).map(|m| (*m, v)))
                 .collect())
