@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use recollect_model::{Extraction, Fragment, MemoryId, ReferenceState, TenantId, Turn, TurnFilter};
+use recollect_model::{Extraction, Fragment, MemoryId, TenantId, Turn, TurnFilter};
 use serde::{Deserialize, Serialize};
 
 use crate::StoreError;
@@ -283,77 +283,8 @@ impl Scope {
     }
 }
 
-/// Per-conversation state the workers keep in the graph (never only in memory).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ConversationState {
-    pub reference: ReferenceState,
-    /// Position of the last turn applied to `reference` (replays of older turns leave it alone).
-    pub reference_position: Option<u64>,
-    /// Turns before this position have been consolidated into fragments.
-    pub consolidated_until: u64,
-    /// Next position to assign to a turn that arrives unsequenced (straight from Kafka).
-    #[serde(default)]
-    pub next_position: u64,
-    /// The latest assignments (turn id, position), so a redelivered turn gets its position back
-    /// even before the graph-writer has stored it.
-    #[serde(default)]
-    pub recent_positions: Vec<(String, u64)>,
-    /// Oldest `recorded_at` of the turns this state was derived from: an erasure marker at or
-    /// after it means the state holds erased data. None on a state from before markers existed.
-    #[serde(default)]
-    pub recorded_from: Option<DateTime<Utc>>,
-}
-
-impl ConversationState {
-    /// What a reindex keeps: positions (a turn keeps its place), nothing derived.
-    pub fn restarted(&self) -> Self {
-        Self {
-            next_position: self.next_position,
-            recent_positions: self.recent_positions.clone(),
-            recorded_from: self.recorded_from,
-            ..Self::default()
-        }
-    }
-
-    /// Bound on `recent_positions`: far above what an uncommitted batch can redeliver.
-    pub const RECENT_POSITIONS: usize = 1024;
-
-    /// Notes that a turn recorded at `recorded_at` went into this state.
-    pub fn derived_from(&mut self, recorded_at: DateTime<Utc>) {
-        self.recorded_from = Some(
-            self.recorded_from
-                .map_or(recorded_at, |r| r.min(recorded_at)),
-        );
-    }
-
-    /// Whether an erasure at `marker` covers data in this state. A non-empty state of unknown
-    /// origin counts as covered: erring towards erasure.
-    pub fn covered_by(&self, marker: DateTime<Utc>) -> bool {
-        match self.recorded_from {
-            Some(r) => r <= marker,
-            None => *self != Self::default(),
-        }
-    }
-
-    pub fn known_position(&self, turn_id: &str) -> Option<u64> {
-        self.recent_positions
-            .iter()
-            .rev()
-            .find(|(t, _)| t == turn_id)
-            .map(|(_, p)| *p)
-    }
-
-    pub fn assign_position(&mut self, turn_id: &str) -> u64 {
-        let p = self.next_position;
-        self.next_position += 1;
-        self.recent_positions.push((turn_id.to_string(), p));
-        if self.recent_positions.len() > Self::RECENT_POSITIONS {
-            let excess = self.recent_positions.len() - Self::RECENT_POSITIONS;
-            self.recent_positions.drain(..excess);
-        }
-        p
-    }
-}
+// The per-conversation state the workers keep here belongs to the extractor's model.
+pub use recollect_model::ConversationState;
 
 /// Erasure markers of one tenant: when the tenant as a whole and each asked-for conversation were
 /// last erased. Data recorded at or before its marker is erased data: no stage may write it
