@@ -140,7 +140,7 @@ class MockServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
-            do_GET = do_POST = do_DELETE = _answer
+            do_GET = do_POST = do_PATCH = do_DELETE = _answer
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -171,6 +171,31 @@ def error(code: str, message: str) -> dict:
 RECALL_OK = {"memories": []}
 STORE_OK = {"memory_ids": ["9ad96c05-5fd4-43fe-a707-07b985b77fb1"]}
 INFO_OK = {"conversation_id": "c", "turns": 1, "pending": 0, "recallable": 1}
+
+# A memory edited once, as the server answers for it: version 1 (expired; `version` left out at 1)
+# and version 2 (current, with `first_recorded_at`).
+MEMORY_ID = "94136752-401a-4159-b7f0-655356953cfa"
+TURN_V1 = {
+    "memory_id": MEMORY_ID,
+    "tenant": "t",
+    "conversation_id": "c",
+    "turn_id": "0",
+    "position": 0,
+    "user": "I like kayaking",
+    "assistant": "nice",
+    "timestamp": "2024-01-01T00:00:00Z",
+    "recorded_at": "2026-11-24T08:40:38.191033Z",
+    "metadata": {"a": 1},
+    "expired_at": "2026-11-24T08:40:38.311248Z",
+}
+TURN_V2 = {
+    **{k: v for k, v in TURN_V1.items() if k != "expired_at"},
+    "user": "I like sailing",
+    "recorded_at": "2026-11-24T08:40:38.311248Z",
+    "metadata": {"b": 2},
+    "version": 2,
+    "first_recorded_at": "2026-11-24T08:40:38.191033Z",
+}
 
 README_TURNS = [
     {

@@ -6,17 +6,22 @@ import asyncio
 import time
 
 import pytest
-from conftest import ERASE_KEY, ERASE_TENANT, INFO_OK, LIMITED_KEY, README_TURNS, Reply, error
+import json
+from urllib.parse import parse_qs, urlsplit
+
+from conftest import ERASE_KEY, ERASE_TENANT, INFO_OK, LIMITED_KEY, MEMORY_ID, README_TURNS, TURN_V1, TURN_V2, Reply, error
 
 from recollect_client import (
     AsyncClient,
     AuthenticationError,
     BadRequestError,
+    MemoryHistory,
     NotFoundError,
     RateLimitError,
     RecollectTimeoutError,
     RetryPolicy,
     ServiceUnavailableError,
+    Turn,
     aiter_items,
     Page,
 )
@@ -135,6 +140,39 @@ async def test_retry_after_and_timeout_on_mock(mock):
         with pytest.raises(ServiceUnavailableError) as e:
             await c.conversation_info("c")
     assert e.value.message == "graph store down"
+
+
+async def test_edit_history_and_as_of_on_the_wire(mock):
+    mock.script(
+        Reply(202, TURN_V2),
+        Reply(200, {"memory_id": MEMORY_ID, "versions": [TURN_V1, TURN_V2]}),
+        Reply(200, {**TURN_V1, "fragments": []}),
+        Reply(200, {"memories": []}),
+        Reply(404, error("not_found", f"memory {MEMORY_ID} not found")),
+    )
+    async with AsyncClient(mock.url, "k") as c:
+        v2 = await c.edit_memory(MEMORY_ID, user="I like sailing", metadata={"b": 2}, wait=True)
+        assert isinstance(v2, Turn) and v2.version == 2 and v2.first_recorded_at is not None
+        history = await c.memory_history(MEMORY_ID)
+        assert isinstance(history, MemoryHistory) and len(history.versions) == 2
+        assert history.versions[0].expired_at == v2.recorded_at
+        assert (await c.get_memory(MEMORY_ID, as_of="2026-11-24T08:40:38.2+00:00")).user == "I like kayaking"
+        await c.recall("sailing", as_of="2026-11-24T08:40:38.2Z")
+        with pytest.raises(NotFoundError):
+            await c.edit_memory(MEMORY_ID, assistant="gone")
+    path = f"/v1/memories/{MEMORY_ID}"
+    assert [(s.method, urlsplit(s.path).path) for s in mock.seen] == [
+        ("PATCH", path),
+        ("GET", f"{path}/history"),
+        ("GET", path),
+        ("POST", "/v1/recall"),
+        ("PATCH", path),
+    ]
+    assert json.loads(mock.seen[0].body) == {"user": "I like sailing", "metadata": {"b": 2}, "wait": True}
+    assert parse_qs(urlsplit(mock.seen[2].path).query) == {"as_of": ["2026-11-24T08:40:38.2+00:00"]}
+    # recall goes through RecallRequest: the same instant, written out in full.
+    assert json.loads(mock.seen[3].body)["as_of"] == "2026-11-24T08:40:38.200000Z"
+    assert json.loads(mock.seen[4].body) == {"assistant": "gone"}
 
 
 async def test_cursor_helper_with_an_async_fetcher():

@@ -7,6 +7,7 @@ import re
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pydantic
@@ -18,8 +19,10 @@ from recollect_client import (
     BadRequestError,
     Client,
     ConversationInfo,
+    MemoryHistory,
     NotFoundError,
     RecallResponse,
+    RetryPolicy,
     ScoreParts,
     StoreResponse,
     Turn,
@@ -360,3 +363,60 @@ def test_headers_sent(mock):
     assert h["x-request-id"] == "r-1"
     assert h["user-agent"].startswith("recollect-memory-client-python/")
     assert "secret" not in repr(c)
+
+
+def test_edit_history_and_as_of_on_the_wire(mock):
+    """What edit_memory, memory_history and as_of send, what they parse, and their errors."""
+    from conftest import MEMORY_ID, TURN_V1, TURN_V2, Reply, error
+
+    mock.script(
+        Reply(503, error("unavailable", "raw store busy")),  # an edit is retried: the same one again is no new version
+        Reply(202, TURN_V2),
+        Reply(202, TURN_V2),
+        Reply(200, {"memory_id": MEMORY_ID, "versions": [TURN_V1, TURN_V2]}),
+        Reply(200, {**TURN_V1, "fragments": []}),
+        Reply(200, {"memories": []}),
+        Reply(400, error("invalid_argument", "patch.user is empty or whitespace")),
+        Reply(404, error("not_found", f"memory {MEMORY_ID} not found as of 2020-01-01T00:00:00+00:00")),
+    )
+    as_of = datetime(2026, 11, 24, 9, 40, 38, 250000, tzinfo=timezone(timedelta(hours=1)))
+    with Client(mock.url, "k", retry=RetryPolicy(max_retries=1, backoff=0.01)) as c:
+        v2 = c.edit_memory(MEMORY_ID, user="I like sailing", metadata={"b": 2})
+        assert isinstance(v2, Turn) and v2.version == 2 and v2.user == "I like sailing"
+        assert v2.metadata == {"b": 2} and v2.expired_at is None
+        assert v2.first_recorded_at == datetime(2026, 11, 24, 8, 40, 38, 191033, tzinfo=timezone.utc)
+        c.edit_memory(MEMORY_ID, assistant="", wait=True)
+        history = c.memory_history(MEMORY_ID)
+        assert isinstance(history, MemoryHistory) and history.memory_id == MEMORY_ID
+        assert [v.user for v in history.versions] == ["I like kayaking", "I like sailing"]
+        assert history.versions[0].version is None and history.versions[0].expired_at == v2.recorded_at
+        then = c.get_memory(MEMORY_ID, as_of=as_of)
+        assert isinstance(then, TurnView) and then.user == "I like kayaking"
+        c.recall("sailing", as_of=as_of)
+        with pytest.raises(BadRequestError) as e:
+            c.edit_memory(MEMORY_ID, user="")
+        assert e.value.status == 400 and "patch.user" in e.value.message
+        with pytest.raises(NotFoundError):
+            c.get_memory(MEMORY_ID, as_of="2020-01-01T00:00:00Z")
+
+    path = f"/v1/memories/{MEMORY_ID}"
+    assert [(s.method, urlsplit(s.path).path) for s in mock.seen] == [
+        ("PATCH", path),
+        ("PATCH", path),
+        ("PATCH", path),
+        ("GET", f"{path}/history"),
+        ("GET", path),
+        ("POST", "/v1/recall"),
+        ("PATCH", path),
+        ("GET", path),
+    ]
+    bodies = [json.loads(s.body) if s.body else None for s in mock.seen]
+    # Only what was given; `wait` only when asked for; "" (remove the assistant's text) is sent.
+    assert bodies[0] == bodies[1] == {"user": "I like sailing", "metadata": {"b": 2}}
+    assert bodies[2] == {"assistant": "", "wait": True}
+    assert bodies[3] is None and bodies[4] is None
+    assert datetime.fromisoformat(bodies[5]["as_of"]) == as_of
+    # The offset's "+" is percent-encoded: a raw one would reach the server as a space (a 400).
+    query = urlsplit(mock.seen[4].path).query
+    assert "+" not in query and datetime.fromisoformat(parse_qs(query)["as_of"][0]) == as_of
+    assert parse_qs(urlsplit(mock.seen[7].path).query) == {"as_of": ["2020-01-01T00:00:00Z"]}

@@ -3,12 +3,12 @@ and as_of, reindex, and the 409 on a conflicting turn id, against the live serve
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from datetime import datetime, timezone
 
 import pytest
-
-import time
 
 from recollect_client import Client, ConflictError, MemoryErased, MemoryHistory, NotFoundError, Turn
 from recollect_client.errors import BadRequestError
@@ -152,16 +152,27 @@ async def test_async_filters_listing_and_delete(aclient, two_users):
 
 
 def test_edit_history_and_as_of(client, other_client, conv):
+    unstored = datetime.now(timezone.utc)
+    time.sleep(0.05)
     ids = client.store_turns(conv, _turns("u-edit", 2, "web"), wait=True).memory_ids
     before = datetime.now(timezone.utc)
     time.sleep(0.05)
     v2 = client.edit_memory(ids[0], user="I went sailing near Porto instead.", metadata={"fixed": True}, wait=True)
     assert isinstance(v2, Turn) and v2.version == 2 and v2.user.startswith("I went sailing")
+    assert v2.metadata == {"fixed": True}, "metadata is replaced whole"
+    assert v2.assistant == "Sounds lovely." and v2.user_id == "u-edit"
     assert client.edit_memory(ids[0], user="I went sailing near Porto instead.", metadata={"fixed": True}).version == 2
     history = client.memory_history(ids[0])
-    assert isinstance(history, MemoryHistory) and len(history.versions) == 2
+    assert isinstance(history, MemoryHistory) and len(history.versions) == 2 and history.memory_id == ids[0]
     assert history.versions[0].expired_at is not None and "kayaking" in history.versions[0].user
+    assert history.versions[0].version in (None, 1) and history.versions[-1].expired_at is None
+    assert history.versions[0].metadata == {"channel": "web", "trip": 0}
+    assert v2.first_recorded_at == history.versions[0].recorded_at
+    assert history.versions[0].expired_at == v2.recorded_at
     assert "kayaking" in client.get_memory(ids[0], as_of=before).user
+    assert client.get_memory(ids[0], as_of=v2.recorded_at).version == 2
+    with pytest.raises(NotFoundError):  # nothing held yet at that time
+        client.get_memory(ids[0], as_of=unstored)
     assert "sailing" in client.get_memory(ids[0]).user
     top = client.recall("sailing Porto", conversation_ids=[conv], k=1).memories[0]
     assert top.memory_id == ids[0] and "sailing" in top.user
@@ -170,6 +181,11 @@ def test_edit_history_and_as_of(client, other_client, conv):
     with pytest.raises(BadRequestError) as e:
         client.edit_memory(ids[0])
     assert "at least one of" in e.value.message
+    with pytest.raises(BadRequestError) as e:
+        client.edit_memory(ids[0], user="  ")
+    assert e.value.code == "invalid_argument" and "user" in e.value.message
+    with pytest.raises(NotFoundError):
+        client.edit_memory(str(uuid.uuid4()), user="no such memory")
     with pytest.raises(NotFoundError):
         other_client.edit_memory(ids[0], user="not yours")
     with pytest.raises(NotFoundError):
@@ -181,8 +197,16 @@ def test_edit_history_and_as_of(client, other_client, conv):
 async def test_async_edit_and_history(aclient, two_users):
     (a, _), _ = list(two_users.items())
     got = (await aclient.recall("kayaking", user_ids=[a], k=1)).memories[0]
+    before = datetime.now(timezone.utc)
+    await asyncio.sleep(0.05)
     v2 = await aclient.edit_memory(got.memory_id, assistant="", wait=True)
     assert v2.version == 2 and not v2.assistant
     assert len((await aclient.memory_history(got.memory_id)).versions) == 2
     then = await aclient.get_memory(got.memory_id, as_of=v2.recorded_at)
     assert then.version == 2
+    assert (await aclient.get_memory(got.memory_id, as_of=before)).assistant == "Sounds lovely."
+    now = {m.memory_id: m for m in (await aclient.recall("kayaking", user_ids=[a], k=50)).memories}
+    old = {m.memory_id: m for m in (await aclient.recall("kayaking", user_ids=[a], k=50, as_of=before)).memories}
+    assert not now[got.memory_id].assistant and old[got.memory_id].assistant == "Sounds lovely."
+    with pytest.raises(NotFoundError):
+        await aclient.memory_history(str(uuid.uuid4()))

@@ -21,6 +21,7 @@ import {
   README_TURNS,
   TENANT,
   conv,
+  error,
   skipLive,
 } from "./helpers.js";
 
@@ -297,6 +298,104 @@ test("a success that breaks the schema is UnexpectedResponseError; headers sent"
     assert.equal(h["authorization"], "Bearer secret");
     assert.equal(h["x-request-id"], "r-1");
     assert.match(String(h["user-agent"]), /^recollect-memory-client-typescript\//);
+  } finally {
+    await mock.close();
+  }
+});
+
+// A memory edited once, as the server answers for it: version 1 (expired; `version` left out at 1)
+// and version 2 (current, with `first_recorded_at`).
+const MEMORY_ID = "94136752-401a-4159-b7f0-655356953cfa";
+const TURN_V1 = {
+  memory_id: MEMORY_ID,
+  tenant: "t",
+  conversation_id: "c",
+  turn_id: "0",
+  position: 0,
+  user: "I like kayaking",
+  assistant: "nice",
+  timestamp: "2024-01-01T00:00:00Z",
+  recorded_at: "2026-11-24T08:40:38.191033Z",
+  metadata: { a: 1 },
+  expired_at: "2026-11-24T08:40:38.311248Z",
+};
+const { expired_at: _expired, ...TURN_V1_FIELDS } = TURN_V1;
+const TURN_V2 = {
+  ...TURN_V1_FIELDS,
+  user: "I like sailing",
+  recorded_at: "2026-11-24T08:40:38.311248Z",
+  metadata: { b: 2 },
+  version: 2,
+  first_recorded_at: "2026-11-24T08:40:38.191033Z",
+};
+
+test("editMemory, memoryHistory and asOf on the wire; their errors", async () => {
+  const mock = await MockServer.start();
+  try {
+    mock.script(
+      // An edit is retried: the same one again makes no new version.
+      { status: 503, body: error("unavailable", "raw store busy") },
+      { status: 202, body: TURN_V2 },
+      { status: 202, body: TURN_V2 },
+      { body: { memory_id: MEMORY_ID, versions: [TURN_V1, TURN_V2] } },
+      { body: { ...TURN_V1, fragments: [] } },
+      { body: { ...TURN_V1, fragments: [] } },
+      { body: { memories: [] } },
+      { status: 400, body: error("invalid_argument", "patch.user is empty or whitespace") },
+      { status: 404, body: error("not_found", `memory ${MEMORY_ID} not found as of 2020-01-01T00:00:00+00:00`) },
+      { status: 202, body: { memory_id: MEMORY_ID } },
+    );
+    const rc = new RecollectClient({ baseUrl: mock.url, apiKey: "k", retry: { maxRetries: 1, backoff: 0.01 } });
+    const v2 = await rc.editMemory(MEMORY_ID, { user: "I like sailing", metadata: { b: 2 } });
+    assert.equal(v2.version, 2);
+    assert.equal(v2.first_recorded_at, "2026-11-24T08:40:38.191033Z");
+    assert.deepEqual(v2.metadata, { b: 2 });
+    await rc.editMemory(MEMORY_ID, { assistant: "", wait: true });
+    const h = await rc.memoryHistory(MEMORY_ID);
+    assert.equal(h.memory_id, MEMORY_ID);
+    assert.deepEqual(h.versions.map((v) => v.user), ["I like kayaking", "I like sailing"]);
+    assert.equal(h.versions[0]!.expired_at, v2.recorded_at);
+    assert.equal(h.versions[0]!.version, undefined);
+    const asOf = new Date("2026-11-24T08:40:38.250Z");
+    assert.equal((await rc.getMemory(MEMORY_ID, { asOf })).user, "I like kayaking");
+    await rc.getMemory(MEMORY_ID, { asOf: "2026-11-24T09:40:38.25+01:00" });
+    await rc.recall({ query: "sailing", as_of: asOf });
+    await assert.rejects(
+      rc.editMemory(MEMORY_ID, { user: "" }),
+      (e: unknown) => e instanceof BadRequestError && e.status === 400 && e.message.includes("patch.user"),
+    );
+    await assert.rejects(rc.getMemory(MEMORY_ID, { asOf: "2020-01-01T00:00:00Z" }), NotFoundError);
+    await assert.rejects(
+      rc.editMemory(MEMORY_ID, { user: "x" }),
+      (e: unknown) => e instanceof UnexpectedResponseError && /Turn/.test(e.message),
+    );
+
+    const path = `/v1/memories/${MEMORY_ID}`;
+    const seen = mock.seen.map((s) => {
+      const u = new URL(s.path, mock.url);
+      return [s.method, u.pathname, u.searchParams.get("as_of")];
+    });
+    assert.deepEqual(seen, [
+      ["PATCH", path, null],
+      ["PATCH", path, null],
+      ["PATCH", path, null],
+      ["GET", `${path}/history`, null],
+      ["GET", path, "2026-11-24T08:40:38.250Z"],
+      ["GET", path, "2026-11-24T09:40:38.25+01:00"],
+      ["POST", "/v1/recall", null],
+      ["PATCH", path, null],
+      ["GET", path, "2020-01-01T00:00:00Z"],
+      ["PATCH", path, null],
+    ]);
+    // Only what was given; `wait` only when asked for; "" (remove the assistant's text) is sent.
+    const body = (i: number) => JSON.parse(mock.seen[i]!.body || "null");
+    assert.deepEqual(body(0), { user: "I like sailing", metadata: { b: 2 } });
+    assert.deepEqual(body(1), body(0));
+    assert.deepEqual(body(2), { assistant: "", wait: true });
+    assert.equal(body(3), null);
+    assert.equal(body(6).as_of, "2026-11-24T08:40:38.250Z");
+    // The offset's "+" is percent-encoded: a raw one would reach the server as a space (a 400).
+    assert.ok(!new URL(mock.seen[5]!.path, mock.url).search.includes("+"));
   } finally {
     await mock.close();
   }

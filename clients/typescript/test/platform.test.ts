@@ -1,5 +1,5 @@
-/** End users, agents and filters, listing by user, erasing one memory and the 409 on a
- * conflicting turn id, against the live server. */
+/** End users, agents and filters, listing by user, erasing one memory, edits with their history
+ * and asOf, reindex, and the 409 on a conflicting turn id, against the live server. */
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
@@ -157,21 +157,41 @@ test("editMemory keeps the old version in the history and for asOf; reindex", { 
   const rc = client();
   const id = conv();
   try {
+    const unstored = new Date();
+    await new Promise((r) => setTimeout(r, 50));
     const ids = (await rc.storeTurns(id, turns("u-edit", 2, "web"), { wait: true })).memory_ids;
     const before = new Date();
     await new Promise((r) => setTimeout(r, 50));
-    const v2 = await rc.editMemory(ids[0]!, { user: "I went sailing near Porto instead.", wait: true });
+    const v2 = await rc.editMemory(ids[0]!, {
+      user: "I went sailing near Porto instead.",
+      metadata: { fixed: true },
+      wait: true,
+    });
     assert.equal(v2.version, 2);
-    const same = await rc.editMemory(ids[0]!, { user: "I went sailing near Porto instead." });
+    assert.deepEqual(v2.metadata, { fixed: true }, "metadata is replaced whole");
+    assert.equal(v2.assistant, "Sounds lovely.");
+    const same = await rc.editMemory(ids[0]!, { user: "I went sailing near Porto instead.", metadata: { fixed: true } });
     assert.equal(same.version, 2, "the same edit again makes no version");
     const h = await rc.memoryHistory(ids[0]!);
+    assert.equal(h.memory_id, ids[0]);
     assert.equal(h.versions.length, 2);
     assert.ok(h.versions[0]!.expired_at && h.versions[0]!.user.includes("kayaking"));
+    assert.equal(h.versions[1]!.expired_at, undefined);
+    assert.deepEqual(h.versions[0]!.metadata, { channel: "web", trip: 0 });
+    assert.equal(v2.first_recorded_at, h.versions[0]!.recorded_at);
+    assert.equal(h.versions[0]!.expired_at, v2.recorded_at);
     assert.ok((await rc.getMemory(ids[0]!, { asOf: before })).user.includes("kayaking"));
+    assert.equal((await rc.getMemory(ids[0]!, { asOf: v2.recorded_at! })).version, 2);
+    await assert.rejects(rc.getMemory(ids[0]!, { asOf: unstored }), NotFoundError, "nothing held yet then");
     assert.ok((await rc.getMemory(ids[0]!)).user.includes("sailing"));
     const old = await rc.recall({ query: "sailing Porto", conversation_ids: [id], k: 5, as_of: before });
     assert.ok(old.memories.every((m) => !m.user.includes("sailing")));
     await assert.rejects(rc.editMemory(ids[0]!, {}), BadRequestError);
+    await assert.rejects(
+      rc.editMemory(ids[0]!, { user: "  " }),
+      (e: unknown) => e instanceof BadRequestError && e.code === "invalid_argument" && e.message.includes("user"),
+    );
+    await assert.rejects(rc.editMemory(randomUUID(), { user: "no such memory" }), NotFoundError);
     await assert.rejects(client(OTHER_KEY).editMemory(ids[0]!, { user: "not yours" }), NotFoundError);
     await assert.rejects(client(OTHER_KEY).memoryHistory(ids[0]!), NotFoundError);
     assert.ok((await rc.reindex()).turns >= 2);

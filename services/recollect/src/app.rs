@@ -288,13 +288,22 @@ impl Eraser for EmbeddedEraser {
                 turns += n;
             }
         }
-        // Every vector point carries its conversation, so the loop above removed them all;
-        // say so loudly if a point outlived its conversation in both raw store and graph.
-        let left = self
-            .vectors
-            .count(tenant, &recollect_store::Scope::all())
-            .await
-            .map_err(RecollectError::from_classified)?;
+        // Every vector point carries its conversation, so the loop above removed them all, but
+        // a graph-writer batch that read the markers before they existed may write its points
+        // after the deletes: it re-reads the markers after writing and removes them itself, so
+        // wait for that a little. Say so loudly if a point outlives it.
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        let left = loop {
+            let left = self
+                .vectors
+                .count(tenant, &recollect_store::Scope::all())
+                .await
+                .map_err(RecollectError::from_classified)?;
+            if left == 0 || tokio::time::Instant::now() >= deadline {
+                break left;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        };
         if left > 0 {
             tracing::error!(points = left, "vector points left after a tenant erase");
             return Err(RecollectError::internal(format!(
