@@ -3,7 +3,7 @@
 #   1. dependencies (scripts/setup-clients.sh: pip into the venv, npm into the cache; quick when there)
 #   2. the generated code matches clients/openapi.json (scripts/gen-clients.sh --check)
 #   3. the TypeScript client and its tests compile (tsc, strict)
-#   4. two `recollect serve` on free loopback ports, each with its own temp data dir and API keys:
+#   4. two `recollect serve` on loopback port 0 (each reports its port), each with its own temp data dir and API keys:
 #      one as configured by default, one with tiny limits (1 request/s per tenant, burst 1,
 #      4 KiB bodies) for the 429 and 413 paths; stopped by PID on exit, whatever the outcome
 #   5. the snapshot matches the live /openapi.json (scripts/check-clients-drift.py)
@@ -71,43 +71,43 @@ while IFS= read -r name; do strip_env+=(-u "$name"); done < <(compgen -e | grep 
 start_server() {
   local name=$1 keys=$2
   shift 2
-  local attempt port pid dir
-  for attempt in 1 2 3 4 5; do
-    port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    dir="$tmp/$name-data-$attempt"
-    mkdir -p "$dir"
-    env "${strip_env[@]}" RECOLLECT_API_KEYS="$keys" RECOLLECT__EMBEDDER__KIND=hash "$@" \
-      "$BIN" serve --listen "127.0.0.1:$port" --grpc-listen "" --data-dir "$dir" >>"$tmp/$name.log" 2>&1 &
-    pid=$!
-    PIDS+=("$pid")
-    # Ready, or the process exited (e.g. the port was taken meanwhile: try another).
-    if "$PY" - "http://127.0.0.1:$port/readyz" "$pid" <<'PY'
-import os, sys, time, urllib.request
-url, pid = sys.argv[1], int(sys.argv[2])
+  local pid dir="$tmp/$name-data" addr="$tmp/$name.addr"
+  mkdir -p "$dir"
+  # Port 0: the server writes the address it bound to server.address_file (no port race).
+  env "${strip_env[@]}" RECOLLECT_API_KEYS="$keys" RECOLLECT__EMBEDDER__KIND=hash \
+    RECOLLECT__SERVER__ADDRESS_FILE="$addr" "$@" \
+    "$BIN" serve --listen "127.0.0.1:0" --grpc-listen "" --data-dir "$dir" >>"$tmp/$name.log" 2>&1 &
+  pid=$!
+  PIDS+=("$pid")
+  # The bound address, then ready; or the process exited.
+  if SERVER_URL=$("$PY" - "$addr" "$pid" <<'PY'
+import json, os, sys, time, urllib.request
+path, pid = sys.argv[1], int(sys.argv[2])
 deadline = time.monotonic() + 120
+url = None
 while time.monotonic() < deadline:
     try:
         os.kill(pid, 0)
     except OSError:
         sys.exit(1)
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            if r.status == 200:
-                sys.exit(0)
-    except OSError:
-        pass
+    if url is None and os.path.exists(path):
+        url = "http://" + json.load(open(path))["http"]
+    if url is not None:
+        try:
+            with urllib.request.urlopen(url + "/readyz", timeout=2) as r:
+                if r.status == 200:
+                    print(url)
+                    sys.exit(0)
+        except OSError:
+            pass
     time.sleep(0.05)
-print(f"{url} not ready within 120 s", file=sys.stderr)
+print(f"{path}: not ready within 120 s", file=sys.stderr)
 sys.exit(2)
 PY
-    then
-      SERVER_URL="http://127.0.0.1:$port"
-      echo "   $name: pid $pid on $SERVER_URL (log $tmp/$name.log)"
-      return 0
-    fi
-    kill "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
+  ); then
+    echo "   $name: pid $pid on $SERVER_URL (log $tmp/$name.log)"
+    return 0
+  fi
   echo "test-clients: $name server did not start; its log:" >&2
   tail -n 30 "$tmp/$name.log" >&2
   return 1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The memory browser (/ui) in a real browser: Debian's chromium and chromium-driver, driven by
-# selenium from PyPI, against the built `recollect serve` on a free loopback port with a temporary
+# selenium from PyPI, against the built `recollect serve` on loopback port 0 with a temporary
 # data directory. Installs what is missing (idempotent: quick when present), starts the server,
 # runs tests/ui/browser_test.py, and stops the server by PID whatever the outcome.
 set -euo pipefail
@@ -28,17 +28,22 @@ fi
 [[ -x "$BIN" ]] || { echo "test-ui: $BIN not built (make build)" >&2; exit 1; }
 
 dir=$(mktemp -d "${TMPDIR:-/tmp}/recollect-ui.XXXXXX")
-port=$("$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-RECOLLECT__SERVER__LISTEN="127.0.0.1:$port" RECOLLECT__SERVER__GRPC_LISTEN="" \
+# Port 0: the server writes the address it bound to server.address_file.
+RECOLLECT__SERVER__LISTEN="127.0.0.1:0" RECOLLECT__SERVER__GRPC_LISTEN="" \
+RECOLLECT__SERVER__ADDRESS_FILE="$dir/addr.json" \
 RECOLLECT__STORAGE__DATA_DIR="$dir/data" RECOLLECT__EMBEDDER__KIND=hash \
 RECOLLECT_API_KEYS="ui-key:ui-tenant" RECOLLECT__TELEMETRY__LOG_LEVEL=warn \
   "$BIN" serve >"$dir/server.log" 2>&1 &
 pid=$!
 cleanup() { kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$dir"; }
 trap cleanup EXIT
+url=""
 for _ in $(seq 1 300); do
-  curl -sf "http://127.0.0.1:$port/readyz" >/dev/null && break
+  [[ -z "$url" && -s "$dir/addr.json" ]] &&
+    url="http://$("$VENV/bin/python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["http"])' "$dir/addr.json")"
+  [[ -n "$url" ]] && curl -sf "$url/readyz" >/dev/null && break
   kill -0 "$pid" 2>/dev/null || { cat "$dir/server.log" >&2; exit 1; }
   sleep 0.1
 done
-"$VENV/bin/python" tests/ui/browser_test.py "http://127.0.0.1:$port" ui-key
+[[ -n "$url" ]] || { echo "test-ui: the server did not report its address" >&2; cat "$dir/server.log" >&2; exit 1; }
+"$VENV/bin/python" tests/ui/browser_test.py "$url" ui-key

@@ -16,7 +16,7 @@ use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use crate::{free_port, tansu, Broker, Server};
+use crate::{start_store, tansu, Broker, Server};
 
 /// Which deployment a suite runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,7 +128,7 @@ impl Deployment {
     pub fn stored_turns(&self, data_dir: &Path, tenant: &str) -> u64 {
         match &self.pipeline {
             None => {
-                let raw = recollect_store::RawStore::open(&data_dir.join("raw.redb"))
+                let raw = recollect_storage::RawStore::open(&data_dir.join("raw.redb"))
                     .expect("open the raw store");
                 raw.count().expect("count")
             }
@@ -177,17 +177,12 @@ fn start_distributed(env: &[(&str, &str)]) -> Deployment {
     let tansu = tansu().expect("tansu is installed (Mode::available checked)");
     let broker = Broker::start(&tansu);
     let data = tempfile::tempdir().unwrap();
-    let store_port = free_port();
     let mut all: Vec<(String, String)> = [
         ("RECOLLECT__BUS__KIND", "kafka".to_string()),
         ("RECOLLECT__BUS__BROKERS", broker.addr.clone()),
         ("RECOLLECT__BUS__PARTITIONS", "2".into()),
         ("RECOLLECT__GRAPH__KIND", "remote".into()),
         ("RECOLLECT__VECTORS__KIND", "remote".into()),
-        (
-            "RECOLLECT__REMOTE__URL",
-            format!("http://127.0.0.1:{store_port}"),
-        ),
         ("RECOLLECT__REMOTE__TOKEN", STORE_TOKEN.into()),
         (
             "RECOLLECT__STORAGE__DATA_DIR",
@@ -201,7 +196,8 @@ fn start_distributed(env: &[(&str, &str)]) -> Deployment {
     .collect();
     // The suite's own settings win (they are later in the environment list).
     all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    let store = Server::service("recollect-store", store_port, &all, true);
+    let store = start_store(&all);
+    all.push(("RECOLLECT__REMOTE__URL".into(), store.url.clone()));
     let workers: Vec<Server> = [
         "recollect-extractor",
         "recollect-embedder",
@@ -209,10 +205,10 @@ fn start_distributed(env: &[(&str, &str)]) -> Deployment {
         "recollect-consolidator",
     ]
     .iter()
-    .map(|name| Server::service(name, free_port(), &all, true))
+    .map(|name| Server::service(name, &all, true))
     .collect();
-    let gateway = Server::service("recollect-gateway", free_port(), &all, true);
-    let mut query = Server::service("recollect-query", free_port(), &all, true);
+    let gateway = Server::service("recollect-gateway", &all, true);
+    let mut query = Server::service("recollect-query", &all, true);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

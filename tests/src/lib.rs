@@ -21,12 +21,63 @@ pub fn binary() -> PathBuf {
     dir.join("recollect")
 }
 
+/// A port free at the time of asking, for servers that cannot listen on port 0 and report
+/// it (the broker); Recollect's own servers use [`AddressFile`].
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// Where a server started on port 0 reports the addresses it bound (`server.address_file`).
+pub struct AddressFile(tempfile::TempDir);
+
+impl AddressFile {
+    pub fn new() -> Self {
+        Self(tempfile::tempdir().expect("temp dir"))
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.0.path().join("addresses.json")
+    }
+
+    /// The HTTP and gRPC addresses once written; None if the process exits first.
+    pub fn wait(&self, child: &mut Child, what: &str) -> Option<(String, Option<String>)> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Ok(body) = std::fs::read_to_string(self.path()) {
+                let v: Value = serde_json::from_str(&body).expect("address file is JSON");
+                let http = v["http"].as_str().expect("http address").to_string();
+                return Some((http, v["grpc"].as_str().map(str::to_string)));
+            }
+            if let Ok(Some(_)) = child.try_wait() {
+                return None;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what} did not listen within 120s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Default for AddressFile {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Starts `recollect-store` with a deployment's settings. It always hosts the embedded stores;
+/// the kinds are set here too because the others' `remote` kinds would need a URL the store
+/// itself has no use for (it is the URL, known once it listens).
+pub fn start_store(env: &[(String, String)]) -> Server {
+    let mut env = env.to_vec();
+    env.push(("RECOLLECT__GRAPH__KIND".into(), "embedded".into()));
+    env.push(("RECOLLECT__VECTORS__KIND".into(), "embedded".into()));
+    Server::service("recollect-store", &env, true)
 }
 
 /// A running server; killed on drop.
@@ -47,25 +98,18 @@ impl Server {
 
     /// As [`Server::start`], with stdout and stderr appended to `log` when given.
     pub fn start_logged(data_dir: &Path, env: &[(&str, &str)], log: Option<&Path>) -> Server {
-        // A free port can be taken by a concurrently starting server between our probe and its
-        // bind; the server then exits at once, and a new pair of ports is tried.
-        for _ in 0..5 {
-            if let Some(s) = Self::try_start(data_dir, env, log) {
-                return s;
-            }
-        }
-        panic!("server exited during start five times in a row");
+        Self::try_start(data_dir, env, log).expect("recollect serve exited during start")
     }
 
     fn try_start(data_dir: &Path, env: &[(&str, &str)], log: Option<&Path>) -> Option<Server> {
-        let port = free_port();
-        let grpc_port = free_port();
         let mut cmd = Command::new(binary());
+        // Port 0 for both: the server reports what it bound (server.address_file), so no two
+        // servers race for a port picked in advance.
         cmd.arg("serve")
             .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
+            .arg("127.0.0.1:0")
             .arg("--grpc-listen")
-            .arg(format!("127.0.0.1:{grpc_port}"))
+            .arg("127.0.0.1:0")
             .arg("--data-dir")
             .arg(data_dir)
             .stdout(Stdio::null())
@@ -82,18 +126,20 @@ impl Server {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().expect("start recollect serve");
-        let s = Server {
+        let addresses = AddressFile::new();
+        cmd.env("RECOLLECT__SERVER__ADDRESS_FILE", addresses.path());
+        let mut child = cmd.spawn().expect("start recollect serve");
+        let (http, grpc) = addresses.wait(&mut child, "recollect serve")?;
+        let mut s = Server {
             child,
-            url: format!("http://127.0.0.1:{port}"),
-            grpc_url: format!("http://127.0.0.1:{grpc_port}"),
+            url: format!("http://{http}"),
+            grpc_url: grpc.map(|g| format!("http://{g}")).unwrap_or_default(),
             data_dir: data_dir.to_path_buf(),
             client: Client::builder()
                 .timeout(Duration::from_secs(180))
                 .build()
                 .unwrap(),
         };
-        let mut s = s;
         let start = Instant::now();
         loop {
             if let Ok(Some(_)) = s.child.try_wait() {
@@ -294,31 +340,33 @@ pub fn binary_named(name: &str) -> PathBuf {
 }
 
 impl Server {
-    /// Starts one of the service binaries (`recollect-extractor`, …) listening on `port` (and
-    /// on a free port for gRPC, which the gateway and query services serve), with its
-    /// configuration in `env`; waits for /readyz when `wait` is set. As with [`hash_env`], no
-    /// per-tenant rate limit unless `env` sets one (bulk tests read thousands of memories).
-    pub fn service(name: &str, port: u16, env: &[(String, String)], wait: bool) -> Server {
-        let grpc_port = free_port();
+    /// Starts one of the service binaries (`recollect-extractor`, …) on port 0 (and on port 0
+    /// for gRPC, which the gateway and query services serve), with its configuration in `env`;
+    /// the ports are what the service reports in its address file. Waits for /readyz when
+    /// `wait` is set. As with [`hash_env`], no per-tenant rate limit unless `env` sets one (bulk
+    /// tests read thousands of memories).
+    pub fn service(name: &str, env: &[(String, String)], wait: bool) -> Server {
         let mut cmd = Command::new(binary_named(name));
-        cmd.env("RECOLLECT__SERVER__LISTEN", format!("127.0.0.1:{port}"))
-            .env(
-                "RECOLLECT__SERVER__GRPC_LISTEN",
-                format!("127.0.0.1:{grpc_port}"),
-            )
+        cmd.env("RECOLLECT__SERVER__LISTEN", "127.0.0.1:0")
+            .env("RECOLLECT__SERVER__GRPC_LISTEN", "127.0.0.1:0")
             .env("RECOLLECT__SERVER__RATE_LIMIT_PER_SEC", "0")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let child = cmd
+        let addresses = AddressFile::new();
+        cmd.env("RECOLLECT__SERVER__ADDRESS_FILE", addresses.path());
+        let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("start {name}: {e} (build with `cargo build --workspace`)"));
+        let (http, grpc) = addresses
+            .wait(&mut child, name)
+            .unwrap_or_else(|| panic!("{name} exited before it listened"));
         let s = Server {
             child,
-            url: format!("http://127.0.0.1:{port}"),
-            grpc_url: format!("http://127.0.0.1:{grpc_port}"),
+            url: format!("http://{http}"),
+            grpc_url: grpc.map(|g| format!("http://{g}")).unwrap_or_default(),
             data_dir: PathBuf::new(),
             client: Client::builder()
                 .timeout(Duration::from_secs(180))

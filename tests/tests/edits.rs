@@ -5,7 +5,7 @@
 //! from every time (erasure is not history). Embedded: no residue of any version afterwards.
 
 use recollect_model::TenantId;
-use recollect_store::{EdgeVectorIndex, EmbeddedGraph, RawStore, Scope};
+use recollect_storage::{EdgeVectorIndex, EmbeddedGraph, RawStore, Scope};
 use recollect_tests::distributed::{Deployment, Mode};
 use recollect_tests::{env_refs, hash_env};
 use serde_json::{json, Value};

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use recollect_model::TenantId;
-use recollect_store::{EdgeVectorIndex, EmbeddedGraph, RawStore, Scope};
+use recollect_storage::{EdgeVectorIndex, EmbeddedGraph, RawStore, Scope};
 use recollect_tests::{env_refs, hash_env, Server};
 use serde_json::{json, Value};
 

@@ -5,7 +5,7 @@
 //! (embedded) no residue when every store is opened directly.
 
 use recollect_model::TenantId;
-use recollect_store::{EdgeVectorIndex, EmbeddedGraph, RawStore, Scope, VectorIndex};
+use recollect_storage::{EdgeVectorIndex, EmbeddedGraph, RawStore, Scope, VectorIndex};
 use recollect_tests::distributed::{Deployment, Mode};
 use recollect_tests::{env_refs, hash_env};
 use serde_json::{json, Value};

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use kafka_common::*;
 use recollect_model::topics;
-use recollect_tests::{free_port, model_env, tansu, Broker, Server};
+use recollect_tests::{model_env, tansu, Broker, Server};
 use serde_json::{json, Value};
 
 const TENANT: &str = "acme";
@@ -93,17 +93,12 @@ fn kafka_pipeline_survives_kill9_of_every_worker_kind() {
     let brokers = broker.addr.clone();
     let broker = Arc::new(Mutex::new(broker));
     let data = tempfile::tempdir().unwrap();
-    let store_port = free_port();
     let mut env: Vec<(String, String)> = [
         ("RECOLLECT__BUS__KIND", "kafka".to_string()),
         ("RECOLLECT__BUS__BROKERS", brokers.clone()),
         ("RECOLLECT__BUS__PARTITIONS", PARTITIONS.to_string()),
         ("RECOLLECT__GRAPH__KIND", "remote".into()),
         ("RECOLLECT__VECTORS__KIND", "remote".into()),
-        (
-            "RECOLLECT__REMOTE__URL",
-            format!("http://127.0.0.1:{store_port}"),
-        ),
         ("RECOLLECT__REMOTE__TOKEN", "store-token".into()),
         (
             "RECOLLECT__STORAGE__DATA_DIR",
@@ -121,7 +116,8 @@ fn kafka_pipeline_survives_kill9_of_every_worker_kind() {
     .collect();
     env.extend(model_env().into_iter().map(|(k, v)| (k.to_string(), v)));
 
-    let store = Server::service("recollect-store", store_port, &env, true);
+    let store = recollect_tests::start_store(&env);
+    env.push(("RECOLLECT__REMOTE__URL".into(), store.url.clone()));
     let instances = INSTANCES;
     let mut stages: Vec<Workers> = STAGES
         .iter()

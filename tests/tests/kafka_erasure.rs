@@ -13,7 +13,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use recollect_model::{MemoryId, TenantId};
-use recollect_tests::{free_port, max_consumer_lag, store_call, tansu, Broker, Server};
+use recollect_tests::{max_consumer_lag, store_call, tansu, Broker, Server};
 use serde_json::{json, Value};
 
 const TENANT: &str = "acme";
@@ -138,17 +138,12 @@ fn erasure_wins_against_turns_in_flight() {
     };
     let broker = Broker::start(&tansu);
     let data = tempfile::tempdir().unwrap();
-    let store_port = free_port();
-    let env: Vec<(String, String)> = [
+    let mut env: Vec<(String, String)> = [
         ("RECOLLECT__BUS__KIND", "kafka".to_string()),
         ("RECOLLECT__BUS__BROKERS", broker.addr.clone()),
         ("RECOLLECT__BUS__PARTITIONS", "4".into()),
         ("RECOLLECT__GRAPH__KIND", "remote".into()),
         ("RECOLLECT__VECTORS__KIND", "remote".into()),
-        (
-            "RECOLLECT__REMOTE__URL",
-            format!("http://127.0.0.1:{store_port}"),
-        ),
         ("RECOLLECT__REMOTE__TOKEN", TOKEN.into()),
         (
             "RECOLLECT__STORAGE__DATA_DIR",
@@ -161,8 +156,9 @@ fn erasure_wins_against_turns_in_flight() {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    let start = |name: &str| Server::service(name, free_port(), &env, true);
-    let store = Server::service("recollect-store", store_port, &env, true);
+    let store = recollect_tests::start_store(&env);
+    env.push(("RECOLLECT__REMOTE__URL".into(), store.url.clone()));
+    let start = |name: &str| Server::service(name, &env, true);
     let extractor = start("recollect-extractor");
     let embedder = start("recollect-embedder");
     let graph_writer = start("recollect-graph-writer");

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use kafka_common::*;
 use recollect_model::TenantId;
-use recollect_store::{Graph, Neo4jGraph, Neo4jSettings, QdrantVectorIndex, Scope, VectorIndex};
+use recollect_storage::{
+    GraphRead, Neo4jGraph, Neo4jSettings, QdrantVectorIndex, Scope, VectorIndex,
+};
 use recollect_tests::{model_env, tansu, Broker};
 
 const KEY: &str = "prod-stores-key";
@@ -200,7 +202,7 @@ log_level = "warn"
         let g = Neo4jGraph::connect(&bolt).await.expect("bolt");
         let v = QdrantVectorIndex::connect(
             &qdrant,
-            recollect_store::open::QDRANT_COLLECTION_PREFIX,
+            recollect_storage::open::QDRANT_COLLECTION_PREFIX,
             if minilm {
                 384
             } else {

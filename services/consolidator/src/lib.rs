@@ -10,7 +10,7 @@ use chrono::Utc;
 use recollect_bus::{Delivery, Message, Stage, StageError};
 use recollect_llm::ChatModel;
 use recollect_model::{topics, Envelope, Fragment, MemoryId, StoredTurn, TenantId};
-use recollect_store::{ErasureMap, Graph, TurnRecord, VectorIndex};
+use recollect_storage::{ErasureMap, Graph, TurnRecord, VectorIndex};
 
 pub struct ConsolidatorStage {
     graph: Arc<dyn Graph>,
@@ -100,8 +100,9 @@ const SAME_TOPIC_COSINE: f32 = 0.55;
 /// Keyword-set overlap (Jaccard) above which two turns are on the same topic.
 const SAME_TOPIC_OVERLAP: f32 = 0.12;
 
-fn transient(e: impl std::fmt::Display) -> StageError {
-    StageError::Transient(e.to_string())
+/// A store error, retried or dead-lettered by its class ([`StageError::classified`]).
+fn store_error(e: impl std::borrow::Borrow<recollect_storage::StoreError>) -> StageError {
+    StageError::classified(e.borrow())
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -229,7 +230,7 @@ impl ConsolidatorStage {
         let markers = |g: Arc<dyn Graph>| async move {
             g.erasures(tenant, &[conversation.to_string()])
                 .await
-                .map_err(transient)
+                .map_err(store_error)
         };
         loop {
             // An erasure under way: what it covers is not consolidated (its eraser or the
@@ -240,7 +241,7 @@ impl ConsolidatorStage {
                 .graph
                 .conversation_state(tenant, conversation)
                 .await
-                .map_err(transient)?;
+                .map_err(store_error)?;
             if erased.is_some_and(|m| state.covered_by(m)) {
                 return Ok(made);
             }
@@ -249,7 +250,7 @@ impl ConsolidatorStage {
                 .graph
                 .conversation_turns(tenant, conversation, from, from + self.window)
                 .await
-                .map_err(transient)?;
+                .map_err(store_error)?;
             // A position whose turn was erased on its own stays empty for good (unless the turn
             // is stored again there): the window is complete without it.
             let present: std::collections::BTreeSet<u64> =
@@ -269,7 +270,7 @@ impl ConsolidatorStage {
                 .vectors
                 .field_vectors(tenant, &ids)
                 .await
-                .map_err(transient)?;
+                .map_err(store_error)?;
             let vectors: HashMap<MemoryId, Vec<Vec<f32>>> = fv
                 .into_iter()
                 .map(|(id, f)| (id, std::iter::once(f.user).chain(f.assistant).collect()))
@@ -326,12 +327,12 @@ impl ConsolidatorStage {
             self.graph
                 .write_fragments(&fragments)
                 .await
-                .map_err(transient)?;
+                .map_err(store_error)?;
             // Only our field: the extractor saves the rest of the state concurrently.
             self.graph
                 .advance_consolidated_until(tenant, conversation, from + self.window)
                 .await
-                .map_err(transient)?;
+                .map_err(store_error)?;
             // Erased while the window was read: remove what the fragments or the advance may
             // have put back (purging what no marker covers removes nothing).
             let now = markers(self.graph.clone()).await?;
@@ -339,7 +340,7 @@ impl ConsolidatorStage {
                 self.graph
                     .purge_erased(tenant, conversation)
                     .await
-                    .map_err(transient)?;
+                    .map_err(store_error)?;
                 return Ok(made);
             }
             made += fragments.len();
@@ -375,7 +376,7 @@ impl Stage for ConsolidatorStage {
             .map(|e| (e.body.tenant.clone(), e.body.conversation_id.clone()));
         let erased = match ErasureMap::read(self.graph.as_ref(), pairs).await {
             Ok(m) => m,
-            Err(e) => return batch.iter().map(|_| Err(transient(&e))).collect(),
+            Err(e) => return batch.iter().map(|_| Err(store_error(&e))).collect(),
         };
         let mut convs: Vec<(TenantId, String)> = Vec::new();
         for env in decoded.iter().flatten() {

@@ -10,8 +10,8 @@ use recollect_runtime::{bus_check, graph_check, open_bus, run_workers, start, ve
 async fn main() -> anyhow::Result<()> {
     let settings = start("consolidator")?;
     let dir = settings.storage.data_dir.clone();
-    let graph = recollect_store::open_graph(&settings, &dir).await?;
-    let vectors = recollect_store::open_vectors(&settings, &dir, settings.embedder_dim()).await?;
+    let graph = recollect_storage::open_graph(&settings, &dir).await?;
+    let vectors = recollect_storage::open_vectors(&settings, &dir, settings.embedder_dim()).await?;
     let bus = open_bus(&settings, "consolidator").await?;
     let checks = vec![
         bus_check(bus.clone()),

@@ -14,7 +14,7 @@ use recollect_model::{
     bus_key, topics, EmbeddedTurn, Embeddings, Envelope, ExtractedTurn, KeywordVector,
     SparseVector, Turn,
 };
-use recollect_store::{ErasureMap, Graph};
+use recollect_storage::{ErasureMap, Graph};
 use recollect_telemetry as metrics;
 
 /// BM25 term-frequency saturation; IDF is applied by the vector index (Qdrant's IDF modifier).

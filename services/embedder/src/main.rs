@@ -11,7 +11,7 @@ async fn main() -> anyhow::Result<()> {
     let settings = start("embedder")?;
     let embedder = load_embedder(&settings)?;
     // Only erasure markers are read here: turns erased while queued are not embedded.
-    let graph = recollect_store::open_graph(&settings, &settings.storage.data_dir).await?;
+    let graph = recollect_storage::open_graph(&settings, &settings.storage.data_dir).await?;
     let bus = open_bus(&settings, "embedder").await?;
     let checks = vec![bus_check(bus.clone()), graph_check(graph.clone())];
     run_workers(

@@ -11,8 +11,8 @@ use recollect_extract::Extractor;
 use recollect_model::{
     bus_key, topics, Envelope, ExtractedTurn, MemoryId, RawMessage, TenantId, Timestamp, Turn,
 };
-use recollect_store::graph::ConversationState;
-use recollect_store::{ErasureMap, Graph};
+use recollect_storage::graph::ConversationState;
+use recollect_storage::{ErasureMap, Graph};
 
 pub struct ExtractorStage {
     extractor: Arc<dyn Extractor>,
@@ -48,8 +48,9 @@ fn check_direct(t: &Turn) -> Result<(), StageError> {
     Ok(())
 }
 
-fn transient(e: impl std::fmt::Display) -> StageError {
-    StageError::Transient(e.to_string())
+/// A store error, retried or dead-lettered by its class ([`StageError::classified`]).
+fn store_error(e: impl std::borrow::Borrow<recollect_storage::StoreError>) -> StageError {
+    StageError::classified(e.borrow())
 }
 
 #[async_trait]
@@ -76,7 +77,7 @@ impl Stage for ExtractorStage {
             .map(|e| (e.body.tenant.clone(), e.body.conversation_id.clone()));
         let erased = match ErasureMap::read(self.graph.as_ref(), pairs).await {
             Ok(m) => m,
-            Err(e) => return batch.iter().map(|_| Err(transient(&e))).collect(),
+            Err(e) => return batch.iter().map(|_| Err(store_error(&e))).collect(),
         };
         // Turns of one conversation arrive in order; their state is loaded once per batch.
         let mut states: HashMap<(String, String), ConversationState> = HashMap::new();
@@ -102,7 +103,7 @@ impl Stage for ExtractorStage {
                         .graph
                         .conversation_state(&turn.tenant, &turn.conversation_id)
                         .await
-                        .map_err(transient)?;
+                        .map_err(store_error)?;
                     // A state holding erased data (its erasure not finished yet) starts over.
                     if erased
                         .marker(&turn.tenant, &turn.conversation_id)
@@ -123,7 +124,7 @@ impl Stage for ExtractorStage {
                             .graph
                             .turns(&turn.tenant, &[turn.memory_id])
                             .await
-                            .map_err(transient)?
+                            .map_err(store_error)?
                             .first()
                         {
                             Some(r) => r.turn.position,
@@ -190,7 +191,7 @@ impl Stage for ExtractorStage {
             let pairs = dirty.iter().map(|(t, c)| (TenantId(t.clone()), c.clone()));
             let now = match ErasureMap::read(self.graph.as_ref(), pairs).await {
                 Ok(m) => m,
-                Err(e) => return batch.iter().map(|_| Err(transient(&e))).collect(),
+                Err(e) => return batch.iter().map(|_| Err(store_error(&e))).collect(),
             };
             for (t, c) in &dirty {
                 let tenant = TenantId(t.clone());
@@ -198,7 +199,7 @@ impl Stage for ExtractorStage {
                     continue;
                 }
                 if let Err(e) = self.graph.purge_erased(&tenant, c).await {
-                    return batch.iter().map(|_| Err(transient(&e))).collect();
+                    return batch.iter().map(|_| Err(store_error(&e))).collect();
                 }
             }
             for (r, k) in results.iter_mut().zip(&kept) {
@@ -232,7 +233,7 @@ mod tests {
     use super::*;
     use recollect_extract::RuleExtractor;
     use recollect_model::TenantId;
-    use recollect_store::EmbeddedGraph;
+    use recollect_storage::EmbeddedGraph;
 
     fn raw(turn_id: &str, text: &str) -> Delivery {
         let body = format!(

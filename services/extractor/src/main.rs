@@ -10,7 +10,7 @@ use recollect_runtime::{bus_check, graph_check, open_bus, run_workers, start};
 async fn main() -> anyhow::Result<()> {
     let settings = start("extractor")?;
     let extractor = recollect_llm::extractor_from(&settings)?;
-    let graph = recollect_store::open_graph(&settings, &settings.storage.data_dir).await?;
+    let graph = recollect_storage::open_graph(&settings, &settings.storage.data_dir).await?;
     let bus = open_bus(&settings, "extractor").await?;
     let checks = vec![bus_check(bus.clone()), graph_check(graph.clone())];
     let stage = Arc::new(ExtractorStage::new(extractor, graph));

@@ -15,8 +15,8 @@ use recollect_model::{
     bus_key, request, topics, Envelope, MemoryId, RecollectError, TenantId, Turn, TurnInput,
     TurnPatch, MAX_TEXT_BYTES,
 };
-use recollect_store::raw::Appended;
-use recollect_store::{Graph, RawStore};
+use recollect_storage::raw::Appended;
+use recollect_storage::{Graph, RawStore};
 use recollect_telemetry as metrics;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
@@ -146,7 +146,7 @@ pub async fn graph_turn(
 /// member go too (their descriptions quote it). The rest of the conversation stays recallable.
 pub async fn erase_turn_in_stores(
     graph: &dyn Graph,
-    vectors: &dyn recollect_store::VectorIndex,
+    vectors: &dyn recollect_storage::VectorIndex,
     tenant: &TenantId,
     turn: &Turn,
 ) -> Result<(), RecollectError> {
@@ -165,19 +165,19 @@ pub async fn erase_turn_in_stores(
             tenant,
             conv,
             turn.memory_id,
-            recollect_store::TurnErasure { at, position },
+            recollect_storage::TurnErasure { at, position },
         )
         .await
         .map_err(classified)?;
     let keywords = stored
         .first()
-        .map(|r| recollect_store::NodeKind::Keyword.names(&r.extraction))
+        .map(|r| recollect_storage::NodeKind::Keyword.names(&r.extraction))
         .unwrap_or_default();
     let links = graph
         .linked_turns(
             tenant,
-            &recollect_store::Scope::of(&[conv]),
-            recollect_store::NodeKind::Keyword,
+            &recollect_storage::Scope::of(&[conv]),
+            recollect_storage::NodeKind::Keyword,
             &keywords,
             None,
             None,
@@ -474,7 +474,7 @@ impl Gateway {
             let raw = raw.clone();
             let ids2 = ids.to_vec();
             let pending = tokio::task::spawn_blocking(
-                move || -> Result<bool, recollect_store::StoreError> {
+                move || -> Result<bool, recollect_storage::StoreError> {
                     for id in ids2 {
                         if raw.is_pending(id)? {
                             return Ok(true);
@@ -632,7 +632,7 @@ impl Gateway {
             let t = tenant.clone();
             let writing = self.writing().await;
             let (turns, conversations) = tokio::task::spawn_blocking(move || {
-                Ok::<_, recollect_store::StoreError>((
+                Ok::<_, recollect_storage::StoreError>((
                     raw.mark_pending(&t)?,
                     raw.conversations(&t)?,
                 ))
@@ -715,7 +715,7 @@ fn content_id(t: &TurnInput) -> String {
 /// the raw turns). Turns still on Kafka are dropped by every stage on the marker.
 pub struct StoreEraser {
     pub graph: Arc<dyn Graph>,
-    pub vectors: Arc<dyn recollect_store::VectorIndex>,
+    pub vectors: Arc<dyn recollect_storage::VectorIndex>,
 }
 
 #[async_trait::async_trait]

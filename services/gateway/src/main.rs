@@ -15,8 +15,8 @@ async fn main() -> anyhow::Result<()> {
     let settings = start("gateway")?;
     let dir = settings.storage.data_dir.clone();
     let bus = open_bus(&settings, "gateway").await?;
-    let graph = recollect_store::open_graph(&settings, &dir).await?;
-    let vectors = recollect_store::open_vectors(&settings, &dir, settings.embedder_dim()).await?;
+    let graph = recollect_storage::open_graph(&settings, &dir).await?;
+    let vectors = recollect_storage::open_vectors(&settings, &dir, settings.embedder_dim()).await?;
     let checks = vec![bus_check(bus.clone()), graph_check(graph.clone())];
     let limits = Limits {
         max_turns_per_request: settings.server.max_turns_per_request,

@@ -11,9 +11,9 @@ use recollect_bus::{Delivery, Message, Stage, StageError};
 use recollect_model::{
     bus_key, topics, EmbeddedTurn, Envelope, KeywordVector, MemoryId, StoredTurn, TenantId, Turn,
 };
-use recollect_store::{
-    distinct_runs, ErasureMap, Graph, NodeKind, ReplacedVersion, Scope, StoreError, TurnPoint,
-    VectorIndex, VersionWrite,
+use recollect_storage::{
+    distinct_runs, ErasureMap, Graph, NodeKind, ReplacedVersion, Scope, TurnPoint, VectorIndex,
+    VersionWrite,
 };
 use recollect_telemetry as metrics;
 
@@ -67,7 +67,7 @@ impl GraphWriterStage {
         let (mut replaced, mut skip) = (Vec::new(), HashSet::new());
         for (tenant, edits) in by_tenant {
             let ids: Vec<MemoryId> = edits.iter().map(|t| t.memory_id).collect();
-            let stored = self.graph.turns(&tenant, &ids).await.map_err(transient)?;
+            let stored = self.graph.turns(&tenant, &ids).await.map_err(store_error)?;
             for t in edits {
                 let Some(rec) = stored.iter().find(|r| r.turn.memory_id == t.memory_id) else {
                     continue;
@@ -92,7 +92,6 @@ impl GraphWriterStage {
     }
 
     async fn write_run(&self, turns: &[EmbeddedTurn]) -> Result<(), StageError> {
-        let t = |e: recollect_store::StoreError| StageError::Transient(e.to_string());
         let (replaced, skip) = self.versions_replaced(turns).await?;
         let kept: Vec<EmbeddedTurn>;
         let turns = if skip.is_empty() {
@@ -113,7 +112,7 @@ impl GraphWriterStage {
             self.vectors
                 .keep_versions(&tenant, &versions)
                 .await
-                .map_err(t)?;
+                .map_err(store_error)?;
         }
         let started = Instant::now();
         let points: Vec<TurnPoint> = turns
@@ -138,7 +137,10 @@ impl GraphWriterStage {
             })
             .collect();
         // Vectors first, graph last: a turn is recallable once its Turn node exists.
-        self.vectors.upsert_turns(points).await.map_err(t)?;
+        self.vectors
+            .upsert_turns(points)
+            .await
+            .map_err(store_error)?;
         let mut keywords: BTreeMap<(String, String), BTreeMap<String, Vec<f32>>> = BTreeMap::new();
         for e in turns {
             let slot = keywords
@@ -157,7 +159,7 @@ impl GraphWriterStage {
             self.vectors
                 .upsert_keywords(&recollect_model::TenantId(tenant), &conv, kws)
                 .await
-                .map_err(t)?;
+                .map_err(store_error)?;
         }
         metrics::STORE_WRITE_LATENCY
             .with_label_values(&[&format!("vectors_{}", self.vectors.kind())])
@@ -167,7 +169,7 @@ impl GraphWriterStage {
             .iter()
             .map(|e| (e.turn.clone(), e.extraction.clone()))
             .collect();
-        self.graph.write_turns(&nodes).await.map_err(t)?;
+        self.graph.write_turns(&nodes).await.map_err(store_error)?;
         metrics::STORE_WRITE_LATENCY
             .with_label_values(&[&format!("graph_{}", self.graph.kind())])
             .observe(started.elapsed().as_secs_f64());
@@ -175,8 +177,9 @@ impl GraphWriterStage {
     }
 }
 
-fn transient(e: StoreError) -> StageError {
-    StageError::Transient(e.to_string())
+/// A store error, retried or dead-lettered by its class ([`StageError::classified`]).
+fn store_error(e: impl std::borrow::Borrow<recollect_storage::StoreError>) -> StageError {
+    StageError::classified(e.borrow())
 }
 
 fn pairs(turns: &[&EmbeddedTurn]) -> Vec<(TenantId, String)> {
@@ -203,7 +206,7 @@ impl GraphWriterStage {
         let turns: Vec<&EmbeddedTurn> = decoded.iter().flatten().map(|e| &e.body).collect();
         let before = ErasureMap::read(self.graph.as_ref(), pairs(&turns))
             .await
-            .map_err(transient)?;
+            .map_err(store_error)?;
         let (dropped, live): (Vec<&EmbeddedTurn>, Vec<&EmbeddedTurn>) =
             turns.into_iter().partition(|e| covered(&before, e));
         // A redelivery of a batch whose first attempt wrote before an erasure and died before
@@ -213,7 +216,7 @@ impl GraphWriterStage {
         self.write(&owned).await?;
         let after = ErasureMap::read(self.graph.as_ref(), pairs(&live))
             .await
-            .map_err(transient)?;
+            .map_err(store_error)?;
         let late: Vec<&EmbeddedTurn> = live
             .iter()
             .copied()
@@ -256,7 +259,7 @@ impl GraphWriterStage {
                     None,
                 )
                 .await
-                .map_err(transient)?;
+                .map_err(store_error)?;
             keywords.retain(|k| {
                 links
                     .iter()
@@ -265,11 +268,11 @@ impl GraphWriterStage {
             self.vectors
                 .delete_turns(&tenant, &conv, &ids, &keywords)
                 .await
-                .map_err(transient)?;
+                .map_err(store_error)?;
             self.graph
                 .purge_erased(&tenant, &conv)
                 .await
-                .map_err(transient)?;
+                .map_err(store_error)?;
             tracing::info!(
                 tenant = tenant.as_str(),
                 turns = ids.len(),
@@ -360,9 +363,10 @@ mod tests {
     use std::path::PathBuf;
 
     use recollect_model::{Extraction, Fragment, Timestamp, Turn};
-    use recollect_store::graph::{ConversationState, Erasures};
-    use recollect_store::{
-        EdgeVectorIndex, EmbeddedGraph, LinkedTurn, NodeKind, Scope, TurnRecord,
+    use recollect_storage::graph::{ConversationState, Erasures};
+    use recollect_storage::{
+        EdgeVectorIndex, EmbeddedGraph, GraphRead, LinkedTurn, NodeKind, Scope, StoreError,
+        TurnRecord,
     };
     use serde_json::json;
 
@@ -410,40 +414,9 @@ mod tests {
     }
 
     #[async_trait]
-    impl Graph for Racing {
+    impl GraphRead for Racing {
         fn kind(&self) -> &'static str {
             "racing"
-        }
-        async fn write_turns(&self, turns: &[(Turn, Extraction)]) -> Result<(), StoreError> {
-            if turns.is_empty() || self.fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                return self.inner.write_turns(turns).await;
-            }
-            let (tenant, conv) = (
-                turns[0].0.tenant.clone(),
-                turns[0].0.conversation_id.clone(),
-            );
-            match self.race {
-                Race::EraseBeforeWrite => self.erase(&tenant, &conv, true).await,
-                Race::MarkerBeforeWriteEraserGone => self.erase(&tenant, &conv, false).await,
-                Race::MarkerAfterWrite => {}
-            }
-            self.inner.write_turns(turns).await?;
-            if self.race == Race::MarkerAfterWrite {
-                self.erase(&tenant, &conv, false).await;
-            }
-            Ok(())
-        }
-        async fn write_fragments(&self, f: &[Fragment]) -> Result<(), StoreError> {
-            self.inner.write_fragments(f).await
-        }
-        async fn record_turn_erasure(
-            &self,
-            t: &TenantId,
-            c: &str,
-            id: MemoryId,
-            e: recollect_store::TurnErasure,
-        ) -> Result<(), StoreError> {
-            self.inner.record_turn_erasure(t, c, id, e).await
         }
         async fn conversations_of(
             &self,
@@ -506,6 +479,41 @@ mod tests {
             ids: &[String],
         ) -> Result<Vec<Fragment>, StoreError> {
             self.inner.fragments(t, ids).await
+        }
+    }
+
+    #[async_trait]
+    impl Graph for Racing {
+        async fn write_turns(&self, turns: &[(Turn, Extraction)]) -> Result<(), StoreError> {
+            if turns.is_empty() || self.fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                return self.inner.write_turns(turns).await;
+            }
+            let (tenant, conv) = (
+                turns[0].0.tenant.clone(),
+                turns[0].0.conversation_id.clone(),
+            );
+            match self.race {
+                Race::EraseBeforeWrite => self.erase(&tenant, &conv, true).await,
+                Race::MarkerBeforeWriteEraserGone => self.erase(&tenant, &conv, false).await,
+                Race::MarkerAfterWrite => {}
+            }
+            self.inner.write_turns(turns).await?;
+            if self.race == Race::MarkerAfterWrite {
+                self.erase(&tenant, &conv, false).await;
+            }
+            Ok(())
+        }
+        async fn write_fragments(&self, f: &[Fragment]) -> Result<(), StoreError> {
+            self.inner.write_fragments(f).await
+        }
+        async fn record_turn_erasure(
+            &self,
+            t: &TenantId,
+            c: &str,
+            id: MemoryId,
+            e: recollect_storage::TurnErasure,
+        ) -> Result<(), StoreError> {
+            self.inner.record_turn_erasure(t, c, id, e).await
         }
         async fn conversation_state(
             &self,

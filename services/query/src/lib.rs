@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use recollect_api::{ApiError, Auth, HasAuth, Json, PathParam, Tenant};
 use recollect_model::{request, Extraction, MemoryId, RecollectError, TenantId, Turn};
 use recollect_recall::{Recall, RecallError, RecallRequest, RecallResponse};
-use recollect_store::RawStore;
+use recollect_storage::RawStore;
 
 #[derive(Clone)]
 pub struct QueryState {
@@ -307,7 +307,7 @@ impl QueryState {
         &self,
         tenant: &TenantId,
         id: &str,
-    ) -> Result<Option<recollect_store::TurnRecord>, RecollectError> {
+    ) -> Result<Option<recollect_storage::TurnRecord>, RecollectError> {
         let Some(mid) = MemoryId::parse(id) else {
             return Err(RecollectError::invalid(format!(
                 "{id:?} is not a memory id"

@@ -15,8 +15,8 @@ async fn main() -> anyhow::Result<()> {
     let settings = start("query")?;
     let dir = settings.storage.data_dir.clone();
     let embedder = load_embedder(&settings)?;
-    let graph = recollect_store::open_graph(&settings, &dir).await?;
-    let vectors = recollect_store::open_vectors(&settings, &dir, embedder.dim()).await?;
+    let graph = recollect_storage::open_graph(&settings, &dir).await?;
+    let vectors = recollect_storage::open_vectors(&settings, &dir, embedder.dim()).await?;
     let checks = vec![graph_check(graph.clone()), vectors_check(vectors.clone())];
     let cfg = RecallConfig {
         default_k: settings.server.default_k,

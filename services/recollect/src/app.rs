@@ -15,7 +15,7 @@ use recollect_gateway::{Eraser, Gateway, Limits};
 use recollect_graph_writer::{GraphWriterStage, StoreHooks};
 use recollect_model::{topics, MemoryId, RecollectError, TenantId, Turn};
 use recollect_recall::{Recall, RecallConfig};
-use recollect_store::{open_graph, open_vectors, Graph, RawStore, VectorIndex};
+use recollect_storage::{open_graph, open_vectors, Graph, RawStore, VectorIndex};
 use recollect_telemetry as metrics;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
@@ -296,7 +296,7 @@ impl Eraser for EmbeddedEraser {
         let left = loop {
             let left = self
                 .vectors
-                .count(tenant, &recollect_store::Scope::all())
+                .count(tenant, &recollect_storage::Scope::all())
                 .await
                 .map_err(RecollectError::from_classified)?;
             if left == 0 || tokio::time::Instant::now() >= deadline {
@@ -475,7 +475,7 @@ impl App {
     }
 }
 
-fn locked(dir: &Path) -> impl Fn(recollect_store::StoreError) -> anyhow::Error + '_ {
+fn locked(dir: &Path) -> impl Fn(recollect_storage::StoreError) -> anyhow::Error + '_ {
     move |e| {
         anyhow::anyhow!(
             "{e}: is another recollect process using {}? Stop it, or talk to it with --server",

@@ -444,7 +444,8 @@ pub async fn history(settings: Settings, a: HistoryArgs) -> anyhow::Result<()> {
             let Some(id) = recollect_model::MemoryId::parse(&a.memory) else {
                 bail!("{:?} is not a memory id", a.memory);
             };
-            let raw = recollect_store::RawStore::open(&settings.storage.data_dir.join("raw.redb"))?;
+            let raw =
+                recollect_storage::RawStore::open(&settings.storage.data_dir.join("raw.redb"))?;
             let versions = raw.versions(&TenantId::default_tenant(), id)?;
             if versions.is_empty() {
                 bail!("memory {} not found", a.memory);
@@ -578,9 +579,9 @@ pub async fn restore(settings: Settings, a: RestoreArgs) -> anyhow::Result<()> {
             a.from.display()
         );
     }
-    recollect_store::copy_dir(&a.from, dir)?;
+    recollect_storage::copy_dir(&a.from, dir)?;
     // Opened once here so a damaged copy is reported now, not at the next start.
-    let raw = recollect_store::RawStore::open(&dir.join("raw.redb"))?;
+    let raw = recollect_storage::RawStore::open(&dir.join("raw.redb"))?;
     println!(
         "restored {} turns into {}; start the server on it",
         raw.count()?,

@@ -13,10 +13,10 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use recollect_store::remote::{
+use recollect_storage::remote::{
     dispatch_graph, dispatch_vectors, GraphCall, VectorCall, WireError, GRAPH_PATH, VECTORS_PATH,
 };
-use recollect_store::{Graph, StoreError, VectorIndex};
+use recollect_storage::{Graph, StoreError, VectorIndex};
 use recollect_telemetry as metrics;
 
 #[derive(Clone)]

@@ -18,8 +18,8 @@ async fn main() -> anyhow::Result<()> {
         addr.ip().is_loopback() || !settings.remote.token.is_empty(),
         "recollect-store listens on {addr} without a token: set RECOLLECT__REMOTE__TOKEN (and the same on every client)"
     );
-    let graph = recollect_store::open_graph(&settings, &dir).await?;
-    let vectors = recollect_store::open_vectors(&settings, &dir, settings.embedder_dim()).await?;
+    let graph = recollect_storage::open_graph(&settings, &dir).await?;
+    let vectors = recollect_storage::open_vectors(&settings, &dir, settings.embedder_dim()).await?;
     let checks = vec![graph_check(graph.clone()), vectors_check(vectors.clone())];
     let app =
         router(Hosted { graph, vectors }, settings.remote.token.clone()).merge(ops_router(checks));

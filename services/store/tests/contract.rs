@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use recollect_store::contract::{graph_contract, vector_contract, Residue};
-use recollect_store::{EdgeVectorIndex, EmbeddedGraph, RemoteGraph, RemoteVectorIndex};
+use recollect_storage::contract::{graph_contract, vector_contract, Residue};
+use recollect_storage::{EdgeVectorIndex, EmbeddedGraph, RemoteGraph, RemoteVectorIndex};
 use recollect_store_service::{router, Hosted};
 
 /// The service on a free port. Stop it (`stop`) before the temp dir goes: the vector engine
@@ -93,9 +93,10 @@ fn a_wrong_token_is_refused_and_not_retried_as_transient_forever() {
     with_dir(|dir| async move {
         let (url, h) = serve(&dir, 32, "right").await;
         let g = RemoteGraph::new(&url, "wrong").unwrap();
-        let err = recollect_store::Graph::conversations(&g, &recollect_model::TenantId("t".into()))
-            .await
-            .unwrap_err();
+        let err =
+            recollect_storage::GraphRead::conversations(&g, &recollect_model::TenantId("t".into()))
+                .await
+                .unwrap_err();
         assert!(err.to_string().contains("401"), "{err}");
         stop(h).await;
     });

@@ -14,6 +14,8 @@ use recollect_telemetry as metrics;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch, Mutex};
 
+#[cfg(feature = "testsuite")]
+pub mod contract;
 pub mod kafka;
 pub use kafka::{GroupOffsets, KafkaBus, KafkaSecurity, KafkaSettings, PartitionOffsets};
 
@@ -230,6 +232,23 @@ impl StageError {
     pub fn is_transient(&self) -> bool {
         matches!(self, StageError::Transient(_))
     }
+
+    /// A dependency's error (a store's, say) by what another try can do: a dependency that is
+    /// down, busy or refusing credentials may come back, so the message is retried; invalid or
+    /// unreadable data, a conflict or a missing record will fail the same way every time, so
+    /// it goes to the dead-letter topic at once instead of after every retry.
+    pub fn classified<E: recollect_model::Classify + std::fmt::Display + ?Sized>(e: &E) -> Self {
+        use recollect_model::ErrorKind;
+        match e.kind() {
+            ErrorKind::Unavailable | ErrorKind::ResourceExhausted | ErrorKind::Unauthenticated => {
+                StageError::Transient(e.to_string())
+            }
+            ErrorKind::InvalidArgument
+            | ErrorKind::Conflict
+            | ErrorKind::NotFound
+            | ErrorKind::Internal => StageError::Permanent(e.to_string()),
+        }
+    }
 }
 
 /// A pipeline worker: consumes one topic, returns what to publish for each input.
@@ -444,6 +463,78 @@ mod tests {
         assert_eq!(dl.stage, "doubler");
         tx.send(true).unwrap();
         h.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn in_process_bus_passes_the_contract() {
+        contract::bus_contract(InProcessBus::new(64), "contract").await;
+    }
+
+    /// Fails every message with an error of the given kind and counts the tries.
+    struct Failing(recollect_model::ErrorKind, std::sync::atomic::AtomicUsize);
+
+    #[derive(Debug)]
+    struct KindError(recollect_model::ErrorKind);
+    impl std::fmt::Display for KindError {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "failed with {}", self.0.code())
+        }
+    }
+    impl recollect_model::Classify for KindError {
+        fn kind(&self) -> recollect_model::ErrorKind {
+            self.0
+        }
+    }
+
+    #[async_trait]
+    impl Stage for Failing {
+        fn name(&self) -> &'static str {
+            "failing"
+        }
+        fn input_topic(&self) -> &'static str {
+            "in"
+        }
+        async fn handle(&self, batch: &[Delivery]) -> Vec<Result<Vec<Message>, StageError>> {
+            self.1
+                .fetch_add(batch.len(), std::sync::atomic::Ordering::SeqCst);
+            batch
+                .iter()
+                .map(|_| Err(StageError::classified(&KindError(self.0))))
+                .collect()
+        }
+    }
+
+    async fn tries_before_dead_letter(kind: recollect_model::ErrorKind) -> usize {
+        let bus = InProcessBus::new(16);
+        bus.ensure_topics(&["in", topics::DLQ]).await.unwrap();
+        let mut dlq = bus.subscribe(topics::DLQ, "g").await.unwrap();
+        let stage = Arc::new(Failing(kind, Default::default()));
+        let (tx, rx) = watch::channel(false);
+        let h = tokio::spawn(run_stage(bus.clone(), stage.clone(), "g".into(), rx));
+        bus.publish(vec![Message::json("in", "k".into(), &1, "t")])
+            .await
+            .unwrap();
+        let dead = dlq.poll(1, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(dead.len(), 1, "the message is dead-lettered");
+        let dl: DeadLetter = serde_json::from_slice(&dead[0].message.payload).unwrap();
+        assert!(dl.error.contains(kind.code()), "{}", dl.error);
+        tx.send(true).unwrap();
+        h.await.unwrap().unwrap();
+        stage.1.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn invalid_data_is_dead_lettered_at_once_and_outages_are_retried() {
+        use recollect_model::ErrorKind;
+        for kind in [
+            ErrorKind::InvalidArgument,
+            ErrorKind::Internal,
+            ErrorKind::Conflict,
+        ] {
+            assert_eq!(tries_before_dead_letter(kind).await, 1, "{kind:?}");
+        }
+        // The first try and four retries.
+        assert_eq!(tries_before_dead_letter(ErrorKind::Unavailable).await, 5);
     }
 
     #[tokio::test]

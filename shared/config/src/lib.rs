@@ -60,6 +60,11 @@ pub struct ServerSettings {
     /// Bearer key of the operator endpoints (backup); empty: they are off. Secret: redacted.
     #[serde(default)]
     pub admin_key: String,
+    /// Once bound, the process writes the addresses it listens on here, as JSON
+    /// (`{"http": "127.0.0.1:41234", "grpc": …}`); empty: nothing is written. For a supervisor
+    /// or test that asks for port 0 and needs to know which port it got.
+    #[serde(default)]
+    pub address_file: String,
 }
 
 /// Tenants of the keys, never the keys themselves: `Debug` output ends up in logs.
@@ -84,6 +89,7 @@ impl std::fmt::Debug for ServerSettings {
                     "<redacted>"
                 },
             )
+            .field("address_file", &self.address_file)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_turns_per_request", &self.max_turns_per_request)
             .field("max_query_bytes", &self.max_query_bytes)

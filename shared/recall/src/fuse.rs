@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 
 use recollect_extract::{QueryAnalysis, QueryType, Want};
 use recollect_model::{MemoryId, RecalledMemory, ScoreParts, TenantId};
-use recollect_store::Scope;
+use recollect_storage::Scope;
 
 use crate::softtfidf;
 use crate::{Ablation, Component, PathB, PathC, QueryVectors, Recall, RecallError};
@@ -15,7 +15,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Field max-sim (never a mixture, unless ablated): the best of the user and assistant cosines.
-fn field_cos(q: &[f32], f: &recollect_store::vector::FieldVectors, mixture: bool) -> f32 {
+fn field_cos(q: &[f32], f: &recollect_storage::vector::FieldVectors, mixture: bool) -> f32 {
     let u = dot(q, &f.user);
     match (f.assistant.as_ref().map(|a| dot(q, a)), mixture) {
         (Some(a), false) => u.max(a),

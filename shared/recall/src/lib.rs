@@ -20,7 +20,7 @@ use recollect_model::{
     Classify, ErrorKind, MemoryId, RecalledMemory, ReferenceState, SparseVector, TenantId,
     TurnFilter,
 };
-use recollect_store::{Graph, Scope, StoreError, VectorField, VectorIndex, VectorQuery};
+use recollect_storage::{Graph, Scope, StoreError, VectorField, VectorIndex, VectorQuery};
 use recollect_telemetry as metrics;
 use serde::{Deserialize, Serialize};
 

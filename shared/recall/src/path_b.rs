@@ -8,7 +8,7 @@ use chrono::NaiveDate;
 use futures::future::try_join_all;
 use recollect_extract::QueryAnalysis;
 use recollect_model::{MemoryId, TenantId};
-use recollect_store::{NodeKind, Scope};
+use recollect_storage::{NodeKind, Scope};
 
 use crate::softtfidf::{idf, Neighbours};
 use crate::{Ablation, Component, QueryVectors, Recall, RecallError};

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 
 use recollect_model::{MemoryId, TenantId};
-use recollect_store::Scope;
+use recollect_storage::Scope;
 
 use crate::softtfidf;
 use crate::{PathB, Recall, RecallError};

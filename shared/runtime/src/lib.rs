@@ -19,7 +19,7 @@ use recollect_bus::{run_stage, Bus, BusError, KafkaBus, KafkaSecurity, KafkaSett
 use recollect_config::{BusKind, ConfigError, EmbedderKind, Settings};
 use recollect_embed::{default_model_dir, Embedder, HashEmbedder, MiniLmEmbedder};
 use recollect_model::{topics, TenantId};
-use recollect_store::{Graph, Scope, StoreError, VectorIndex};
+use recollect_storage::{Graph, Scope, StoreError, VectorIndex};
 use recollect_telemetry as metrics;
 use tokio::sync::watch;
 
@@ -235,6 +235,26 @@ pub fn shutdown_signal() -> watch::Receiver<bool> {
     rx
 }
 
+/// Writes the bound addresses to `server.address_file` (when set) in one rename, so a reader
+/// never sees half a file: how a process asked to listen on port 0 says which port it got.
+pub fn report_addresses(
+    settings: &Settings,
+    http: SocketAddr,
+    grpc: Option<SocketAddr>,
+) -> std::io::Result<()> {
+    let path = std::path::Path::new(&settings.server.address_file);
+    if settings.server.address_file.is_empty() {
+        return Ok(());
+    }
+    let body = serde_json::json!({
+        "http": http.to_string(),
+        "grpc": grpc.map(|a| a.to_string()),
+    });
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, body.to_string())?;
+    std::fs::rename(&tmp, path)
+}
+
 /// Serves `router` on `server.listen` until shutdown. Services without API keys stay on
 /// loopback unless they serve no API (`api = false`: workers expose only ops endpoints).
 pub async fn serve_http(
@@ -251,7 +271,9 @@ pub async fn serve_http(
         )));
     }
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "listening");
+    let bound = listener.local_addr()?;
+    report_addresses(settings, bound, None)?;
+    tracing::info!(addr = %bound, "listening");
     axum::serve(listener, router)
         .with_graceful_shutdown(async move {
             let _ = shutdown.wait_for(|s| *s).await;

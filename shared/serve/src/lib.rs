@@ -502,6 +502,25 @@ pub async fn serve(
     checks: Vec<(&'static str, Check)>,
 ) -> Result<(), ServeError> {
     let listeners = bind(settings).await?;
+    let local = |l: &tokio::net::TcpListener| {
+        l.local_addr().map_err(|source| ServeError::Io {
+            what: "reading the bound address".into(),
+            source,
+        })
+    };
+    let grpc = match &listeners.grpc {
+        Some(l) => Some(local(l)?),
+        None => None,
+    };
+    recollect_runtime::report_addresses(settings, local(&listeners.http)?, grpc).map_err(
+        |source| ServeError::Io {
+            what: format!(
+                "writing server.address_file {}",
+                settings.server.address_file
+            ),
+            source,
+        },
+    )?;
     serve_on(
         listeners,
         roles,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use recollect_bus::{Bus, Delivery, GroupOffsets, KafkaBus, KafkaSettings, PartitionOffsets};
 use recollect_model::topics;
-use recollect_tests::{free_port, Server};
+use recollect_tests::Server;
 use serde_json::{json, Value};
 
 /// One worker kind: its consumer group, input topic and running instances.
@@ -31,7 +31,7 @@ pub const STAGES: [(&str, &str); 4] = [
 ];
 
 pub fn start_service(name: &str, env: &[(String, String)]) -> Server {
-    Server::service(name, free_port(), env, true)
+    Server::service(name, env, true)
 }
 
 impl Workers {

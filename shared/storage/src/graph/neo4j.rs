@@ -23,8 +23,8 @@ use recollect_telemetry as metrics;
 use serde_json::{json, Value};
 
 use crate::graph::{
-    distinct_runs, forget_record, ConversationState, ErasureMap, Erasures, Graph, LinkedTurn,
-    NodeKind, Scope, TurnErasure, TurnRecord, TurnVersion, VersionWrite,
+    distinct_runs, forget_record, ConversationState, ErasureMap, Erasures, Graph, GraphRead,
+    LinkedTurn, NodeKind, Scope, TurnErasure, TurnRecord, TurnVersion, VersionWrite,
 };
 use crate::keys;
 use crate::StoreError;
@@ -119,14 +119,14 @@ fn bolt(v: Value) -> Result<BoltType, StoreError> {
 }
 
 fn backend(e: neo4rs::Error) -> StoreError {
-    StoreError::Backend(format!("neo4j: {e}"))
+    StoreError::backend("neo4j", e)
 }
 
 /// Errors worth another try: the server's transient class, lost connections, and ArcadeDB's
 /// optimistic-concurrency conflicts (two writers merging one key: the loser retries and then
 /// finds the node).
 fn transient(e: &StoreError) -> bool {
-    let StoreError::Backend(m) = e else {
+    let StoreError::Backend { message: m, .. } = e else {
         return false;
     };
     [
@@ -162,7 +162,7 @@ fn scope_param(q: Query, scope: &Scope) -> Query {
 
 fn get<'r, T: serde::Deserialize<'r>>(row: &'r Row, key: &str) -> Result<T, StoreError> {
     row.get::<T>(key)
-        .map_err(|e| StoreError::Corrupt(format!("neo4j row field {key}: {e}")))
+        .map_err(|e| StoreError::corrupt(&format!("neo4j row field {key}"), e))
 }
 
 impl Neo4jGraph {
@@ -605,85 +605,9 @@ fn retry_policy() -> ExponentialBuilder {
 }
 
 #[async_trait]
-impl Graph for Neo4jGraph {
+impl GraphRead for Neo4jGraph {
     fn kind(&self) -> &'static str {
         ADAPTER
-    }
-
-    async fn write_turns(&self, turns: &[(Turn, Extraction)]) -> Result<(), StoreError> {
-        // Erasure guard (see `unerased_turns`).
-        let kept = self.unerased_turns(turns).await?;
-        let turns = kept.as_slice();
-        self.observed(true, async {
-            // A batch holding two versions of one memory writes them one after the other.
-            for chunk in distinct_runs(turns, BATCH, |(t, _)| t.memory_id) {
-                self.write_turn_batch(chunk).await?;
-            }
-            Ok(())
-        })
-        .await
-    }
-
-    async fn write_fragments(&self, fragments: &[Fragment]) -> Result<(), StoreError> {
-        // Erasure guard (see `unerased_fragments`).
-        let kept = self.unerased_fragments(fragments).await?;
-        let fragments = kept.as_slice();
-        self.observed(true, async {
-            let now = micros(Utc::now());
-            let mut nodes = Vec::new();
-            let mut members = Vec::new();
-            for f in fragments {
-                let key = fragment_key(f.tenant.as_str(), &f.id);
-                nodes.push(json!({
-                    "key": key,
-                    "fid": f.id,
-                    "tenant": f.tenant.as_str(),
-                    "conversation": f.conversation_id,
-                    "json": serde_json::to_string(f)?,
-                    "created": micros(f.created_at),
-                }));
-                for m in &f.members {
-                    members.push(json!({
-                        "turn": m.to_string(),
-                        "key": key,
-                        "tenant": f.tenant.as_str(),
-                        "valid_from": micros(f.created_at),
-                    }));
-                }
-            }
-            // Fragment nodes, then their member edges, in one transaction.
-            let mut statements = Vec::new();
-            for chunk in nodes.chunks(BATCH) {
-                statements.push(
-                    query(
-                        "UNWIND $rows AS r MERGE (f:Fragment {key: r.key}) \
-                         SET f.fid = r.fid, f.tenant = r.tenant, f.conversation = r.conversation, \
-                         f.json = r.json, f.created = r.created",
-                    )
-                    .param("rows", bolt(Value::Array(chunk.to_vec()))?),
-                );
-            }
-            for chunk in members.chunks(BATCH) {
-                // Members of another tenant are never linked (the tenant check is in the MATCH).
-                statements.push(
-                    query(
-                        "UNWIND $rows AS r MATCH (t:Turn {key: r.turn}) WHERE t.tenant = r.tenant \
-                         MATCH (f:Fragment {key: r.key}) MERGE (t)-[e:PART_OF]->(f) \
-                         ON CREATE SET e.valid_from = r.valid_from, e.recorded_at = $now",
-                    )
-                    .param("rows", bolt(Value::Array(chunk.to_vec()))?)
-                    .param("now", now),
-                );
-            }
-            if statements.is_empty() {
-                return Ok(());
-            }
-            (|| async { self.run_in_transaction(&statements).await })
-                .retry(retry_policy())
-                .when(transient)
-                .await
-        })
-        .await
     }
 
     async fn turns(
@@ -883,8 +807,9 @@ impl Graph for Neo4jGraph {
             let mut out = Vec::with_capacity(rows.len());
             for r in &rows {
                 let id: String = get(r, "id")?;
-                let memory_id = MemoryId::parse(&id)
-                    .ok_or_else(|| StoreError::Corrupt(format!("turn key {id} is no memory id")))?;
+                let memory_id = MemoryId::parse(&id).ok_or_else(|| {
+                    StoreError::corrupt_msg(format!("turn key {id} is no memory id"))
+                })?;
                 out.push(LinkedTurn {
                     name: get(r, "name")?,
                     memory_id,
@@ -967,6 +892,85 @@ impl Graph for Neo4jGraph {
                 );
             }
             Ok(ids.iter().filter_map(|i| by_id.remove(i)).collect())
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Graph for Neo4jGraph {
+    async fn write_turns(&self, turns: &[(Turn, Extraction)]) -> Result<(), StoreError> {
+        // Erasure guard (see `unerased_turns`).
+        let kept = self.unerased_turns(turns).await?;
+        let turns = kept.as_slice();
+        self.observed(true, async {
+            // A batch holding two versions of one memory writes them one after the other.
+            for chunk in distinct_runs(turns, BATCH, |(t, _)| t.memory_id) {
+                self.write_turn_batch(chunk).await?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn write_fragments(&self, fragments: &[Fragment]) -> Result<(), StoreError> {
+        // Erasure guard (see `unerased_fragments`).
+        let kept = self.unerased_fragments(fragments).await?;
+        let fragments = kept.as_slice();
+        self.observed(true, async {
+            let now = micros(Utc::now());
+            let mut nodes = Vec::new();
+            let mut members = Vec::new();
+            for f in fragments {
+                let key = fragment_key(f.tenant.as_str(), &f.id);
+                nodes.push(json!({
+                    "key": key,
+                    "fid": f.id,
+                    "tenant": f.tenant.as_str(),
+                    "conversation": f.conversation_id,
+                    "json": serde_json::to_string(f)?,
+                    "created": micros(f.created_at),
+                }));
+                for m in &f.members {
+                    members.push(json!({
+                        "turn": m.to_string(),
+                        "key": key,
+                        "tenant": f.tenant.as_str(),
+                        "valid_from": micros(f.created_at),
+                    }));
+                }
+            }
+            // Fragment nodes, then their member edges, in one transaction.
+            let mut statements = Vec::new();
+            for chunk in nodes.chunks(BATCH) {
+                statements.push(
+                    query(
+                        "UNWIND $rows AS r MERGE (f:Fragment {key: r.key}) \
+                         SET f.fid = r.fid, f.tenant = r.tenant, f.conversation = r.conversation, \
+                         f.json = r.json, f.created = r.created",
+                    )
+                    .param("rows", bolt(Value::Array(chunk.to_vec()))?),
+                );
+            }
+            for chunk in members.chunks(BATCH) {
+                // Members of another tenant are never linked (the tenant check is in the MATCH).
+                statements.push(
+                    query(
+                        "UNWIND $rows AS r MATCH (t:Turn {key: r.turn}) WHERE t.tenant = r.tenant \
+                         MATCH (f:Fragment {key: r.key}) MERGE (t)-[e:PART_OF]->(f) \
+                         ON CREATE SET e.valid_from = r.valid_from, e.recorded_at = $now",
+                    )
+                    .param("rows", bolt(Value::Array(chunk.to_vec()))?)
+                    .param("now", now),
+                );
+            }
+            if statements.is_empty() {
+                return Ok(());
+            }
+            (|| async { self.run_in_transaction(&statements).await })
+                .retry(retry_policy())
+                .when(transient)
+                .await
         })
         .await
     }
@@ -1155,7 +1159,7 @@ impl Graph for Neo4jGraph {
             for r in &rows {
                 let conv: String = get(r, "conversation")?;
                 let at = DateTime::from_timestamp_micros(get::<i64>(r, "at")?)
-                    .ok_or_else(|| StoreError::Corrupt("erasure time out of range".into()))?;
+                    .ok_or_else(|| StoreError::corrupt_msg("erasure time out of range"))?;
                 if conv.is_empty() {
                     e.tenant = Some(at);
                 } else {
@@ -1176,9 +1180,9 @@ impl Graph for Neo4jGraph {
                     .await?;
                 for r in &rows {
                     let id = MemoryId::parse(&get::<String>(r, "id")?)
-                        .ok_or_else(|| StoreError::Corrupt("turn erasure key".into()))?;
+                        .ok_or_else(|| StoreError::corrupt_msg("turn erasure key"))?;
                     let at = DateTime::from_timestamp_micros(get::<i64>(r, "at")?)
-                        .ok_or_else(|| StoreError::Corrupt("erasure time out of range".into()))?;
+                        .ok_or_else(|| StoreError::corrupt_msg("erasure time out of range"))?;
                     let position = u64::try_from(get::<i64>(r, "position")?).unwrap_or(0);
                     e.turns.insert(id, TurnErasure { at, position });
                 }

@@ -1,5 +1,7 @@
 //! Byte keys for redb tables: NUL-separated parts, so a prefix scan over
 //! `tenant\0conversation\0` finds exactly one conversation's rows.
+// With Neo4j alone, only the node-key helpers are used.
+#![cfg_attr(not(feature = "embedded"), allow(dead_code))]
 
 pub fn join(parts: &[&str]) -> Vec<u8> {
     let mut k = Vec::with_capacity(parts.iter().map(|p| p.len() + 1).sum());
@@ -32,6 +34,7 @@ pub fn split(key: &[u8]) -> Vec<&[u8]> {
 }
 
 /// NUL would break the key layout; text fields never need it.
+#[cfg_attr(not(feature = "neo4j"), allow(dead_code))] // only Neo4j keys need it
 pub fn clean(s: &str) -> std::borrow::Cow<'_, str> {
     if s.contains('\0') {
         std::borrow::Cow::Owned(s.replace('\0', ""))

@@ -7,36 +7,48 @@
 //!   (embedded: Qdrant's edge engine; production: a Qdrant server through [`QdrantVectorIndex`]).
 //!
 //! The recall pipeline is written against the traits only.
+//!
+//! Each seam is a folder: the trait and its plain types in `mod.rs`, one file per backend. A
+//! backend is a cargo feature (`embedded`, `neo4j`, `qdrant`, `remote`): the deployables enable
+//! them, while crates that only use the traits (recall, the runtime) link none of their clients.
+//! `testsuite` exposes the contract suite every backend passes.
 
+#[cfg(feature = "testsuite")]
 pub mod contract;
 pub mod error;
 pub mod graph;
-pub mod graph_embedded;
-pub mod graph_neo4j;
+#[cfg(any(feature = "embedded", feature = "neo4j"))]
 mod keys;
 pub mod open;
+#[cfg(feature = "embedded")]
 pub mod raw;
 pub mod remote;
 pub mod vector;
-pub mod vector_edge;
-pub mod vector_qdrant;
 
 pub use error::StoreError;
+#[cfg(feature = "embedded")]
+pub use graph::embedded::EmbeddedGraph;
+#[cfg(feature = "neo4j")]
+pub use graph::neo4j::{Neo4jGraph, Neo4jSettings};
+#[cfg(feature = "remote")]
+pub use graph::remote::RemoteGraph;
 pub use graph::{
-    distinct_runs, forget_record, EdgeTimes, ErasureMap, Erasures, Graph, LinkedTurn, NodeKind,
-    Scope, TurnErasure, TurnRecord, TurnVersion, VersionWrite,
+    distinct_runs, forget_record, EdgeTimes, ErasureMap, Erasures, Graph, GraphRead, LinkedTurn,
+    NodeKind, Scope, TurnErasure, TurnRecord, TurnVersion, VersionWrite,
 };
-pub use graph_embedded::EmbeddedGraph;
-pub use graph_neo4j::{Neo4jGraph, Neo4jSettings};
 pub use open::{open_graph, open_vectors};
+#[cfg(feature = "embedded")]
 pub use raw::RawStore;
-pub use remote::{RemoteGraph, RemoteVectorIndex};
+#[cfg(feature = "embedded")]
+pub use vector::edge::EdgeVectorIndex;
+#[cfg(feature = "qdrant")]
+pub use vector::qdrant::{QdrantSettings, QdrantVectorIndex};
+#[cfg(feature = "remote")]
+pub use vector::remote::RemoteVectorIndex;
 pub use vector::{
     history_tenant, version_point_id, ReplacedVersion, TurnPoint, VectorField, VectorIndex,
     VectorQuery,
 };
-pub use vector_edge::EdgeVectorIndex;
-pub use vector_qdrant::{QdrantSettings, QdrantVectorIndex};
 
 /// Copies a directory tree (a backup of a store's files; the caller keeps writers away).
 pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> Result<(), StoreError> {

@@ -1,17 +1,23 @@
 //! Opens the graph and vector stores a configuration names. Every service and the embedded
-//! binary go through here, so a new adapter is wired in one place.
+//! binary go through here, so a new adapter is wired in one place. A backend this build left
+//! out (its cargo feature is off) is a configuration error that names the feature.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use recollect_config::{GraphKind, Settings, VectorKind};
 
-use crate::{
-    EdgeVectorIndex, EmbeddedGraph, Graph, RemoteGraph, RemoteVectorIndex, StoreError, VectorIndex,
-};
+use crate::{Graph, StoreError, VectorIndex};
 
 /// Qdrant collections are `recollect_turns` and `recollect_keywords`.
 pub const QDRANT_COLLECTION_PREFIX: &str = "recollect";
+
+#[allow(dead_code)] // unused only when every backend is built in
+fn not_built(kind: &str, feature: &str) -> StoreError {
+    StoreError::Invalid(format!(
+        "this binary was built without the `{feature}` feature of recollect-store, so it cannot open a {kind} store"
+    ))
+}
 
 /// The graph named by `graph.kind`. Embedded stores live under `data_dir`.
 pub async fn open_graph(
@@ -19,15 +25,35 @@ pub async fn open_graph(
     data_dir: &Path,
 ) -> Result<Arc<dyn Graph>, StoreError> {
     match settings.graph.kind {
-        GraphKind::Embedded => Ok(Arc::new(EmbeddedGraph::open(&data_dir.join("graph.redb"))?)),
+        #[cfg(feature = "embedded")]
+        GraphKind::Embedded => Ok(Arc::new(crate::EmbeddedGraph::open(
+            &data_dir.join("graph.redb"),
+        )?)),
+        #[cfg(feature = "neo4j")]
         GraphKind::Neo4j => open_neo4j(settings).await,
-        GraphKind::Remote => Ok(Arc::new(RemoteGraph::new(
+        #[cfg(feature = "remote")]
+        GraphKind::Remote => Ok(Arc::new(crate::RemoteGraph::new(
             &settings.remote.url,
             &settings.remote.token,
         )?)),
+        #[allow(unreachable_patterns)]
+        other => {
+            let _ = data_dir;
+            Err(not_built(&format!("{other:?} graph"), graph_feature(other)))
+        }
     }
 }
 
+#[allow(dead_code)]
+fn graph_feature(kind: GraphKind) -> &'static str {
+    match kind {
+        GraphKind::Embedded => "embedded",
+        GraphKind::Neo4j => "neo4j",
+        GraphKind::Remote => "remote",
+    }
+}
+
+#[cfg(feature = "neo4j")]
 async fn open_neo4j(settings: &Settings) -> Result<Arc<dyn Graph>, StoreError> {
     Ok(Arc::new(
         crate::Neo4jGraph::connect(&crate::Neo4jSettings {
@@ -48,18 +74,39 @@ pub async fn open_vectors(
     dim: usize,
 ) -> Result<Arc<dyn VectorIndex>, StoreError> {
     match settings.vectors.kind {
-        VectorKind::Embedded => Ok(Arc::new(EdgeVectorIndex::open(
+        #[cfg(feature = "embedded")]
+        VectorKind::Embedded => Ok(Arc::new(crate::EdgeVectorIndex::open(
             &data_dir.join("vectors"),
             dim,
         )?)),
+        #[cfg(feature = "qdrant")]
         VectorKind::Qdrant => open_qdrant(settings, dim).await,
-        VectorKind::Remote => Ok(Arc::new(RemoteVectorIndex::new(
+        #[cfg(feature = "remote")]
+        VectorKind::Remote => Ok(Arc::new(crate::RemoteVectorIndex::new(
             &settings.remote.url,
             &settings.remote.token,
         )?)),
+        #[allow(unreachable_patterns)]
+        other => {
+            let _ = (data_dir, dim);
+            Err(not_built(
+                &format!("{other:?} vector"),
+                vector_feature(other),
+            ))
+        }
     }
 }
 
+#[allow(dead_code)]
+fn vector_feature(kind: VectorKind) -> &'static str {
+    match kind {
+        VectorKind::Embedded => "embedded",
+        VectorKind::Qdrant => "qdrant",
+        VectorKind::Remote => "remote",
+    }
+}
+
+#[cfg(feature = "qdrant")]
 async fn open_qdrant(settings: &Settings, dim: usize) -> Result<Arc<dyn VectorIndex>, StoreError> {
     Ok(Arc::new(
         crate::QdrantVectorIndex::connect_with(

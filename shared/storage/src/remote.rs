@@ -1,26 +1,27 @@
-//! The embedded stores served over HTTP by a `recollect-store` service, and the clients that
-//! implement [`Graph`] and [`VectorIndex`] against it. For distributed deployments that do not
+//! The wire protocol of the `recollect-store` service: the embedded stores served over HTTP,
+//! and the HTTP client that [`crate::graph::remote`] and [`crate::vector::remote`] implement
+//! [`Graph`] and [`VectorIndex`] with. For distributed deployments that do not
 //! run Neo4j and Qdrant: every worker and query replica shares one store service.
 //!
 //! One request type per seam (`GraphCall`, `VectorCall`), one endpoint each, JSON bodies; the
 //! server dispatches to the embedded implementation, so behaviour is the embedded one exactly.
 
-use std::collections::HashMap;
+#[cfg(feature = "remote")]
 use std::sync::Arc;
+#[cfg(feature = "remote")]
 use std::time::Duration;
 
-use async_trait::async_trait;
+#[cfg(feature = "remote")]
 use backon::{ExponentialBuilder, Retryable};
 use chrono::{DateTime, Utc};
 use recollect_model::{Extraction, Fragment, KeywordVector, MemoryId, TenantId, Turn};
+#[cfg(feature = "remote")]
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::graph::{ConversationState, Erasures, TurnErasure};
-use crate::vector::{FieldVectors, ReplacedVersion};
-use crate::{
-    Graph, LinkedTurn, NodeKind, Scope, StoreError, TurnPoint, TurnRecord, VectorIndex, VectorQuery,
-};
+use crate::graph::{ConversationState, TurnErasure};
+use crate::vector::ReplacedVersion;
+use crate::{Graph, NodeKind, Scope, StoreError, TurnPoint, VectorIndex, VectorQuery};
 
 pub const GRAPH_PATH: &str = "/v1/store/graph";
 pub const VECTORS_PATH: &str = "/v1/store/vectors";
@@ -182,8 +183,8 @@ pub struct WireError {
 impl From<&StoreError> for WireError {
     fn from(e: &StoreError) -> Self {
         let (class, message) = match e {
-            StoreError::Backend(m) => ("backend", m),
-            StoreError::Corrupt(m) => ("corrupt", m),
+            StoreError::Backend { message: m, .. } => ("backend", m),
+            StoreError::Corrupt { message: m, .. } => ("corrupt", m),
             StoreError::Invalid(m) => ("invalid", m),
             StoreError::Conflict(m) => ("conflict", m),
         };
@@ -197,16 +198,16 @@ impl From<&StoreError> for WireError {
 impl From<WireError> for StoreError {
     fn from(w: WireError) -> Self {
         match w.class.as_str() {
-            "corrupt" => StoreError::Corrupt(w.message),
+            "corrupt" => StoreError::corrupt_msg(w.message),
             "invalid" => StoreError::Invalid(w.message),
             "conflict" => StoreError::Conflict(w.message),
-            _ => StoreError::Backend(w.message),
+            _ => StoreError::backend_msg(w.message),
         }
     }
 }
 
 fn json<T: Serialize>(v: T) -> Result<serde_json::Value, StoreError> {
-    serde_json::to_value(v).map_err(|e| StoreError::Corrupt(e.to_string()))
+    serde_json::to_value(v).map_err(|e| StoreError::corrupt("", e))
 }
 
 /// Server side: runs one call on the hosted graph.
@@ -374,20 +375,22 @@ pub async fn dispatch_vectors(
 }
 
 /// HTTP client shared by both seams.
+#[cfg(feature = "remote")]
 #[derive(Clone)]
-struct Client {
+pub(crate) struct Client {
     http: reqwest::Client,
     base: Arc<str>,
     token: Arc<str>,
 }
 
+#[cfg(feature = "remote")]
 impl Client {
-    fn new(base: &str, token: &str) -> Result<Self, StoreError> {
+    pub(crate) fn new(base: &str, token: &str) -> Result<Self, StoreError> {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(32)
             .build()
-            .map_err(|e| StoreError::Backend(e.to_string()))?;
+            .map_err(|e| StoreError::backend("store service client", e))?;
         Ok(Self {
             http,
             base: base.trim_end_matches('/').into(),
@@ -407,15 +410,14 @@ impl Client {
             .json(call)
             .send()
             .await
-            .map_err(|e| StoreError::Backend(format!("store service unreachable: {e}")))?;
+            .map_err(|e| StoreError::backend("store service unreachable", e))?;
         let status = resp.status();
         let body = resp
             .bytes()
             .await
-            .map_err(|e| StoreError::Backend(format!("store service: {e}")))?;
+            .map_err(|e| StoreError::backend("store service", e))?;
         if status.is_success() {
-            serde_json::from_slice(&body)
-                .map_err(|e| StoreError::Corrupt(format!("store service reply: {e}")))
+            serde_json::from_slice(&body).map_err(|e| StoreError::corrupt("store service reply", e))
         } else {
             // A refusal (bad token, bad request) is not worth retrying; anything else may pass.
             let class = if status.is_client_error() {
@@ -435,7 +437,7 @@ impl Client {
     }
 
     /// Every call is idempotent, so transient failures (connection, backend) are retried.
-    async fn call<C: Serialize + Sync, T: DeserializeOwned>(
+    pub(crate) async fn call<C: Serialize + Sync, T: DeserializeOwned>(
         &self,
         path: &str,
         call: &C,
@@ -447,395 +449,8 @@ impl Client {
                     .with_max_delay(Duration::from_secs(2))
                     .with_max_times(5),
             )
-            .when(|e| matches!(e, StoreError::Backend(_)))
+            .when(StoreError::is_transient)
             .notify(|e, d| tracing::warn!(error = %e, retry_in = ?d, "store service call failed, retrying"))
             .await
-    }
-}
-
-/// [`Graph`] on a `recollect-store` service.
-pub struct RemoteGraph {
-    client: Client,
-}
-
-impl RemoteGraph {
-    pub fn new(url: &str, token: &str) -> Result<Self, StoreError> {
-        Ok(Self {
-            client: Client::new(url, token)?,
-        })
-    }
-    async fn call<T: DeserializeOwned>(&self, c: GraphCall) -> Result<T, StoreError> {
-        self.client.call(GRAPH_PATH, &c).await
-    }
-}
-
-#[async_trait]
-impl Graph for RemoteGraph {
-    fn kind(&self) -> &'static str {
-        "remote"
-    }
-    async fn write_turns(&self, turns: &[(Turn, Extraction)]) -> Result<(), StoreError> {
-        self.call(GraphCall::WriteTurns {
-            turns: turns.to_vec(),
-        })
-        .await
-    }
-    async fn write_fragments(&self, fragments: &[Fragment]) -> Result<(), StoreError> {
-        self.call(GraphCall::WriteFragments {
-            fragments: fragments.to_vec(),
-        })
-        .await
-    }
-    async fn turns(
-        &self,
-        tenant: &TenantId,
-        ids: &[MemoryId],
-    ) -> Result<Vec<TurnRecord>, StoreError> {
-        self.call(GraphCall::Turns {
-            tenant: tenant.clone(),
-            ids: ids.to_vec(),
-        })
-        .await
-    }
-    async fn conversation_turns(
-        &self,
-        tenant: &TenantId,
-        conversation: &str,
-        from: u64,
-        to: u64,
-    ) -> Result<Vec<TurnRecord>, StoreError> {
-        self.call(GraphCall::ConversationTurns {
-            tenant: tenant.clone(),
-            conversation: conversation.into(),
-            from,
-            to,
-        })
-        .await
-    }
-    async fn conversations(&self, tenant: &TenantId) -> Result<Vec<String>, StoreError> {
-        self.call(GraphCall::Conversations {
-            tenant: tenant.clone(),
-        })
-        .await
-    }
-    async fn conversations_of(
-        &self,
-        tenant: &TenantId,
-        user_ids: &[String],
-        agent_ids: &[String],
-    ) -> Result<Vec<String>, StoreError> {
-        self.call(GraphCall::ConversationsOf {
-            tenant: tenant.clone(),
-            user_ids: user_ids.to_vec(),
-            agent_ids: agent_ids.to_vec(),
-        })
-        .await
-    }
-    async fn vocabulary(
-        &self,
-        tenant: &TenantId,
-        scope: &Scope,
-        kind: NodeKind,
-    ) -> Result<Vec<String>, StoreError> {
-        self.call(GraphCall::Vocabulary {
-            tenant: tenant.clone(),
-            scope: scope.clone(),
-            kind,
-        })
-        .await
-    }
-    async fn linked_turns(
-        &self,
-        tenant: &TenantId,
-        scope: &Scope,
-        kind: NodeKind,
-        names: &[String],
-        recorded_by: Option<DateTime<Utc>>,
-        valid_at: Option<DateTime<Utc>>,
-    ) -> Result<Vec<LinkedTurn>, StoreError> {
-        self.call(GraphCall::LinkedTurns {
-            tenant: tenant.clone(),
-            scope: scope.clone(),
-            kind,
-            names: names.to_vec(),
-            recorded_by,
-            valid_at,
-        })
-        .await
-    }
-    async fn document_frequencies(
-        &self,
-        tenant: &TenantId,
-        scope: &Scope,
-        kind: NodeKind,
-        names: &[String],
-    ) -> Result<(u64, Vec<u64>), StoreError> {
-        self.call(GraphCall::DocumentFrequencies {
-            tenant: tenant.clone(),
-            scope: scope.clone(),
-            kind,
-            names: names.to_vec(),
-        })
-        .await
-    }
-    async fn fragments(
-        &self,
-        tenant: &TenantId,
-        ids: &[String],
-    ) -> Result<Vec<Fragment>, StoreError> {
-        self.call(GraphCall::Fragments {
-            tenant: tenant.clone(),
-            ids: ids.to_vec(),
-        })
-        .await
-    }
-    async fn conversation_state(
-        &self,
-        tenant: &TenantId,
-        conversation: &str,
-    ) -> Result<ConversationState, StoreError> {
-        self.call(GraphCall::ConversationState {
-            tenant: tenant.clone(),
-            conversation: conversation.into(),
-        })
-        .await
-    }
-    async fn save_conversation_state(
-        &self,
-        tenant: &TenantId,
-        conversation: &str,
-        state: &ConversationState,
-    ) -> Result<bool, StoreError> {
-        self.call(GraphCall::SaveConversationState {
-            tenant: tenant.clone(),
-            conversation: conversation.into(),
-            state: state.clone(),
-        })
-        .await
-    }
-    async fn advance_consolidated_until(
-        &self,
-        tenant: &TenantId,
-        conversation: &str,
-        until: u64,
-    ) -> Result<(), StoreError> {
-        self.call(GraphCall::AdvanceConsolidatedUntil {
-            tenant: tenant.clone(),
-            conversation: conversation.into(),
-            until,
-        })
-        .await
-    }
-    async fn delete_conversation(
-        &self,
-        tenant: &TenantId,
-        conversation: &str,
-    ) -> Result<u64, StoreError> {
-        self.call(GraphCall::DeleteConversation {
-            tenant: tenant.clone(),
-            conversation: conversation.into(),
-        })
-        .await
-    }
-    async fn record_erasure(
-        &self,
-        tenant: &TenantId,
-        conversation: Option<&str>,
-        at: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
-        self.call(GraphCall::RecordErasure {
-            tenant: tenant.clone(),
-            conversation: conversation.map(String::from),
-            at,
-        })
-        .await
-    }
-    async fn record_turn_erasure(
-        &self,
-        tenant: &TenantId,
-        conversation: &str,
-        id: MemoryId,
-        erasure: TurnErasure,
-    ) -> Result<(), StoreError> {
-        self.call(GraphCall::RecordTurnErasure {
-            tenant: tenant.clone(),
-            conversation: conversation.to_string(),
-            id,
-            erasure,
-        })
-        .await
-    }
-    async fn erasures(
-        &self,
-        tenant: &TenantId,
-        conversations: &[String],
-    ) -> Result<Erasures, StoreError> {
-        self.call(GraphCall::Erasures {
-            tenant: tenant.clone(),
-            conversations: conversations.to_vec(),
-        })
-        .await
-    }
-    async fn purge_erased(&self, tenant: &TenantId, conversation: &str) -> Result<u64, StoreError> {
-        self.call(GraphCall::PurgeErased {
-            tenant: tenant.clone(),
-            conversation: conversation.into(),
-        })
-        .await
-    }
-    async fn restart_derivation(
-        &self,
-        tenant: &TenantId,
-        conversation: &str,
-    ) -> Result<(), StoreError> {
-        self.call(GraphCall::RestartDerivation {
-            tenant: tenant.clone(),
-            conversation: conversation.into(),
-        })
-        .await
-    }
-}
-
-/// [`VectorIndex`] on a `recollect-store` service.
-pub struct RemoteVectorIndex {
-    client: Client,
-}
-
-impl RemoteVectorIndex {
-    pub fn new(url: &str, token: &str) -> Result<Self, StoreError> {
-        Ok(Self {
-            client: Client::new(url, token)?,
-        })
-    }
-    async fn call<T: DeserializeOwned>(&self, c: VectorCall) -> Result<T, StoreError> {
-        self.client.call(VECTORS_PATH, &c).await
-    }
-}
-
-#[async_trait]
-impl VectorIndex for RemoteVectorIndex {
-    fn kind(&self) -> &'static str {
-        "remote"
-    }
-    async fn upsert_turns(&self, points: Vec<TurnPoint>) -> Result<(), StoreError> {
-        self.call(VectorCall::UpsertTurns { points }).await
-    }
-    async fn search(
-        &self,
-        tenant: &TenantId,
-        scope: &Scope,
-        query: &VectorQuery,
-        limit: usize,
-    ) -> Result<Vec<(MemoryId, f32)>, StoreError> {
-        self.call(VectorCall::Search {
-            tenant: tenant.clone(),
-            scope: scope.clone(),
-            query: query.clone(),
-            limit,
-        })
-        .await
-    }
-    async fn field_vectors(
-        &self,
-        tenant: &TenantId,
-        ids: &[MemoryId],
-    ) -> Result<HashMap<MemoryId, FieldVectors>, StoreError> {
-        let pairs: Vec<(MemoryId, FieldVectors)> = self
-            .call(VectorCall::FieldVectors {
-                tenant: tenant.clone(),
-                ids: ids.to_vec(),
-            })
-            .await?;
-        Ok(pairs.into_iter().collect())
-    }
-    async fn keep_versions(
-        &self,
-        tenant: &TenantId,
-        versions: &[ReplacedVersion],
-    ) -> Result<(), StoreError> {
-        self.call(VectorCall::KeepVersions {
-            tenant: tenant.clone(),
-            versions: versions.to_vec(),
-        })
-        .await
-    }
-    async fn version_vectors(
-        &self,
-        tenant: &TenantId,
-        versions: &[(MemoryId, chrono::DateTime<chrono::Utc>)],
-    ) -> Result<HashMap<MemoryId, FieldVectors>, StoreError> {
-        let pairs: Vec<(MemoryId, FieldVectors)> = self
-            .call(VectorCall::VersionVectors {
-                tenant: tenant.clone(),
-                versions: versions.to_vec(),
-            })
-            .await?;
-        Ok(pairs.into_iter().collect())
-    }
-    async fn upsert_keywords(
-        &self,
-        tenant: &TenantId,
-        conversation: &str,
-        keywords: Vec<KeywordVector>,
-    ) -> Result<(), StoreError> {
-        self.call(VectorCall::UpsertKeywords {
-            tenant: tenant.clone(),
-            conversation: conversation.into(),
-            keywords,
-        })
-        .await
-    }
-    async fn search_keywords(
-        &self,
-        tenant: &TenantId,
-        scope: &Scope,
-        vector: &[f32],
-        limit: usize,
-        min_score: f32,
-    ) -> Result<Vec<(String, f32)>, StoreError> {
-        self.call(VectorCall::SearchKeywords {
-            tenant: tenant.clone(),
-            scope: scope.clone(),
-            vector: vector.to_vec(),
-            limit,
-            min_score,
-        })
-        .await
-    }
-    async fn delete_conversation(
-        &self,
-        tenant: &TenantId,
-        conversation: &str,
-    ) -> Result<u64, StoreError> {
-        self.call(VectorCall::DeleteConversation {
-            tenant: tenant.clone(),
-            conversation: conversation.into(),
-        })
-        .await
-    }
-    async fn delete_turns(
-        &self,
-        tenant: &TenantId,
-        conversation: &str,
-        ids: &[MemoryId],
-        keywords: &[String],
-    ) -> Result<(), StoreError> {
-        self.call(VectorCall::DeleteTurns {
-            tenant: tenant.clone(),
-            conversation: conversation.into(),
-            ids: ids.to_vec(),
-            keywords: keywords.to_vec(),
-        })
-        .await
-    }
-    async fn count(&self, tenant: &TenantId, scope: &Scope) -> Result<u64, StoreError> {
-        self.call(VectorCall::Count {
-            tenant: tenant.clone(),
-            scope: scope.clone(),
-        })
-        .await
-    }
-    async fn optimize(&self) -> Result<(), StoreError> {
-        self.call(VectorCall::Optimize).await
     }
 }

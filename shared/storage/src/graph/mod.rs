@@ -3,6 +3,13 @@
 //! carries event time (`valid_from`/`valid_to`) and record time (`recorded_at`/`expired_at`).
 //! Nothing is deleted or merged automatically; only an erasure removes data.
 
+#[cfg(feature = "embedded")]
+pub mod embedded;
+#[cfg(feature = "neo4j")]
+pub mod neo4j;
+#[cfg(feature = "remote")]
+pub mod remote;
+
 use std::collections::{BTreeMap, HashMap};
 
 use async_trait::async_trait;
@@ -388,17 +395,11 @@ impl ErasureMap {
     }
 }
 
+/// What recall reads: turns, the graph around them and fragments. The query service and the
+/// recall steps need nothing else, so they take this half (as qdrant's `VectorStorageRead`).
 #[async_trait]
-pub trait Graph: Send + Sync + 'static {
+pub trait GraphRead: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
-
-    /// Writes Turn nodes with all their structural nodes and edges. Idempotent (MERGE semantics).
-    /// Skips every turn an erasure marker covers (`recorded_at` ≤ marker), checked in the write.
-    async fn write_turns(&self, turns: &[(Turn, Extraction)]) -> Result<(), StoreError>;
-
-    /// Writes Fragment nodes and PART_OF edges. Idempotent on fragment id. In a conversation with
-    /// an erasure marker, skips every fragment with a member that is gone or covered by it.
-    async fn write_fragments(&self, fragments: &[Fragment]) -> Result<(), StoreError>;
 
     /// Turns by id, tenant-checked; unknown ids are skipped.
     async fn turns(
@@ -462,6 +463,18 @@ pub trait Graph: Send + Sync + 'static {
         tenant: &TenantId,
         ids: &[String],
     ) -> Result<Vec<Fragment>, StoreError>;
+}
+
+/// The writes and the workers' per-conversation state, on top of the reads.
+#[async_trait]
+pub trait Graph: GraphRead {
+    /// Writes Turn nodes with all their structural nodes and edges. Idempotent (MERGE semantics).
+    /// Skips every turn an erasure marker covers (`recorded_at` ≤ marker), checked in the write.
+    async fn write_turns(&self, turns: &[(Turn, Extraction)]) -> Result<(), StoreError>;
+
+    /// Writes Fragment nodes and PART_OF edges. Idempotent on fragment id. In a conversation with
+    /// an erasure marker, skips every fragment with a member that is gone or covered by it.
+    async fn write_fragments(&self, fragments: &[Fragment]) -> Result<(), StoreError>;
 
     async fn conversation_state(
         &self,

@@ -2,6 +2,13 @@
 //! concatenation) and a sparse lexical vector scored as BM25 by the engine's IDF modifier; per
 //! conversation one vector per distinct keyword, for KeyMem's keyword-neighbour search.
 
+#[cfg(feature = "embedded")]
+pub mod edge;
+#[cfg(feature = "qdrant")]
+pub mod qdrant;
+#[cfg(feature = "remote")]
+pub mod remote;
+
 use std::collections::HashMap;
 
 use async_trait::async_trait;

@@ -11,8 +11,8 @@ use recollect_model::{Extraction, Fragment, MemoryId, TenantId, Turn};
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 
 use crate::graph::{
-    ConversationState, EdgeTimes, Erasures, Graph, LinkedTurn, NodeKind, Scope, TurnErasure,
-    TurnRecord, VersionWrite,
+    ConversationState, EdgeTimes, Erasures, Graph, GraphRead, LinkedTurn, NodeKind, Scope,
+    TurnErasure, TurnRecord, VersionWrite,
 };
 use crate::keys;
 use crate::StoreError;
@@ -122,7 +122,7 @@ fn markers_in(
             let (k, v) = entry?;
             let id: [u8; 16] = k.value()[p.len()..]
                 .try_into()
-                .map_err(|_| StoreError::Corrupt("turn erasure key".into()))?;
+                .map_err(|_| StoreError::corrupt_msg("turn erasure key"))?;
             e.turns.insert(
                 MemoryId(id),
                 serde_json::from_slice::<TurnErasure>(v.value())?,
@@ -356,67 +356,9 @@ impl EmbeddedGraph {
 }
 
 #[async_trait]
-impl Graph for EmbeddedGraph {
+impl GraphRead for EmbeddedGraph {
     fn kind(&self) -> &'static str {
         "embedded"
-    }
-
-    async fn write_turns(&self, turns: &[(Turn, Extraction)]) -> Result<(), StoreError> {
-        let turns = turns.to_vec();
-        self.blocking(move |db| Self::write_turns_sync(db, &turns))
-            .await
-    }
-
-    async fn write_fragments(&self, fragments: &[Fragment]) -> Result<(), StoreError> {
-        let fragments = fragments.to_vec();
-        self.blocking(move |db| {
-            let w = db.begin_write()?;
-            {
-                let mut ft = w.open_table(FRAGMENTS)?;
-                let mut cf = w.open_table(CONV_FRAGMENTS)?;
-                let mut nodes = w.open_table(TURNS)?;
-                let erased = w.open_table(ERASURES)?;
-                let erased_turns = w.open_table(TURN_ERASURES)?;
-                for f in &fragments {
-                    let t = f.tenant.as_str();
-                    let m = markers_in(&erased, &erased_turns, t, &[f.conversation_id.as_str()])?;
-                    if !m.is_empty() {
-                        let mut whole = true;
-                        for id in &f.members {
-                            whole &= match nodes.get(id.as_u128())? {
-                                Some(v) => !m.covers_turn(
-                                    &serde_json::from_slice::<TurnRecord>(v.value())?.turn,
-                                ),
-                                None => false,
-                            };
-                        }
-                        if !whole {
-                            continue;
-                        }
-                    }
-                    ft.insert(
-                        keys::join(&[t, &f.id]).as_slice(),
-                        serde_json::to_vec(f)?.as_slice(),
-                    )?;
-                    cf.insert(keys::join(&[t, &f.conversation_id, &f.id]).as_slice(), ())?;
-                    for m in &f.members {
-                        let rec = match nodes.get(m.as_u128())? {
-                            Some(v) => serde_json::from_slice::<TurnRecord>(v.value())?,
-                            None => continue,
-                        };
-                        if rec.fragments.contains(&f.id) || rec.turn.tenant != f.tenant {
-                            continue;
-                        }
-                        let mut rec = rec;
-                        rec.fragments.push(f.id.clone());
-                        nodes.insert(m.as_u128(), serde_json::to_vec(&rec)?.as_slice())?;
-                    }
-                }
-            }
-            w.commit()?;
-            Ok(())
-        })
-        .await
     }
 
     async fn turns(
@@ -660,6 +602,67 @@ impl Graph for EmbeddedGraph {
                 }
             }
             Ok(out)
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Graph for EmbeddedGraph {
+    async fn write_turns(&self, turns: &[(Turn, Extraction)]) -> Result<(), StoreError> {
+        let turns = turns.to_vec();
+        self.blocking(move |db| Self::write_turns_sync(db, &turns))
+            .await
+    }
+
+    async fn write_fragments(&self, fragments: &[Fragment]) -> Result<(), StoreError> {
+        let fragments = fragments.to_vec();
+        self.blocking(move |db| {
+            let w = db.begin_write()?;
+            {
+                let mut ft = w.open_table(FRAGMENTS)?;
+                let mut cf = w.open_table(CONV_FRAGMENTS)?;
+                let mut nodes = w.open_table(TURNS)?;
+                let erased = w.open_table(ERASURES)?;
+                let erased_turns = w.open_table(TURN_ERASURES)?;
+                for f in &fragments {
+                    let t = f.tenant.as_str();
+                    let m = markers_in(&erased, &erased_turns, t, &[f.conversation_id.as_str()])?;
+                    if !m.is_empty() {
+                        let mut whole = true;
+                        for id in &f.members {
+                            whole &= match nodes.get(id.as_u128())? {
+                                Some(v) => !m.covers_turn(
+                                    &serde_json::from_slice::<TurnRecord>(v.value())?.turn,
+                                ),
+                                None => false,
+                            };
+                        }
+                        if !whole {
+                            continue;
+                        }
+                    }
+                    ft.insert(
+                        keys::join(&[t, &f.id]).as_slice(),
+                        serde_json::to_vec(f)?.as_slice(),
+                    )?;
+                    cf.insert(keys::join(&[t, &f.conversation_id, &f.id]).as_slice(), ())?;
+                    for m in &f.members {
+                        let rec = match nodes.get(m.as_u128())? {
+                            Some(v) => serde_json::from_slice::<TurnRecord>(v.value())?,
+                            None => continue,
+                        };
+                        if rec.fragments.contains(&f.id) || rec.turn.tenant != f.tenant {
+                            continue;
+                        }
+                        let mut rec = rec;
+                        rec.fragments.push(f.id.clone());
+                        nodes.insert(m.as_u128(), serde_json::to_vec(&rec)?.as_slice())?;
+                    }
+                }
+            }
+            w.commit()?;
+            Ok(())
         })
         .await
     }

@@ -82,8 +82,8 @@ pub struct QdrantVectorIndex {
     dim: usize,
 }
 
-fn err(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(format!("qdrant: {e}"))
+fn err(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    StoreError::backend("qdrant", e)
 }
 
 fn point_id(id: MemoryId) -> PointId {

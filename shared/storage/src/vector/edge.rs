@@ -124,8 +124,9 @@ fn json_path(p: &str) -> JsonPath {
     p.parse().expect("static payload paths are valid")
 }
 
+/// The edge engine's errors are not all `Send + Sync`, so only their text is kept.
 fn err(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(e.to_string())
+    StoreError::backend_msg(e.to_string())
 }
 
 fn point_id(id: MemoryId) -> PointId {
