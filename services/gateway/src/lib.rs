@@ -17,7 +17,7 @@ use recollect_model::{
 };
 use recollect_store::raw::Appended;
 use recollect_store::{Graph, RawStore};
-use recollect_telemetry as metrics;
+use recollect_telemetry::events::{InternalEvent, TurnRejected, TurnsAccepted};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
@@ -231,7 +231,7 @@ pub struct Gateway {
 }
 
 fn rejected(r: request::Rejection) -> RecollectError {
-    metrics::TURNS_REJECTED.with_label_values(&[r.reason]).inc();
+    TurnRejected { reason: r.reason }.emit();
     RecollectError::Invalid(r.message)
 }
 
@@ -318,9 +318,10 @@ impl Gateway {
                 .map_err(RecollectError::from_classified)?;
         // Published after the gate is let go: a pending turn in a backup is replayed at start.
         drop(writing);
-        metrics::TURNS_ACCEPTED
-            .with_label_values(&[] as &[&str])
-            .inc_by(appended.len() as u64);
+        TurnsAccepted {
+            count: appended.len(),
+        }
+        .emit();
         let new: Vec<Turn> = appended
             .iter()
             .filter(|a| a.new)
@@ -383,9 +384,7 @@ impl Gateway {
             })
             .collect();
         self.publish(&turns, trace_id).await?;
-        metrics::TURNS_ACCEPTED
-            .with_label_values(&[] as &[&str])
-            .inc_by(turns.len() as u64);
+        TurnsAccepted { count: turns.len() }.emit();
         if req.wait.unwrap_or(false) {
             self.wait_stored(tenant, &ids).await?;
         }
@@ -572,9 +571,7 @@ impl Gateway {
         };
         if new {
             self.publish(std::slice::from_ref(&turn), trace_id).await?;
-            metrics::TURNS_ACCEPTED
-                .with_label_values(&[] as &[&str])
-                .inc();
+            TurnsAccepted { count: 1 }.emit();
         }
         if patch.wait.unwrap_or(false) {
             let deadline = tokio::time::Instant::now() + self.limits.wait_timeout;

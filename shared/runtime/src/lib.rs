@@ -20,7 +20,8 @@ use recollect_config::{BusKind, ConfigError, EmbedderKind, Settings};
 use recollect_embed::{default_model_dir, Embedder, HashEmbedder, MiniLmEmbedder};
 use recollect_model::{topics, TenantId};
 use recollect_store::{Graph, Scope, StoreError, VectorIndex};
-use recollect_telemetry as metrics;
+use recollect_telemetry as telemetry;
+use recollect_telemetry::events::{ComponentSelected, InternalEvent};
 use tokio::sync::watch;
 
 #[derive(Debug, thiserror::Error)]
@@ -50,14 +51,16 @@ pub fn start(service: &'static str) -> Result<Settings, RuntimeError> {
     let args = ServiceArgs::parse();
     let settings = Settings::load(args.config.as_deref())?;
     settings.validate()?;
-    metrics::init_tracing(
+    telemetry::init_tracing(
         &settings.telemetry.log_format,
         &settings.telemetry.log_level,
     );
-    metrics::register_all();
-    metrics::COMPONENT_INFO
-        .with_label_values(&["service", service])
-        .set(1);
+    telemetry::register_all();
+    ComponentSelected {
+        seam: "service",
+        kind: service,
+    }
+    .emit();
     tracing::info!(service, version = env!("CARGO_PKG_VERSION"), "starting");
     Ok(settings)
 }
@@ -90,9 +93,11 @@ pub async fn open_bus(settings: &Settings, service: &str) -> Result<Arc<KafkaBus
             Err(e) => return Err(e.into()),
         }
     }
-    metrics::COMPONENT_INFO
-        .with_label_values(&["bus", "kafka"])
-        .set(1);
+    ComponentSelected {
+        seam: "bus",
+        kind: "kafka",
+    }
+    .emit();
     Ok(bus)
 }
 
@@ -125,9 +130,11 @@ pub fn load_embedder(settings: &Settings) -> Result<Arc<dyn Embedder>, RuntimeEr
         }
         EmbedderKind::Hash => Arc::new(HashEmbedder::new(recollect_embed::HASH_DIM)),
     };
-    metrics::COMPONENT_INFO
-        .with_label_values(&["embedder", e.model_name()])
-        .set(1);
+    ComponentSelected {
+        seam: "embedder",
+        kind: e.model_name(),
+    }
+    .emit();
     Ok(e)
 }
 
@@ -198,7 +205,7 @@ async fn readyz(State(p): State<Probes>) -> Response {
 async fn metrics_text() -> impl IntoResponse {
     (
         [("content-type", "text/plain; version=0.0.4")],
-        metrics::render(),
+        telemetry::render(),
     )
 }
 

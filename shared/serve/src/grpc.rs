@@ -11,7 +11,7 @@ use recollect_model::{RecollectError, ReferenceState, TenantId};
 use recollect_proto::v1::memory_server::{Memory, MemoryServer};
 use recollect_proto::{parse_object, parse_time, v1};
 use recollect_recall::RecallRequest;
-use recollect_telemetry as metrics;
+use recollect_telemetry::events::{Api, GrpcRequestCompleted, InternalEvent, RecallServed};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::{QueryRole, Role, Roles, StoreRequest, StoreRole};
@@ -143,14 +143,16 @@ fn recall_request(r: v1::RecallRequest) -> Result<RecallRequest, RecollectError>
 }
 
 /// Counts the call by method and outcome, like the HTTP request counter.
-fn counted<T>(method: &str, r: Result<T, Status>) -> Result<T, Status> {
+fn counted<T>(method: &'static str, r: Result<T, Status>) -> Result<T, Status> {
     let code = match &r {
         Ok(_) => "ok".to_string(),
         Err(s) => format!("{:?}", s.code()).to_lowercase(),
     };
-    metrics::GRPC_REQUESTS
-        .with_label_values(&[method, &code])
-        .inc();
+    GrpcRequestCompleted {
+        method,
+        code: &code,
+    }
+    .emit();
     r
 }
 
@@ -240,9 +242,11 @@ impl Memory for MemoryService {
             }))
         }
         .await;
-        metrics::RECALL_LATENCY
-            .with_label_values(&["grpc"])
-            .observe(started.elapsed().as_secs_f64());
+        RecallServed {
+            api: Api::Grpc,
+            elapsed: started.elapsed(),
+        }
+        .emit();
         counted("Recall", r)
     }
 

@@ -21,7 +21,7 @@ use recollect_config::Settings;
 use recollect_model::{MemoryId, RecollectError, TenantId, Turn};
 use recollect_recall::{RecallRequest, RecallResponse};
 use recollect_runtime::Check;
-use recollect_telemetry as metrics;
+use recollect_telemetry::events::{Api, HttpRequestCompleted, InternalEvent, RecallServed};
 use tokio::sync::watch;
 
 pub mod grpc;
@@ -294,7 +294,7 @@ pub(crate) async fn readyz(State(p): State<Probes>) -> Response {
 pub(crate) async fn metrics_text() -> impl IntoResponse {
     (
         [("content-type", "text/plain; version=0.0.4")],
-        metrics::render(),
+        recollect_telemetry::render(),
     )
 }
 
@@ -306,14 +306,17 @@ async fn count_requests(req: Request, next: Next) -> Response {
         .unwrap_or_else(|| "unmatched".into());
     let started = std::time::Instant::now();
     let resp = next.run(req).await;
-    let class = format!("{}xx", resp.status().as_u16() / 100);
-    metrics::HTTP_REQUESTS
-        .with_label_values(&[&route, &class])
-        .inc();
+    HttpRequestCompleted {
+        route: &route,
+        status: resp.status().as_u16(),
+    }
+    .emit();
     if route == "/v1/recall" {
-        metrics::RECALL_LATENCY
-            .with_label_values(&["http"])
-            .observe(started.elapsed().as_secs_f64());
+        RecallServed {
+            api: Api::Http,
+            elapsed: started.elapsed(),
+        }
+        .emit();
     }
     resp
 }

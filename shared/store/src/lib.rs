@@ -14,6 +14,7 @@ pub mod graph;
 pub mod graph_embedded;
 pub mod graph_neo4j;
 mod keys;
+pub mod observed;
 pub mod open;
 pub mod raw;
 pub mod remote;
@@ -28,6 +29,7 @@ pub use graph::{
 };
 pub use graph_embedded::EmbeddedGraph;
 pub use graph_neo4j::{Neo4jGraph, Neo4jSettings};
+pub use observed::Observed;
 pub use open::{open_graph, open_vectors};
 pub use raw::RawStore;
 pub use remote::{RemoteGraph, RemoteVectorIndex};
