@@ -830,6 +830,11 @@ pub mod http {
         ),
         security((), ("bearer" = []))
     )]
+    #[tracing::instrument(
+        name = "http.store_turns",
+        skip_all,
+        fields(tenant = %tenant, conversation = %conversation, trace_id = tracing::field::Empty)
+    )]
     pub async fn store_turns(
         State(s): State<GatewayState>,
         Tenant(tenant): Tenant,
@@ -837,6 +842,7 @@ pub mod http {
         Json(req): Json<StoreRequest>,
     ) -> Result<(StatusCode, axum::Json<StoreResponse>), ApiError> {
         let trace_id = uuid::Uuid::new_v4().to_string();
+        tracing::Span::current().record("trace_id", trace_id.as_str());
         tracing::debug!(trace_id, turns = req.turns.len(), "store request");
         let r = s
             .gateway
@@ -872,6 +878,7 @@ pub mod http {
         ),
         security((), ("bearer" = []))
     )]
+    #[tracing::instrument(name = "http.delete_tenant", skip_all, fields(tenant = %tenant))]
     pub async fn delete_tenant(
         State(s): State<GatewayState>,
         Tenant(tenant): Tenant,
@@ -912,6 +919,11 @@ pub mod http {
         ),
         security((), ("bearer" = []))
     )]
+    #[tracing::instrument(
+        name = "http.delete_conversation",
+        skip_all,
+        fields(tenant = %tenant, conversation = %conversation)
+    )]
     pub async fn delete_conversation(
         State(s): State<GatewayState>,
         Tenant(tenant): Tenant,
@@ -936,6 +948,7 @@ pub mod http {
         ),
         security((), ("bearer" = []))
     )]
+    #[tracing::instrument(name = "http.delete_memory", skip_all, fields(tenant = %tenant, memory = %id))]
     pub async fn delete_memory(
         State(s): State<GatewayState>,
         Tenant(tenant): Tenant,
@@ -964,6 +977,11 @@ pub mod http {
         ),
         security((), ("bearer" = []))
     )]
+    #[tracing::instrument(
+        name = "http.edit_memory",
+        skip_all,
+        fields(tenant = %tenant, memory = %id, trace_id = tracing::field::Empty)
+    )]
     pub async fn edit_memory(
         State(s): State<GatewayState>,
         Tenant(tenant): Tenant,
@@ -971,6 +989,7 @@ pub mod http {
         Json(patch): Json<recollect_model::TurnPatch>,
     ) -> Result<(StatusCode, axum::Json<recollect_model::Turn>), ApiError> {
         let trace_id = uuid::Uuid::new_v4().to_string();
+        tracing::Span::current().record("trace_id", trace_id.as_str());
         let turn = s.gateway.edit(&tenant, &id, patch, &trace_id).await?;
         tracing::info!(trace_id, version = turn.version, "memory edited");
         Ok((StatusCode::ACCEPTED, axum::Json(turn)))
@@ -988,11 +1007,17 @@ pub mod http {
         ),
         security((), ("bearer" = []))
     )]
+    #[tracing::instrument(
+        name = "http.reindex",
+        skip_all,
+        fields(tenant = %tenant, trace_id = tracing::field::Empty)
+    )]
     pub async fn reindex(
         State(s): State<GatewayState>,
         Tenant(tenant): Tenant,
     ) -> Result<(StatusCode, axum::Json<super::Reindexing>), ApiError> {
         let trace_id = uuid::Uuid::new_v4().to_string();
+        tracing::Span::current().record("trace_id", trace_id.as_str());
         let r = s.gateway.reindex(&tenant, &trace_id).await?;
         tracing::info!(
             trace_id,
@@ -1020,6 +1045,7 @@ pub mod http {
         ),
         security(("bearer" = []))
     )]
+    #[tracing::instrument(name = "http.backup", skip_all)]
     pub async fn backup(
         State(s): State<GatewayState>,
         headers: axum::http::HeaderMap,

@@ -317,6 +317,11 @@ pub async fn run_stage(
 
 /// One batch: handle it, settle each message (retried, then published or dead-lettered),
 /// publish everything, then commit.
+#[tracing::instrument(
+    name = "pipeline.batch",
+    skip_all,
+    fields(stage = stage.name(), topic = stage.input_topic(), messages = batch.len())
+)]
 async fn handle_batch(
     bus: &dyn Bus,
     sub: &mut dyn Subscription,
@@ -338,7 +343,20 @@ async fn handle_batch(
 }
 
 /// What one message of a batch publishes: its outputs once the handler succeeds (retrying a
-/// transient failure alone), or its dead letter.
+/// transient failure alone), or its dead letter. The span carries the message's tenant and
+/// conversation (its key) and the trace id the gateway gave the request.
+#[tracing::instrument(
+    name = "pipeline.message",
+    skip_all,
+    fields(
+        stage = stage.name(),
+        tenant = d.message.key.split_once('/').map_or("", |(t, _)| t),
+        conversation = d.message.key.split_once('/').map_or("", |(_, c)| c),
+        trace_id = d.message.header("trace_id").unwrap_or(""),
+        partition = d.partition,
+        offset = d.offset,
+    )
+)]
 async fn settle(
     stage: &dyn Stage,
     d: &Delivery,

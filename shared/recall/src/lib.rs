@@ -365,6 +365,18 @@ impl Recall {
         self.recall_with(tenant, req, &Ablation::default()).await
     }
 
+    /// The span names the tenant and how many conversations the request was limited to (never
+    /// the query); `k` and `results` are filled in as they become known.
+    #[tracing::instrument(
+        name = "recall",
+        skip_all,
+        fields(
+            tenant = %tenant,
+            conversations = req.conversation_ids.as_ref().map_or(0, Vec::len),
+            k = tracing::field::Empty,
+            results = tracing::field::Empty,
+        )
+    )]
     pub async fn recall_with(
         &self,
         tenant: &TenantId,
@@ -373,6 +385,7 @@ impl Recall {
     ) -> Result<Vec<RecalledMemory>, RecallError> {
         let started = Instant::now();
         let (scope, k) = self.validate(tenant, req).await?;
+        tracing::Span::current().record("k", k);
         if scope.conversations.as_ref().is_some_and(Vec::is_empty) {
             // The users or agents asked for have no conversations (or none of those named).
             return Ok(vec![]);
@@ -440,6 +453,7 @@ impl Recall {
             self, tenant, &scope, &qa, &qv, &b, &c, &dense, &lexical, k, ablation,
         )
         .await?;
+        tracing::Span::current().record("results", out.len());
         RecallCompleted {
             results: out.len(),
             elapsed: started.elapsed(),

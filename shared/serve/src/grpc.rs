@@ -52,6 +52,8 @@ impl MemoryService {
             )));
         }
         let tenant = self.tenant(req)?;
+        // Every method's span has a tenant field, known only once the credential is checked.
+        tracing::Span::current().record("tenant", tenant.as_str());
         let permit = self.guard.admit(&tenant).map_err(|s| s.status())?;
         Ok((tenant, permit))
     }
@@ -78,6 +80,9 @@ impl MemoryService {
     ) -> Result<Vec<String>, RecollectError> {
         let (conversation, req) = store_request(batch, wait)?;
         let trace_id = uuid::Uuid::new_v4().to_string();
+        let span = tracing::Span::current();
+        span.record("conversation", conversation.as_str());
+        span.record("trace_id", trace_id.as_str());
         let ids = self
             .gateway()
             .store(tenant, &conversation, req, &trace_id)
@@ -158,6 +163,7 @@ fn counted<T>(method: &'static str, r: Result<T, Status>) -> Result<T, Status> {
 
 #[tonic::async_trait]
 impl Memory for MemoryService {
+    #[tracing::instrument(name = "grpc.Store", skip_all, fields(tenant = tracing::field::Empty, conversation = tracing::field::Empty, trace_id = tracing::field::Empty))]
     async fn store(
         &self,
         request: Request<v1::StoreRequest>,
@@ -176,6 +182,7 @@ impl Memory for MemoryService {
         counted("Store", r)
     }
 
+    #[tracing::instrument(name = "grpc.StoreStream", skip_all, fields(tenant = tracing::field::Empty, conversation = tracing::field::Empty, trace_id = tracing::field::Empty))]
     async fn store_stream(
         &self,
         request: Request<Streaming<v1::StoreRequest>>,
@@ -224,6 +231,7 @@ impl Memory for MemoryService {
         counted("StoreStream", r)
     }
 
+    #[tracing::instrument(name = "grpc.Recall", skip_all, fields(tenant = tracing::field::Empty))]
     async fn recall(
         &self,
         request: Request<v1::RecallRequest>,
@@ -250,6 +258,7 @@ impl Memory for MemoryService {
         counted("Recall", r)
     }
 
+    #[tracing::instrument(name = "grpc.ListConversations", skip_all, fields(tenant = tracing::field::Empty))]
     async fn list_conversations(
         &self,
         request: Request<v1::ListConversationsRequest>,
@@ -279,6 +288,7 @@ impl Memory for MemoryService {
         counted("ListConversations", r)
     }
 
+    #[tracing::instrument(name = "grpc.ListTurns", skip_all, fields(tenant = tracing::field::Empty))]
     async fn list_turns(
         &self,
         request: Request<v1::ListTurnsRequest>,
@@ -307,6 +317,7 @@ impl Memory for MemoryService {
         counted("ListTurns", r)
     }
 
+    #[tracing::instrument(name = "grpc.Get", skip_all, fields(tenant = tracing::field::Empty))]
     async fn get(&self, request: Request<v1::GetRequest>) -> Result<Response<v1::Turn>, Status> {
         let r: Result<Response<v1::Turn>, Status> = async {
             let (tenant, _permit) = self.admit("Get", Role::Query, &request)?;
@@ -327,6 +338,7 @@ impl Memory for MemoryService {
         counted("Get", r)
     }
 
+    #[tracing::instrument(name = "grpc.EditMemory", skip_all, fields(tenant = tracing::field::Empty, trace_id = tracing::field::Empty))]
     async fn edit_memory(
         &self,
         request: Request<v1::EditMemoryRequest>,
@@ -346,6 +358,7 @@ impl Memory for MemoryService {
                 wait: Some(r.wait),
             };
             let trace_id = uuid::Uuid::new_v4().to_string();
+            tracing::Span::current().record("trace_id", trace_id.as_str());
             let turn = self
                 .gateway()
                 .edit_memory(&tenant, &r.memory_id, patch, &trace_id)
@@ -357,6 +370,7 @@ impl Memory for MemoryService {
         counted("EditMemory", r)
     }
 
+    #[tracing::instrument(name = "grpc.Reindex", skip_all, fields(tenant = tracing::field::Empty, trace_id = tracing::field::Empty))]
     async fn reindex(
         &self,
         request: Request<v1::ReindexRequest>,
@@ -364,6 +378,7 @@ impl Memory for MemoryService {
         let r: Result<Response<v1::ReindexResponse>, Status> = async {
             let (tenant, _permit) = self.admit("Reindex", Role::Gateway, &request)?;
             let trace_id = uuid::Uuid::new_v4().to_string();
+            tracing::Span::current().record("trace_id", trace_id.as_str());
             let (conversations, turns) = self
                 .gateway()
                 .reindex(&tenant, &trace_id)
@@ -378,6 +393,7 @@ impl Memory for MemoryService {
         counted("Reindex", r)
     }
 
+    #[tracing::instrument(name = "grpc.MemoryHistory", skip_all, fields(tenant = tracing::field::Empty))]
     async fn memory_history(
         &self,
         request: Request<v1::MemoryHistoryRequest>,
@@ -398,6 +414,7 @@ impl Memory for MemoryService {
         counted("MemoryHistory", r)
     }
 
+    #[tracing::instrument(name = "grpc.Delete", skip_all, fields(tenant = tracing::field::Empty))]
     async fn delete(
         &self,
         request: Request<v1::DeleteRequest>,
@@ -419,6 +436,7 @@ impl Memory for MemoryService {
         counted("Delete", r)
     }
 
+    #[tracing::instrument(name = "grpc.DeleteMemory", skip_all, fields(tenant = tracing::field::Empty))]
     async fn delete_memory(
         &self,
         request: Request<v1::DeleteMemoryRequest>,

@@ -1,5 +1,6 @@
 //! The one serving layer of `recollect serve`, `recollect-gateway` and `recollect-query`: the
-//! HTTP router (auth, body limit, per-tenant rate limit, in-flight bound, request metrics), the
+//! HTTP router (auth, body limit, per-tenant rate limit, in-flight bound, request metrics and
+//! spans), the
 //! gRPC `Memory` service, the OpenAPI document, `/healthz`, `/readyz` (checks passed in),
 //! `/metrics`, and one shutdown signal that stops HTTP and gRPC together.
 //!
@@ -390,7 +391,8 @@ pub fn router(
         // A static page: it holds no data, and every call it makes carries the key typed in.
         app = app.route("/ui", get(ui_page));
     }
-    app.route("/healthz", get(healthz))
+    let app = app
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz).with_state(Probes(Arc::new(checks))))
         .route("/metrics", get(metrics_text))
         .route(
@@ -403,7 +405,8 @@ pub fn router(
         .fallback(not_found)
         .method_not_allowed_fallback(recollect_api::method_not_allowed)
         .layer(middleware::from_fn(count_requests))
-        .layer(DefaultBodyLimit::max(options.max_body_bytes))
+        .layer(DefaultBodyLimit::max(options.max_body_bytes));
+    recollect_runtime::traced(app)
 }
 
 /// A process's listeners: the HTTP address and, unless turned off, the gRPC one.
