@@ -21,8 +21,8 @@ use recollect_config::{BusKind, ConfigError, EmbedderKind, Settings};
 use recollect_embed::{default_model_dir, Embedder, HashEmbedder, MiniLmEmbedder};
 use recollect_model::{topics, TenantId};
 use recollect_store::{Graph, Scope, StoreError, VectorIndex};
-use recollect_telemetry as telemetry;
 use recollect_telemetry::events::{ComponentSelected, InternalEvent};
+use recollect_telemetry::{self as telemetry, OtlpExport, TracingGuard};
 use tokio::sync::watch;
 use tower_http::trace::TraceLayer;
 use tracing::Span;
@@ -39,6 +39,8 @@ pub enum RuntimeError {
     Setup(String),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Telemetry(#[from] telemetry::TelemetryError),
 }
 
 /// Command line of every service: the config file, nothing else (env does the rest).
@@ -49,15 +51,14 @@ pub struct ServiceArgs {
     pub config: Option<PathBuf>,
 }
 
-/// Loads and validates settings, starts logging and registers metrics for `service`.
-pub fn start(service: &'static str) -> Result<Settings, RuntimeError> {
+/// Loads and validates settings, starts logging (and the trace export, when configured) and
+/// registers metrics for `service`. Keep the guard until the end of `main`: dropping it sends
+/// the spans still buffered.
+pub fn start(service: &'static str) -> Result<(Settings, TracingGuard), RuntimeError> {
     let args = ServiceArgs::parse();
     let settings = Settings::load(args.config.as_deref())?;
     settings.validate()?;
-    telemetry::init_tracing(
-        &settings.telemetry.log_format,
-        &settings.telemetry.log_level,
-    );
+    let guard = init_tracing(&settings, &format!("recollect-{service}"))?;
     telemetry::register_all();
     ComponentSelected {
         seam: "service",
@@ -65,7 +66,21 @@ pub fn start(service: &'static str) -> Result<Settings, RuntimeError> {
     }
     .emit();
     tracing::info!(service, version = env!("CARGO_PKG_VERSION"), "starting");
-    Ok(settings)
+    Ok((settings, guard))
+}
+
+/// Logs and, with `telemetry.otlp_endpoint` set, span export as `service` (its `service.name`).
+pub fn init_tracing(settings: &Settings, service: &str) -> Result<TracingGuard, RuntimeError> {
+    let t = &settings.telemetry;
+    let otlp = t.otlp_traces_url().map(|traces_url| OtlpExport {
+        traces_url,
+        service: service.to_string(),
+    });
+    let guard = telemetry::init_tracing(&t.log_format, &t.log_level, otlp.as_ref())?;
+    if let Some(o) = otlp.filter(|_| guard.exporting()) {
+        tracing::info!(url = %o.traces_url, service, "exporting traces over OTLP");
+    }
+    Ok(guard)
 }
 
 /// Routes whose requests are probes and scrapes: traced at debug, so they neither fill the

@@ -1,4 +1,4 @@
-//! Metrics and logs. Every metric Recollect exports is declared here, so the whole set
+//! Metrics, logs and traces. Every metric Recollect exports is declared here, so the whole set
 //! reads in one place; names follow `recollect_<subsystem>_<name>_<unit>` and labels take values
 //! from small fixed sets only (stage, outcome, reason, path, backend, op), never tenant ids or
 //! text. The metrics are private to this crate: code elsewhere emits a typed event
@@ -6,6 +6,9 @@
 //! same way from every place that reports it.
 
 pub mod events;
+mod tracing_setup;
+
+pub use tracing_setup::{init_tracing, OtlpExport, TelemetryError, TracingGuard};
 
 use once_cell::sync::Lazy;
 use prometheus::{
@@ -229,23 +232,6 @@ pub fn render() -> String {
         .encode(&REGISTRY.gather(), &mut buf)
         .expect("text encoding cannot fail");
     String::from_utf8(buf).expect("prometheus text is utf-8")
-}
-
-/// Logs: `RUST_LOG` wins over the configured level; `json` for log shippers.
-pub fn init_tracing(format: &str, level: &str) {
-    use tracing_subscriber::EnvFilter;
-    // qdrant-edge warns "Feature flags not initialized!" on every segment it opens: server-only
-    // flags that do not apply to the embedded engine.
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("{level},qdrant_edge::common::flags=error")));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = if format == "json" {
-        builder.json().flatten_event(true).try_init()
-    } else {
-        builder.try_init()
-    };
 }
 
 #[cfg(test)]
