@@ -169,6 +169,9 @@ fn store_recall_get_delete_and_bad_input() {
         "recollect_gateway_turns_rejected_total",
         "recollect_pipeline_messages_total",
         "recollect_recall_duration_seconds",
+        "recollect_recall_candidates_turns",
+        "recollect_store_write_duration_seconds_count{backend=\"embedded\",op=\"write_turns\",seam=\"graph\"}",
+        "recollect_store_read_duration_seconds_count{backend=\"edge\",op=\"search\",seam=\"vectors\"}",
     ] {
         assert!(text.contains(family), "{family} missing from /metrics");
     }

@@ -312,7 +312,30 @@ fn kafka_pipeline_survives_kill9_of_every_worker_kind() {
     }
     assert!(stages[1].metric_sum("recollect_embedder_batch_size_texts_count", "") > 0.0);
     assert!(query.metric_sum("recollect_recall_duration_seconds_count", "path=\"total\"") > 0.0);
-    assert!(store.metric_sum("recollect_store_write_duration_seconds_count", "") > 0.0);
+    // The store service reports the writes of the stores it hosts; the graph-writers, theirs as
+    // calls to the remote backend. (The exposition sorts labels by name.)
+    for (backend, op, seam) in [
+        ("embedded", "write_turns", "graph"),
+        ("edge", "upsert_turns", "vectors"),
+    ] {
+        let labels = format!("backend=\"{backend}\",op=\"{op}\",seam=\"{seam}\"");
+        assert!(
+            store.metric_sum("recollect_store_write_duration_seconds_count", &labels) > 0.0,
+            "recollect-store reported no {labels}"
+        );
+    }
+    assert!(
+        stages[2].metric_sum(
+            "recollect_store_write_duration_seconds_count",
+            "backend=\"remote\",op=\"write_turns\",seam=\"graph\""
+        ) > 0.0
+    );
+    assert!(
+        query.metric_sum(
+            "recollect_store_read_duration_seconds_count",
+            "backend=\"remote\""
+        ) > 0.0
+    );
     // Lag gauges of the members agree with the broker once drained: none is left stale by a
     // partition that moved to another member.
     for w in &stages {

@@ -8,7 +8,7 @@ use recollect_runtime::{bus_check, graph_check, open_bus, run_workers, start, ve
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let settings = start("consolidator")?;
+    let (settings, _telemetry) = start("consolidator")?;
     let dir = settings.storage.data_dir.clone();
     let graph = recollect_storage::open_graph(&settings, &dir).await?;
     let vectors = recollect_storage::open_vectors(&settings, &dir, settings.embedder_dim()).await?;

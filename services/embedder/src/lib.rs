@@ -15,7 +15,7 @@ use recollect_model::{
     SparseVector, Turn,
 };
 use recollect_storage::{ErasureMap, Graph};
-use recollect_telemetry as metrics;
+use recollect_telemetry::events::{EmbedderBatchCompleted, InternalEvent};
 
 /// BM25 term-frequency saturation; IDF is applied by the vector index (Qdrant's IDF modifier).
 pub const BM25_K1: f32 = 1.2;
@@ -123,12 +123,12 @@ impl EmbedderStage {
         let out = embedder
             .embed(&refs)
             .map_err(|e| StageError::Transient(format!("embedding failed: {e}")))?;
-        metrics::EMBED_BATCH_SIZE
-            .with_label_values(&[embedder.model_name()])
-            .observe(texts.len() as f64);
-        metrics::EMBED_LATENCY
-            .with_label_values(&[embedder.model_name()])
-            .observe(started.elapsed().as_secs_f64());
+        EmbedderBatchCompleted {
+            model: embedder.model_name(),
+            texts: texts.len(),
+            elapsed: started.elapsed(),
+        }
+        .emit();
         Ok(out)
     }
 

@@ -8,7 +8,7 @@ use recollect_runtime::{bus_check, graph_check, load_embedder, open_bus, run_wor
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let settings = start("embedder")?;
+    let (settings, _telemetry) = start("embedder")?;
     let embedder = load_embedder(&settings)?;
     // Only erasure markers are read here: turns erased while queued are not embedded.
     let graph = recollect_storage::open_graph(&settings, &settings.storage.data_dir).await?;

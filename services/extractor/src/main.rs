@@ -8,7 +8,7 @@ use recollect_runtime::{bus_check, graph_check, open_bus, run_workers, start};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let settings = start("extractor")?;
+    let (settings, _telemetry) = start("extractor")?;
     let extractor = recollect_llm::extractor_from(&settings)?;
     let graph = recollect_storage::open_graph(&settings, &settings.storage.data_dir).await?;
     let bus = open_bus(&settings, "extractor").await?;

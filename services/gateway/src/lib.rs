@@ -17,7 +17,7 @@ use recollect_model::{
 };
 use recollect_storage::raw::Appended;
 use recollect_storage::{Graph, RawStore};
-use recollect_telemetry as metrics;
+use recollect_telemetry::events::{InternalEvent, TurnRejected, TurnsAccepted};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
@@ -231,7 +231,7 @@ pub struct Gateway {
 }
 
 fn rejected(r: request::Rejection) -> RecollectError {
-    metrics::TURNS_REJECTED.with_label_values(&[r.reason]).inc();
+    TurnRejected { reason: r.reason }.emit();
     RecollectError::Invalid(r.message)
 }
 
@@ -318,9 +318,10 @@ impl Gateway {
                 .map_err(RecollectError::from_classified)?;
         // Published after the gate is let go: a pending turn in a backup is replayed at start.
         drop(writing);
-        metrics::TURNS_ACCEPTED
-            .with_label_values(&[] as &[&str])
-            .inc_by(appended.len() as u64);
+        TurnsAccepted {
+            count: appended.len(),
+        }
+        .emit();
         let new: Vec<Turn> = appended
             .iter()
             .filter(|a| a.new)
@@ -383,9 +384,7 @@ impl Gateway {
             })
             .collect();
         self.publish(&turns, trace_id).await?;
-        metrics::TURNS_ACCEPTED
-            .with_label_values(&[] as &[&str])
-            .inc_by(turns.len() as u64);
+        TurnsAccepted { count: turns.len() }.emit();
         if req.wait.unwrap_or(false) {
             self.wait_stored(tenant, &ids).await?;
         }
@@ -572,9 +571,7 @@ impl Gateway {
         };
         if new {
             self.publish(std::slice::from_ref(&turn), trace_id).await?;
-            metrics::TURNS_ACCEPTED
-                .with_label_values(&[] as &[&str])
-                .inc();
+            TurnsAccepted { count: 1 }.emit();
         }
         if patch.wait.unwrap_or(false) {
             let deadline = tokio::time::Instant::now() + self.limits.wait_timeout;
@@ -833,6 +830,11 @@ pub mod http {
         ),
         security((), ("bearer" = []))
     )]
+    #[tracing::instrument(
+        name = "http.store_turns",
+        skip_all,
+        fields(tenant = %tenant, conversation = %conversation, trace_id = tracing::field::Empty)
+    )]
     pub async fn store_turns(
         State(s): State<GatewayState>,
         Tenant(tenant): Tenant,
@@ -840,6 +842,7 @@ pub mod http {
         Json(req): Json<StoreRequest>,
     ) -> Result<(StatusCode, axum::Json<StoreResponse>), ApiError> {
         let trace_id = uuid::Uuid::new_v4().to_string();
+        tracing::Span::current().record("trace_id", trace_id.as_str());
         tracing::debug!(trace_id, turns = req.turns.len(), "store request");
         let r = s
             .gateway
@@ -875,6 +878,7 @@ pub mod http {
         ),
         security((), ("bearer" = []))
     )]
+    #[tracing::instrument(name = "http.delete_tenant", skip_all, fields(tenant = %tenant))]
     pub async fn delete_tenant(
         State(s): State<GatewayState>,
         Tenant(tenant): Tenant,
@@ -915,6 +919,11 @@ pub mod http {
         ),
         security((), ("bearer" = []))
     )]
+    #[tracing::instrument(
+        name = "http.delete_conversation",
+        skip_all,
+        fields(tenant = %tenant, conversation = %conversation)
+    )]
     pub async fn delete_conversation(
         State(s): State<GatewayState>,
         Tenant(tenant): Tenant,
@@ -939,6 +948,7 @@ pub mod http {
         ),
         security((), ("bearer" = []))
     )]
+    #[tracing::instrument(name = "http.delete_memory", skip_all, fields(tenant = %tenant, memory = %id))]
     pub async fn delete_memory(
         State(s): State<GatewayState>,
         Tenant(tenant): Tenant,
@@ -967,6 +977,11 @@ pub mod http {
         ),
         security((), ("bearer" = []))
     )]
+    #[tracing::instrument(
+        name = "http.edit_memory",
+        skip_all,
+        fields(tenant = %tenant, memory = %id, trace_id = tracing::field::Empty)
+    )]
     pub async fn edit_memory(
         State(s): State<GatewayState>,
         Tenant(tenant): Tenant,
@@ -974,6 +989,7 @@ pub mod http {
         Json(patch): Json<recollect_model::TurnPatch>,
     ) -> Result<(StatusCode, axum::Json<recollect_model::Turn>), ApiError> {
         let trace_id = uuid::Uuid::new_v4().to_string();
+        tracing::Span::current().record("trace_id", trace_id.as_str());
         let turn = s.gateway.edit(&tenant, &id, patch, &trace_id).await?;
         tracing::info!(trace_id, version = turn.version, "memory edited");
         Ok((StatusCode::ACCEPTED, axum::Json(turn)))
@@ -991,11 +1007,17 @@ pub mod http {
         ),
         security((), ("bearer" = []))
     )]
+    #[tracing::instrument(
+        name = "http.reindex",
+        skip_all,
+        fields(tenant = %tenant, trace_id = tracing::field::Empty)
+    )]
     pub async fn reindex(
         State(s): State<GatewayState>,
         Tenant(tenant): Tenant,
     ) -> Result<(StatusCode, axum::Json<super::Reindexing>), ApiError> {
         let trace_id = uuid::Uuid::new_v4().to_string();
+        tracing::Span::current().record("trace_id", trace_id.as_str());
         let r = s.gateway.reindex(&tenant, &trace_id).await?;
         tracing::info!(
             trace_id,
@@ -1023,6 +1045,7 @@ pub mod http {
         ),
         security(("bearer" = []))
     )]
+    #[tracing::instrument(name = "http.backup", skip_all)]
     pub async fn backup(
         State(s): State<GatewayState>,
         headers: axum::http::HeaderMap,

@@ -12,7 +12,7 @@ use recollect_serve::Roles;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let settings = start("gateway")?;
+    let (settings, _telemetry) = start("gateway")?;
     let dir = settings.storage.data_dir.clone();
     let bus = open_bus(&settings, "gateway").await?;
     let graph = recollect_storage::open_graph(&settings, &dir).await?;

@@ -4,7 +4,6 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
-use std::time::Instant;
 
 use async_trait::async_trait;
 use recollect_bus::{Delivery, Message, Stage, StageError};
@@ -15,7 +14,6 @@ use recollect_storage::{
     distinct_runs, ErasureMap, Graph, NodeKind, ReplacedVersion, Scope, TurnPoint, VectorIndex,
     VersionWrite,
 };
-use recollect_telemetry as metrics;
 
 /// Embedded-mode hook after the write: report the turns handled (stored, or dropped as erased),
 /// each with the `recorded_at` of the version handled (an edit made meanwhile stays pending).
@@ -114,7 +112,6 @@ impl GraphWriterStage {
                 .await
                 .map_err(store_error)?;
         }
-        let started = Instant::now();
         let points: Vec<TurnPoint> = turns
             .iter()
             .map(|e| TurnPoint {
@@ -161,18 +158,11 @@ impl GraphWriterStage {
                 .await
                 .map_err(store_error)?;
         }
-        metrics::STORE_WRITE_LATENCY
-            .with_label_values(&[&format!("vectors_{}", self.vectors.kind())])
-            .observe(started.elapsed().as_secs_f64());
-        let started = Instant::now();
         let nodes: Vec<_> = turns
             .iter()
             .map(|e| (e.turn.clone(), e.extraction.clone()))
             .collect();
         self.graph.write_turns(&nodes).await.map_err(store_error)?;
-        metrics::STORE_WRITE_LATENCY
-            .with_label_values(&[&format!("graph_{}", self.graph.kind())])
-            .observe(started.elapsed().as_secs_f64());
         Ok(())
     }
 }
@@ -307,17 +297,8 @@ impl Stage for GraphWriterStage {
             .collect();
         let erased = match self.erase_guarded_write(&decoded).await {
             Ok(e) => e,
-            Err(e) => {
-                // Adapter pair of this writer, e.g. graph_embedded+vectors_embedded.
-                metrics::STORE_ERRORS
-                    .with_label_values(&[&format!(
-                        "graph_{}+vectors_{}",
-                        self.graph.kind(),
-                        self.vectors.kind()
-                    )])
-                    .inc();
-                return batch.iter().map(|_| Err(e.clone())).collect();
-            }
+            // The failed store call was counted by the store (`recollect_store_errors_total`).
+            Err(e) => return batch.iter().map(|_| Err(e.clone())).collect(),
         };
         if let Some(h) = &self.hooks {
             let ids: Vec<(MemoryId, chrono::DateTime<chrono::Utc>)> = decoded

@@ -404,6 +404,7 @@ impl QueryState {
     ),
     security((), ("bearer" = []))
 )]
+#[tracing::instrument(name = "http.recall", skip_all, fields(tenant = %tenant))]
 pub async fn recall(
     State(s): State<QueryState>,
     Tenant(tenant): Tenant,
@@ -426,6 +427,7 @@ pub async fn recall(
     ),
     security((), ("bearer" = []))
 )]
+#[tracing::instrument(name = "http.get_memory", skip_all, fields(tenant = %tenant, memory = %id))]
 pub async fn get_memory(
     State(s): State<QueryState>,
     Tenant(tenant): Tenant,
@@ -470,6 +472,11 @@ pub struct MemoryHistory {
     ),
     security((), ("bearer" = []))
 )]
+#[tracing::instrument(
+    name = "http.memory_history",
+    skip_all,
+    fields(tenant = %tenant, memory = %id)
+)]
 pub async fn memory_history(
     State(s): State<QueryState>,
     Tenant(tenant): Tenant,
@@ -499,6 +506,11 @@ pub struct ConversationInfo {
         (status = 404, description = "no such conversation for this tenant", body = recollect_api::ErrorBody),
     ),
     security((), ("bearer" = [])))]
+#[tracing::instrument(
+    name = "http.conversation_info",
+    skip_all,
+    fields(tenant = %tenant, conversation = %conversation)
+)]
 pub async fn conversation_info(
     State(s): State<QueryState>,
     Tenant(tenant): Tenant,
@@ -631,6 +643,7 @@ fn page_params(q: PageQuery) -> Result<PageParams, RecollectError> {
         (status = 401, description = "missing or unknown API key", body = recollect_api::ErrorBody),
     ),
     security((), ("bearer" = [])))]
+#[tracing::instrument(name = "http.list_conversations", skip_all, fields(tenant = %tenant))]
 pub async fn list_conversations(
     State(s): State<QueryState>,
     Tenant(tenant): Tenant,
@@ -652,6 +665,11 @@ pub async fn list_conversations(
         (status = 404, description = "no such conversation for this tenant", body = recollect_api::ErrorBody),
     ),
     security((), ("bearer" = [])))]
+#[tracing::instrument(
+    name = "http.list_turns",
+    skip_all,
+    fields(tenant = %tenant, conversation = %conversation)
+)]
 pub async fn list_turns(
     State(s): State<QueryState>,
     Tenant(tenant): Tenant,

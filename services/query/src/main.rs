@@ -12,7 +12,7 @@ use recollect_serve::Roles;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let settings = start("query")?;
+    let (settings, _telemetry) = start("query")?;
     let dir = settings.storage.data_dir.clone();
     let embedder = load_embedder(&settings)?;
     let graph = recollect_storage::open_graph(&settings, &dir).await?;

@@ -16,7 +16,7 @@ use recollect_graph_writer::{GraphWriterStage, StoreHooks};
 use recollect_model::{topics, MemoryId, RecollectError, TenantId, Turn};
 use recollect_recall::{Recall, RecallConfig};
 use recollect_storage::{open_graph, open_vectors, Graph, RawStore, VectorIndex};
-use recollect_telemetry as metrics;
+use recollect_telemetry::events::{ComponentSelected, InternalEvent};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
@@ -330,7 +330,7 @@ impl App {
         settings: Settings,
         embedder: Arc<dyn Embedder>,
     ) -> anyhow::Result<Self> {
-        metrics::register_all();
+        recollect_telemetry::register_all();
         let extractor = recollect_llm::extractor_from(&settings)?;
         let dir = settings.storage.data_dir.clone();
         std::fs::create_dir_all(&dir)
@@ -347,9 +347,7 @@ impl App {
             ("embedder", embedder.model_name()),
             ("extractor", extractor.name()),
         ] {
-            metrics::COMPONENT_INFO
-                .with_label_values(&[seam, kind])
-                .set(1);
+            ComponentSelected { seam, kind }.emit();
         }
         let bus = InProcessBus::new(4096);
         bus.ensure_topics(&topics::ALL).await?;

@@ -111,10 +111,8 @@ fn main() -> anyhow::Result<()> {
         }
     }
     settings.validate()?;
-    recollect_telemetry::init_tracing(
-        &settings.telemetry.log_format,
-        &settings.telemetry.log_level,
-    );
+    // Kept to the end of main: dropping it sends the spans still buffered.
+    let _telemetry = recollect_runtime::init_tracing(&settings, "recollect")?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

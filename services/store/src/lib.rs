@@ -5,7 +5,6 @@
 //! embedded stores' exactly (the contract suite runs through it).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::StatusCode;
@@ -17,7 +16,6 @@ use recollect_storage::remote::{
     dispatch_graph, dispatch_vectors, GraphCall, VectorCall, WireError, GRAPH_PATH, VECTORS_PATH,
 };
 use recollect_storage::{Graph, StoreError, VectorIndex};
-use recollect_telemetry as metrics;
 
 #[derive(Clone)]
 pub struct Hosted {
@@ -38,22 +36,14 @@ fn reply(r: Result<serde_json::Value, StoreError>) -> Response {
     }
 }
 
+// The hosted stores come from `open_graph`/`open_vectors`, so each call served is reported by
+// the store itself (backend embedded or edge), like in any other process.
 async fn graph_call(State(h): State<Hosted>, Json(call): Json<GraphCall>) -> Response {
-    let started = Instant::now();
-    let r = dispatch_graph(h.graph.as_ref(), call).await;
-    metrics::STORE_WRITE_LATENCY
-        .with_label_values(&["store_service_graph"])
-        .observe(started.elapsed().as_secs_f64());
-    reply(r)
+    reply(dispatch_graph(h.graph.as_ref(), call).await)
 }
 
 async fn vector_call(State(h): State<Hosted>, Json(call): Json<VectorCall>) -> Response {
-    let started = Instant::now();
-    let r = dispatch_vectors(h.vectors.as_ref(), call).await;
-    metrics::STORE_WRITE_LATENCY
-        .with_label_values(&["store_service_vectors"])
-        .observe(started.elapsed().as_secs_f64());
-    reply(r)
+    reply(dispatch_vectors(h.vectors.as_ref(), call).await)
 }
 
 /// Constant-time comparison of the bearer token (no early exit on the first differing byte).

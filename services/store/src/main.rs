@@ -7,7 +7,7 @@ use recollect_store_service::{router, Hosted};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let mut settings = start("store")?;
+    let (mut settings, _telemetry) = start("store")?;
     // This process is where the data lives: it always opens the embedded stores.
     settings.graph.kind = recollect_config::GraphKind::Embedded;
     settings.vectors.kind = recollect_config::VectorKind::Embedded;

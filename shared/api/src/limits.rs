@@ -11,7 +11,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use parking_lot::Mutex;
 use recollect_model::TenantId;
-use recollect_telemetry as metrics;
+use recollect_telemetry::events::{InternalEvent, RequestShed, ShedReason};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::{error_response, ApiError, Auth};
@@ -190,14 +190,18 @@ impl Guard {
     pub fn admit(&self, tenant: &TenantId) -> Result<OwnedSemaphorePermit, Shed> {
         if let Some(rate) = &self.rate {
             if let Err(wait) = rate.check(tenant) {
-                metrics::HTTP_SHED
-                    .with_label_values(&["rate_limited"])
-                    .inc();
+                RequestShed {
+                    reason: ShedReason::RateLimited,
+                }
+                .emit();
                 return Err(Shed::RateLimited(wait));
             }
         }
         self.in_flight.clone().try_acquire_owned().map_err(|_| {
-            metrics::HTTP_SHED.with_label_values(&["overloaded"]).inc();
+            RequestShed {
+                reason: ShedReason::Overloaded,
+            }
+            .emit();
             Shed::Overloaded
         })
     }

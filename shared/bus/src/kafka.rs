@@ -23,7 +23,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, Message as _, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{ClientContext, Offset, Statistics, TopicPartitionList};
-use recollect_telemetry as metrics;
+use recollect_telemetry::events::{ConsumerLagObserved, ConsumerLagReleased, InternalEvent};
 
 use crate::{Bus, BusError, Delivery, Message, Subscription};
 
@@ -385,9 +385,12 @@ impl ClientContext for GroupContext {
                 if *partition < 0 || p.consumer_lag < 0 || !p.desired {
                     continue;
                 }
-                metrics::CONSUMER_LAG
-                    .with_label_values(&[topic, &partition.to_string()])
-                    .set(p.consumer_lag);
+                ConsumerLagObserved {
+                    topic,
+                    partition: *partition,
+                    lag: p.consumer_lag,
+                }
+                .emit();
                 unread += if p.app_offset >= 0 && p.hi_offset >= 0 {
                     (p.hi_offset - p.app_offset).max(0)
                 } else {
@@ -400,7 +403,11 @@ impl ClientContext for GroupContext {
         // now: keeping our last value would show a lag that never drains.
         let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
         for (topic, partition) in reported.difference(&now) {
-            let _ = metrics::CONSUMER_LAG.remove_label_values(&[topic, &partition.to_string()]);
+            ConsumerLagReleased {
+                topic,
+                partition: *partition,
+            }
+            .emit();
         }
         *reported = now;
         self.unread

@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use backon::{ExponentialBuilder, Retryable};
 use recollect_model::topics;
-use recollect_telemetry as metrics;
+use recollect_telemetry::events::{
+    ConsumerLagObserved, InternalEvent, StageBatchHandled, StageMessageDeadLettered,
+    StageMessageProcessed, StageMessageRetried,
+};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch, Mutex};
 
@@ -206,9 +209,12 @@ impl Subscription for InProcessSubscription {
             Ok(0) => Err(BusError::Closed),
             Ok(_) | Err(_) => {
                 let depth = self.queue.tx.max_capacity() - self.queue.tx.capacity();
-                metrics::CONSUMER_LAG
-                    .with_label_values(&[&self.topic, "0"])
-                    .set(depth as i64);
+                ConsumerLagObserved {
+                    topic: &self.topic,
+                    partition: 0,
+                    lag: depth as i64,
+                }
+                .emit();
                 Ok(out)
             }
         }
@@ -315,84 +321,135 @@ pub async fn run_stage(
             continue;
         }
         let started = Instant::now();
-        let results = stage.handle(&batch).await;
-        let mut outputs = Vec::new();
-        for (d, r) in batch.iter().zip(results) {
-            let r = match r {
-                Err(e) if e.is_transient() => {
-                    metrics::STAGE_RETRIES.with_label_values(&[name]).inc();
-                    let one = std::slice::from_ref(d);
-                    (|| async {
-                        stage
-                            .handle(one)
-                            .await
-                            .pop()
-                            .unwrap_or(Err(StageError::Permanent(
-                                "handler returned no result".into(),
-                            )))
-                    })
-                    .retry(retry_policy())
-                    .when(StageError::is_transient)
-                    .notify(|e, _| {
-                        metrics::STAGE_RETRIES.with_label_values(&[name]).inc();
-                        tracing::warn!(stage = name, error = %e, "retrying message");
-                    })
-                    .await
-                }
-                other => other,
-            };
-            match r {
-                Ok(mut out) => {
-                    metrics::STAGE_MESSAGES
-                        .with_label_values(&[name, "ok"])
-                        .inc();
-                    // The request's trace id, from the gateway through every topic's headers.
-                    tracing::debug!(
-                        stage = name,
-                        trace_id = d.message.header("trace_id").unwrap_or(""),
-                        partition = d.partition,
-                        offset = d.offset,
-                        "processed"
-                    );
-                    outputs.append(&mut out);
-                }
-                Err(e) => {
-                    metrics::STAGE_MESSAGES
-                        .with_label_values(&[name, "dlq"])
-                        .inc();
-                    tracing::error!(stage = name, trace_id = d.message.header("trace_id").unwrap_or(""), offset = d.offset, partition = d.partition, error = %e, "message dead-lettered");
-                    let dl = DeadLetter {
-                        stage: name.to_string(),
-                        error: e.to_string(),
-                        topic: d.message.topic.clone(),
-                        partition: d.partition,
-                        offset: d.offset,
-                        key: d.message.key.clone(),
-                        payload: String::from_utf8_lossy(&d.message.payload).into_owned(),
-                    };
-                    let trace = d.message.header("trace_id").unwrap_or("").to_string();
-                    outputs.push(Message::json(
-                        topics::DLQ,
-                        d.message.key.clone(),
-                        &dl,
-                        &trace,
-                    ));
-                }
-            }
+        handle_batch(bus.as_ref(), sub.as_mut(), stage.as_ref(), &batch).await?;
+        StageBatchHandled {
+            stage: name,
+            messages: batch.len(),
+            elapsed: started.elapsed(),
         }
-        // Publish, then commit: a crash between the two redelivers, and every effect is idempotent.
-        (|| async { bus.publish(outputs.clone()).await })
-            .retry(retry_policy().with_max_times(30))
-            .notify(|e, _| tracing::warn!(stage = name, error = %e, "publish failed, retrying"))
-            .await?;
-        sub.commit(&batch).await?;
-        metrics::STAGE_LATENCY
-            .with_label_values(&[name])
-            .observe(started.elapsed().as_secs_f64());
+        .emit();
     }
     sub.close().await;
     tracing::info!(stage = name, "stage stopped");
     Ok(())
+}
+
+/// One batch: handle it, settle each message (retried, then published or dead-lettered),
+/// publish everything, then commit.
+#[tracing::instrument(
+    name = "pipeline.batch",
+    skip_all,
+    fields(stage = stage.name(), topic = stage.input_topic(), messages = batch.len())
+)]
+async fn handle_batch(
+    bus: &dyn Bus,
+    sub: &mut dyn Subscription,
+    stage: &dyn Stage,
+    batch: &[Delivery],
+) -> Result<(), BusError> {
+    let name = stage.name();
+    let results = stage.handle(batch).await;
+    let mut outputs = Vec::new();
+    for (d, r) in batch.iter().zip(results) {
+        outputs.append(&mut settle(stage, d, r).await);
+    }
+    // Publish, then commit: a crash between the two redelivers, and every effect is idempotent.
+    (|| async { bus.publish(outputs.clone()).await })
+        .retry(retry_policy().with_max_times(30))
+        .notify(|e, _| tracing::warn!(stage = name, error = %e, "publish failed, retrying"))
+        .await?;
+    sub.commit(batch).await
+}
+
+/// What one message of a batch publishes: its outputs once the handler succeeds (retrying a
+/// transient failure alone), or its dead letter. The span carries the message's tenant and
+/// conversation (its key) and the trace id the gateway gave the request.
+#[tracing::instrument(
+    name = "pipeline.message",
+    skip_all,
+    fields(
+        stage = stage.name(),
+        tenant = d.message.key.split_once('/').map_or("", |(t, _)| t),
+        conversation = d.message.key.split_once('/').map_or("", |(_, c)| c),
+        trace_id = d.message.header("trace_id").unwrap_or(""),
+        partition = d.partition,
+        offset = d.offset,
+    )
+)]
+async fn settle(
+    stage: &dyn Stage,
+    d: &Delivery,
+    first: Result<Vec<Message>, StageError>,
+) -> Vec<Message> {
+    let name = stage.name();
+    let trace_id = d.message.header("trace_id").unwrap_or("");
+    let r = match first {
+        Err(e) if e.is_transient() => {
+            StageMessageRetried {
+                stage: name,
+                error: &e,
+            }
+            .emit();
+            let one = std::slice::from_ref(d);
+            (|| async {
+                stage
+                    .handle(one)
+                    .await
+                    .pop()
+                    .unwrap_or(Err(StageError::Permanent(
+                        "handler returned no result".into(),
+                    )))
+            })
+            .retry(retry_policy())
+            .when(StageError::is_transient)
+            .notify(|e, _| {
+                StageMessageRetried {
+                    stage: name,
+                    error: e,
+                }
+                .emit()
+            })
+            .await
+        }
+        other => other,
+    };
+    match r {
+        Ok(out) => {
+            StageMessageProcessed {
+                stage: name,
+                trace_id,
+                partition: d.partition,
+                offset: d.offset,
+            }
+            .emit();
+            out
+        }
+        Err(e) => {
+            StageMessageDeadLettered {
+                stage: name,
+                trace_id,
+                partition: d.partition,
+                offset: d.offset,
+                error: &e,
+            }
+            .emit();
+            let dl = DeadLetter {
+                stage: name.to_string(),
+                error: e.to_string(),
+                topic: d.message.topic.clone(),
+                partition: d.partition,
+                offset: d.offset,
+                key: d.message.key.clone(),
+                payload: String::from_utf8_lossy(&d.message.payload).into_owned(),
+            };
+            vec![Message::json(
+                topics::DLQ,
+                d.message.key.clone(),
+                &dl,
+                trace_id,
+            )]
+        }
+    }
 }
 
 #[cfg(test)]
@@ -533,8 +590,8 @@ mod tests {
         ] {
             assert_eq!(tries_before_dead_letter(kind).await, 1, "{kind:?}");
         }
-        // The first try and four retries.
-        assert_eq!(tries_before_dead_letter(ErrorKind::Unavailable).await, 5);
+        // The try in its batch, then alone: a first try and four retries.
+        assert_eq!(tries_before_dead_letter(ErrorKind::Unavailable).await, 6);
     }
 
     #[tokio::test]

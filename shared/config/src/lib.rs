@@ -378,6 +378,68 @@ pub struct TelemetrySettings {
     /// text | json
     pub log_format: String,
     pub log_level: String,
+    /// Base URL of an OTLP/HTTP trace receiver; empty: spans are not exported.
+    pub otlp_endpoint: String,
+}
+
+/// Where OTLP/HTTP receivers take spans, below their base URL (the OpenTelemetry convention).
+const OTLP_TRACES_PATH: &str = "/v1/traces";
+
+impl TelemetrySettings {
+    /// The URL spans are sent to: `otlp_endpoint` with `/v1/traces` appended (kept as it is when
+    /// it already ends so); None when export is off. Call after `Settings::validate`.
+    pub fn otlp_traces_url(&self) -> Option<String> {
+        let base = self.otlp_endpoint.trim();
+        if base.is_empty() {
+            return None;
+        }
+        let base = base.trim_end_matches('/');
+        Some(if base.ends_with(OTLP_TRACES_PATH) {
+            base.to_string()
+        } else {
+            format!("{base}{OTLP_TRACES_PATH}")
+        })
+    }
+
+    fn validate_otlp(&self) -> Result<(), String> {
+        let raw = self.otlp_endpoint.trim();
+        if raw.is_empty() {
+            return Ok(());
+        }
+        let u = url::Url::parse(raw).map_err(|e| {
+            format!("{raw:?} is not a URL ({e}); give the receiver's base URL, like http://otel-collector:4318")
+        })?;
+        match u.scheme() {
+            "http" => {}
+            // The exporter's HTTP client is built without TLS (the tree has no TLS stack for it);
+            // a collector next to the service forwards over TLS instead.
+            "https" => {
+                return Err(format!(
+                    "{raw:?}: https is not supported; send to an OpenTelemetry Collector over \
+                     http:// (beside the service) and let it forward over TLS"
+                ))
+            }
+            other => {
+                return Err(format!(
+                    "{raw:?}: scheme {other}:// is not OTLP/HTTP; use http://host:4318"
+                ))
+            }
+        }
+        if u.host_str().is_none_or(str::is_empty) {
+            return Err(format!("{raw:?} names no host"));
+        }
+        if !u.username().is_empty() || u.password().is_some() {
+            return Err(format!(
+                "{:?}: credentials in the URL would be logged; the collector beside the service \
+                 needs none",
+                u.host_str().unwrap_or_default()
+            ));
+        }
+        if u.query().is_some() || u.fragment().is_some() {
+            return Err(format!("{raw:?}: a base URL takes no query or fragment"));
+        }
+        Ok(())
+    }
 }
 
 impl Settings {
@@ -529,6 +591,9 @@ impl Settings {
         }
         if !matches!(self.telemetry.log_format.as_str(), "text" | "json") {
             return invalid("telemetry.log_format", "must be text or json".into());
+        }
+        if let Err(message) = self.telemetry.validate_otlp() {
+            return invalid("telemetry.otlp_endpoint", message);
         }
         if self.storage.data_dir.as_os_str().is_empty() {
             return invalid("storage.data_dir", "must not be empty".into());
@@ -843,6 +908,40 @@ mod tests {
         assert!(e.contains("vectors.url"), "{e}");
         s.vectors.url = "https://qdrant.example:6334".into();
         s.validate().unwrap();
+    }
+
+    #[test]
+    fn the_otlp_endpoint_is_a_plain_http_base_url() {
+        let mut s = Settings::defaults();
+        assert_eq!(s.telemetry.otlp_traces_url(), None, "off by default");
+        for (given, url) in [
+            (
+                "http://otel-collector:4318",
+                "http://otel-collector:4318/v1/traces",
+            ),
+            ("http://127.0.0.1:4318/", "http://127.0.0.1:4318/v1/traces"),
+            ("http://gw.example/otlp", "http://gw.example/otlp/v1/traces"),
+            ("http://c:4318/v1/traces", "http://c:4318/v1/traces"),
+        ] {
+            s.telemetry.otlp_endpoint = given.into();
+            s.validate().unwrap();
+            assert_eq!(s.telemetry.otlp_traces_url().as_deref(), Some(url));
+        }
+        for (bad, says) in [
+            ("otel-collector:4318", "scheme"),
+            ("localhost", "not a URL"),
+            ("https://collector.example:4318", "https is not supported"),
+            ("grpc://c:4317", "not OTLP/HTTP"),
+            ("http://user:pw@c:4318", "credentials"),
+            ("http://c:4318/?x=1", "no query"),
+        ] {
+            s.telemetry.otlp_endpoint = bad.into();
+            let e = s.validate().unwrap_err().to_string();
+            assert!(
+                e.contains("telemetry.otlp_endpoint") && e.contains(says),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -21,7 +21,9 @@ use recollect_model::{
     TurnFilter,
 };
 use recollect_storage::{Graph, Scope, StoreError, VectorField, VectorIndex, VectorQuery};
-use recollect_telemetry as metrics;
+use recollect_telemetry::events::{
+    InternalEvent, RecallCandidatesFound, RecallCompleted, RecallPhase, RecallPhaseCompleted,
+};
 use serde::{Deserialize, Serialize};
 
 pub use config::{Ablation, Component, RecallConfig};
@@ -363,6 +365,18 @@ impl Recall {
         self.recall_with(tenant, req, &Ablation::default()).await
     }
 
+    /// The span names the tenant and how many conversations the request was limited to (never
+    /// the query); `k` and `results` are filled in as they become known.
+    #[tracing::instrument(
+        name = "recall",
+        skip_all,
+        fields(
+            tenant = %tenant,
+            conversations = req.conversation_ids.as_ref().map_or(0, Vec::len),
+            k = tracing::field::Empty,
+            results = tracing::field::Empty,
+        )
+    )]
     pub async fn recall_with(
         &self,
         tenant: &TenantId,
@@ -371,14 +385,17 @@ impl Recall {
     ) -> Result<Vec<RecalledMemory>, RecallError> {
         let started = Instant::now();
         let (scope, k) = self.validate(tenant, req).await?;
+        tracing::Span::current().record("k", k);
         if scope.conversations.as_ref().is_some_and(Vec::is_empty) {
             // The users or agents asked for have no conversations (or none of those named).
             return Ok(vec![]);
         }
         let (qa, qv) = self.analyse(req).await?;
-        metrics::RECALL_LATENCY
-            .with_label_values(&["analyse"])
-            .observe(started.elapsed().as_secs_f64());
+        RecallPhaseCompleted {
+            phase: RecallPhase::Analyse,
+            elapsed: started.elapsed(),
+        }
+        .emit();
 
         // Phase 2: Path B beside the dense and lexical retrievers, then Path C from B's lookups.
         let cfg = &self.config;
@@ -395,9 +412,11 @@ impl Recall {
             },
         );
         let (b, dense) = (b?, dense?);
-        metrics::RECALL_LATENCY
-            .with_label_values(&["path_b_and_dense"])
-            .observe(phase.elapsed().as_secs_f64());
+        RecallPhaseCompleted {
+            phase: RecallPhase::PathBAndDense,
+            elapsed: phase.elapsed(),
+        }
+        .emit();
         let phase = Instant::now();
         // BM25 after Path B, so the query can be widened with its keyword neighbours.
         let lexical = if ablation.without(Component::Lexical) {
@@ -405,44 +424,41 @@ impl Recall {
         } else {
             self.lexical(tenant, &scope, &req.query, depth).await?
         };
-        metrics::RECALL_LATENCY
-            .with_label_values(&["lexical"])
-            .observe(phase.elapsed().as_secs_f64());
+        RecallPhaseCompleted {
+            phase: RecallPhase::Lexical,
+            elapsed: phase.elapsed(),
+        }
+        .emit();
         let phase = Instant::now();
         let c = if ablation.without(Component::PathC) {
             PathC::default()
         } else {
             path_c::run(self, tenant, &scope, &b).await?
         };
-        metrics::RECALL_LATENCY
-            .with_label_values(&["path_c"])
-            .observe(phase.elapsed().as_secs_f64());
-        metrics::RECALL_CANDIDATES
-            .with_label_values(&["path_b"])
-            .observe(b.result.len() as f64);
-        metrics::RECALL_CANDIDATES
-            .with_label_values(&["path_c"])
-            .observe(c.turns.len() as f64);
-        metrics::RECALL_CANDIDATES
-            .with_label_values(&["dense"])
-            .observe(dense.len() as f64);
-        metrics::RECALL_CANDIDATES
-            .with_label_values(&["lexical"])
-            .observe(lexical.len() as f64);
+        RecallPhaseCompleted {
+            phase: RecallPhase::PathC,
+            elapsed: phase.elapsed(),
+        }
+        .emit();
+        RecallCandidatesFound {
+            path_b: b.result.len(),
+            path_c: c.turns.len(),
+            dense: dense.len(),
+            lexical: lexical.len(),
+        }
+        .emit();
 
         // Phase 3: source-aware scoring, fused with lexical and dense evidence.
         let out = fuse::score(
             self, tenant, &scope, &qa, &qv, &b, &c, &dense, &lexical, k, ablation,
         )
         .await?;
-        if out.is_empty() {
-            metrics::RECALL_EMPTY
-                .with_label_values(&[] as &[&str])
-                .inc();
+        tracing::Span::current().record("results", out.len());
+        RecallCompleted {
+            results: out.len(),
+            elapsed: started.elapsed(),
         }
-        metrics::RECALL_LATENCY
-            .with_label_values(&["total"])
-            .observe(started.elapsed().as_secs_f64());
+        .emit();
         Ok(out)
     }
 }

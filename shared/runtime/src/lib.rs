@@ -9,8 +9,9 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::StatusCode;
+use axum::body::Body;
+use axum::extract::{MatchedPath, State};
+use axum::http::{Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -20,8 +21,11 @@ use recollect_config::{BusKind, ConfigError, EmbedderKind, Settings};
 use recollect_embed::{default_model_dir, Embedder, HashEmbedder, MiniLmEmbedder};
 use recollect_model::{topics, TenantId};
 use recollect_storage::{Graph, Scope, StoreError, VectorIndex};
-use recollect_telemetry as metrics;
+use recollect_telemetry::events::{ComponentSelected, InternalEvent};
+use recollect_telemetry::{self as telemetry, OtlpExport, TracingGuard};
 use tokio::sync::watch;
+use tower_http::trace::TraceLayer;
+use tracing::Span;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -35,6 +39,8 @@ pub enum RuntimeError {
     Setup(String),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Telemetry(#[from] telemetry::TelemetryError),
 }
 
 /// Command line of every service: the config file, nothing else (env does the rest).
@@ -45,21 +51,97 @@ pub struct ServiceArgs {
     pub config: Option<PathBuf>,
 }
 
-/// Loads and validates settings, starts logging and registers metrics for `service`.
-pub fn start(service: &'static str) -> Result<Settings, RuntimeError> {
+/// Loads and validates settings, starts logging (and the trace export, when configured) and
+/// registers metrics for `service`. Keep the guard until the end of `main`: dropping it sends
+/// the spans still buffered.
+pub fn start(service: &'static str) -> Result<(Settings, TracingGuard), RuntimeError> {
     let args = ServiceArgs::parse();
     let settings = Settings::load(args.config.as_deref())?;
     settings.validate()?;
-    metrics::init_tracing(
-        &settings.telemetry.log_format,
-        &settings.telemetry.log_level,
-    );
-    metrics::register_all();
-    metrics::COMPONENT_INFO
-        .with_label_values(&["service", service])
-        .set(1);
+    let guard = init_tracing(&settings, &format!("recollect-{service}"))?;
+    telemetry::register_all();
+    ComponentSelected {
+        seam: "service",
+        kind: service,
+    }
+    .emit();
     tracing::info!(service, version = env!("CARGO_PKG_VERSION"), "starting");
-    Ok(settings)
+    Ok((settings, guard))
+}
+
+/// Logs and, with `telemetry.otlp_endpoint` set, span export as `service` (its `service.name`).
+pub fn init_tracing(settings: &Settings, service: &str) -> Result<TracingGuard, RuntimeError> {
+    let t = &settings.telemetry;
+    let otlp = t.otlp_traces_url().map(|traces_url| OtlpExport {
+        traces_url,
+        service: service.to_string(),
+    });
+    let guard = telemetry::init_tracing(&t.log_format, &t.log_level, otlp.as_ref())?;
+    if let Some(o) = otlp.filter(|_| guard.exporting()) {
+        tracing::info!(url = %o.traces_url, service, "exporting traces over OTLP");
+    }
+    Ok(guard)
+}
+
+/// Routes whose requests are probes and scrapes: traced at debug, so they neither fill the
+/// logs at info nor send a trace every few seconds.
+const OPS_ROUTES: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+
+/// One span per HTTP request (tower-http's `TraceLayer`), named by method and route pattern
+/// (`POST /v1/recall`): never the raw URI, whose path and query carry conversation, memory and
+/// user ids. The status is recorded on the span; 5xx marks it failed.
+pub fn traced(router: Router) -> Router {
+    router.layer(
+        TraceLayer::new_for_http()
+            .make_span_with(request_span)
+            .on_response(
+                |res: &Response, latency: std::time::Duration, span: &Span| {
+                    let status = res.status().as_u16();
+                    span.record("status", status);
+                    if status >= 500 {
+                        span.record("otel.status_code", "error");
+                    }
+                    tracing::debug!(
+                        status,
+                        latency_ms = latency.as_secs_f64() * 1e3,
+                        "request finished"
+                    );
+                },
+            )
+            // Failures are the 5xx responses, logged by the handlers that made them and counted
+            // in recollect_http_requests_total; a line per shed request would flood the log.
+            .on_failure(()),
+    )
+}
+
+fn request_span(req: &Request<Body>) -> Span {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", MatchedPath::as_str);
+    let method = req.method().as_str();
+    let name = format!("{method} {route}");
+    if OPS_ROUTES.contains(&route) {
+        tracing::debug_span!(
+            "http.request",
+            otel.name = name,
+            otel.kind = "server",
+            method,
+            route,
+            status = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        )
+    } else {
+        tracing::info_span!(
+            "http.request",
+            otel.name = name,
+            otel.kind = "server",
+            method,
+            route,
+            status = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        )
+    }
 }
 
 /// The Kafka bus, with the topics created (brokers here have no auto-creation).
@@ -90,9 +172,11 @@ pub async fn open_bus(settings: &Settings, service: &str) -> Result<Arc<KafkaBus
             Err(e) => return Err(e.into()),
         }
     }
-    metrics::COMPONENT_INFO
-        .with_label_values(&["bus", "kafka"])
-        .set(1);
+    ComponentSelected {
+        seam: "bus",
+        kind: "kafka",
+    }
+    .emit();
     Ok(bus)
 }
 
@@ -125,9 +209,11 @@ pub fn load_embedder(settings: &Settings) -> Result<Arc<dyn Embedder>, RuntimeEr
         }
         EmbedderKind::Hash => Arc::new(HashEmbedder::new(recollect_embed::HASH_DIM)),
     };
-    metrics::COMPONENT_INFO
-        .with_label_values(&["embedder", e.model_name()])
-        .set(1);
+    ComponentSelected {
+        seam: "embedder",
+        kind: e.model_name(),
+    }
+    .emit();
     Ok(e)
 }
 
@@ -198,7 +284,7 @@ async fn readyz(State(p): State<Probes>) -> Response {
 async fn metrics_text() -> impl IntoResponse {
     (
         [("content-type", "text/plain; version=0.0.4")],
-        metrics::render(),
+        telemetry::render(),
     )
 }
 
@@ -274,7 +360,7 @@ pub async fn serve_http(
     let bound = listener.local_addr()?;
     report_addresses(settings, bound, None)?;
     tracing::info!(addr = %bound, "listening");
-    axum::serve(listener, router)
+    axum::serve(listener, traced(router))
         .with_graceful_shutdown(async move {
             let _ = shutdown.wait_for(|s| *s).await;
         })

@@ -11,7 +11,7 @@ use recollect_model::{RecollectError, ReferenceState, TenantId};
 use recollect_proto::v1::memory_server::{Memory, MemoryServer};
 use recollect_proto::{parse_object, parse_time, v1};
 use recollect_recall::RecallRequest;
-use recollect_telemetry as metrics;
+use recollect_telemetry::events::{Api, GrpcRequestCompleted, InternalEvent, RecallServed};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::{QueryRole, Role, Roles, StoreRequest, StoreRole};
@@ -52,6 +52,8 @@ impl MemoryService {
             )));
         }
         let tenant = self.tenant(req)?;
+        // Every method's span has a tenant field, known only once the credential is checked.
+        tracing::Span::current().record("tenant", tenant.as_str());
         let permit = self.guard.admit(&tenant).map_err(|s| s.status())?;
         Ok((tenant, permit))
     }
@@ -78,6 +80,9 @@ impl MemoryService {
     ) -> Result<Vec<String>, RecollectError> {
         let (conversation, req) = store_request(batch, wait)?;
         let trace_id = uuid::Uuid::new_v4().to_string();
+        let span = tracing::Span::current();
+        span.record("conversation", conversation.as_str());
+        span.record("trace_id", trace_id.as_str());
         let ids = self
             .gateway()
             .store(tenant, &conversation, req, &trace_id)
@@ -143,19 +148,22 @@ fn recall_request(r: v1::RecallRequest) -> Result<RecallRequest, RecollectError>
 }
 
 /// Counts the call by method and outcome, like the HTTP request counter.
-fn counted<T>(method: &str, r: Result<T, Status>) -> Result<T, Status> {
+fn counted<T>(method: &'static str, r: Result<T, Status>) -> Result<T, Status> {
     let code = match &r {
         Ok(_) => "ok".to_string(),
         Err(s) => format!("{:?}", s.code()).to_lowercase(),
     };
-    metrics::GRPC_REQUESTS
-        .with_label_values(&[method, &code])
-        .inc();
+    GrpcRequestCompleted {
+        method,
+        code: &code,
+    }
+    .emit();
     r
 }
 
 #[tonic::async_trait]
 impl Memory for MemoryService {
+    #[tracing::instrument(name = "grpc.Store", skip_all, fields(tenant = tracing::field::Empty, conversation = tracing::field::Empty, trace_id = tracing::field::Empty))]
     async fn store(
         &self,
         request: Request<v1::StoreRequest>,
@@ -174,6 +182,7 @@ impl Memory for MemoryService {
         counted("Store", r)
     }
 
+    #[tracing::instrument(name = "grpc.StoreStream", skip_all, fields(tenant = tracing::field::Empty, conversation = tracing::field::Empty, trace_id = tracing::field::Empty))]
     async fn store_stream(
         &self,
         request: Request<Streaming<v1::StoreRequest>>,
@@ -222,6 +231,7 @@ impl Memory for MemoryService {
         counted("StoreStream", r)
     }
 
+    #[tracing::instrument(name = "grpc.Recall", skip_all, fields(tenant = tracing::field::Empty))]
     async fn recall(
         &self,
         request: Request<v1::RecallRequest>,
@@ -240,12 +250,15 @@ impl Memory for MemoryService {
             }))
         }
         .await;
-        metrics::RECALL_LATENCY
-            .with_label_values(&["grpc"])
-            .observe(started.elapsed().as_secs_f64());
+        RecallServed {
+            api: Api::Grpc,
+            elapsed: started.elapsed(),
+        }
+        .emit();
         counted("Recall", r)
     }
 
+    #[tracing::instrument(name = "grpc.ListConversations", skip_all, fields(tenant = tracing::field::Empty))]
     async fn list_conversations(
         &self,
         request: Request<v1::ListConversationsRequest>,
@@ -275,6 +288,7 @@ impl Memory for MemoryService {
         counted("ListConversations", r)
     }
 
+    #[tracing::instrument(name = "grpc.ListTurns", skip_all, fields(tenant = tracing::field::Empty))]
     async fn list_turns(
         &self,
         request: Request<v1::ListTurnsRequest>,
@@ -303,6 +317,7 @@ impl Memory for MemoryService {
         counted("ListTurns", r)
     }
 
+    #[tracing::instrument(name = "grpc.Get", skip_all, fields(tenant = tracing::field::Empty))]
     async fn get(&self, request: Request<v1::GetRequest>) -> Result<Response<v1::Turn>, Status> {
         let r: Result<Response<v1::Turn>, Status> = async {
             let (tenant, _permit) = self.admit("Get", Role::Query, &request)?;
@@ -323,6 +338,7 @@ impl Memory for MemoryService {
         counted("Get", r)
     }
 
+    #[tracing::instrument(name = "grpc.EditMemory", skip_all, fields(tenant = tracing::field::Empty, trace_id = tracing::field::Empty))]
     async fn edit_memory(
         &self,
         request: Request<v1::EditMemoryRequest>,
@@ -342,6 +358,7 @@ impl Memory for MemoryService {
                 wait: Some(r.wait),
             };
             let trace_id = uuid::Uuid::new_v4().to_string();
+            tracing::Span::current().record("trace_id", trace_id.as_str());
             let turn = self
                 .gateway()
                 .edit_memory(&tenant, &r.memory_id, patch, &trace_id)
@@ -353,6 +370,7 @@ impl Memory for MemoryService {
         counted("EditMemory", r)
     }
 
+    #[tracing::instrument(name = "grpc.Reindex", skip_all, fields(tenant = tracing::field::Empty, trace_id = tracing::field::Empty))]
     async fn reindex(
         &self,
         request: Request<v1::ReindexRequest>,
@@ -360,6 +378,7 @@ impl Memory for MemoryService {
         let r: Result<Response<v1::ReindexResponse>, Status> = async {
             let (tenant, _permit) = self.admit("Reindex", Role::Gateway, &request)?;
             let trace_id = uuid::Uuid::new_v4().to_string();
+            tracing::Span::current().record("trace_id", trace_id.as_str());
             let (conversations, turns) = self
                 .gateway()
                 .reindex(&tenant, &trace_id)
@@ -374,6 +393,7 @@ impl Memory for MemoryService {
         counted("Reindex", r)
     }
 
+    #[tracing::instrument(name = "grpc.MemoryHistory", skip_all, fields(tenant = tracing::field::Empty))]
     async fn memory_history(
         &self,
         request: Request<v1::MemoryHistoryRequest>,
@@ -394,6 +414,7 @@ impl Memory for MemoryService {
         counted("MemoryHistory", r)
     }
 
+    #[tracing::instrument(name = "grpc.Delete", skip_all, fields(tenant = tracing::field::Empty))]
     async fn delete(
         &self,
         request: Request<v1::DeleteRequest>,
@@ -415,6 +436,7 @@ impl Memory for MemoryService {
         counted("Delete", r)
     }
 
+    #[tracing::instrument(name = "grpc.DeleteMemory", skip_all, fields(tenant = tracing::field::Empty))]
     async fn delete_memory(
         &self,
         request: Request<v1::DeleteMemoryRequest>,

@@ -1,5 +1,6 @@
 //! The one serving layer of `recollect serve`, `recollect-gateway` and `recollect-query`: the
-//! HTTP router (auth, body limit, per-tenant rate limit, in-flight bound, request metrics), the
+//! HTTP router (auth, body limit, per-tenant rate limit, in-flight bound, request metrics and
+//! spans), the
 //! gRPC `Memory` service, the OpenAPI document, `/healthz`, `/readyz` (checks passed in),
 //! `/metrics`, and one shutdown signal that stops HTTP and gRPC together.
 //!
@@ -21,7 +22,7 @@ use recollect_config::Settings;
 use recollect_model::{MemoryId, RecollectError, TenantId, Turn};
 use recollect_recall::{RecallRequest, RecallResponse};
 use recollect_runtime::Check;
-use recollect_telemetry as metrics;
+use recollect_telemetry::events::{Api, HttpRequestCompleted, InternalEvent, RecallServed};
 use tokio::sync::watch;
 
 pub mod grpc;
@@ -294,7 +295,7 @@ pub(crate) async fn readyz(State(p): State<Probes>) -> Response {
 pub(crate) async fn metrics_text() -> impl IntoResponse {
     (
         [("content-type", "text/plain; version=0.0.4")],
-        metrics::render(),
+        recollect_telemetry::render(),
     )
 }
 
@@ -306,14 +307,17 @@ async fn count_requests(req: Request, next: Next) -> Response {
         .unwrap_or_else(|| "unmatched".into());
     let started = std::time::Instant::now();
     let resp = next.run(req).await;
-    let class = format!("{}xx", resp.status().as_u16() / 100);
-    metrics::HTTP_REQUESTS
-        .with_label_values(&[&route, &class])
-        .inc();
+    HttpRequestCompleted {
+        route: &route,
+        status: resp.status().as_u16(),
+    }
+    .emit();
     if route == "/v1/recall" {
-        metrics::RECALL_LATENCY
-            .with_label_values(&["http"])
-            .observe(started.elapsed().as_secs_f64());
+        RecallServed {
+            api: Api::Http,
+            elapsed: started.elapsed(),
+        }
+        .emit();
     }
     resp
 }
@@ -387,7 +391,8 @@ pub fn router(
         // A static page: it holds no data, and every call it makes carries the key typed in.
         app = app.route("/ui", get(ui_page));
     }
-    app.route("/healthz", get(healthz))
+    let app = app
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz).with_state(Probes(Arc::new(checks))))
         .route("/metrics", get(metrics_text))
         .route(
@@ -400,7 +405,8 @@ pub fn router(
         .fallback(not_found)
         .method_not_allowed_fallback(recollect_api::method_not_allowed)
         .layer(middleware::from_fn(count_requests))
-        .layer(DefaultBodyLimit::max(options.max_body_bytes))
+        .layer(DefaultBodyLimit::max(options.max_body_bytes));
+    recollect_runtime::traced(app)
 }
 
 /// A process's listeners: the HTTP address and, unless turned off, the gRPC one.

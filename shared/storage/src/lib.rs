@@ -19,6 +19,7 @@ pub mod error;
 pub mod graph;
 #[cfg(any(feature = "embedded", feature = "neo4j"))]
 mod keys;
+pub mod observed;
 pub mod open;
 #[cfg(feature = "embedded")]
 pub mod raw;
@@ -36,6 +37,7 @@ pub use graph::{
     distinct_runs, forget_record, EdgeTimes, ErasureMap, Erasures, Graph, GraphRead, LinkedTurn,
     NodeKind, Scope, TurnErasure, TurnRecord, TurnVersion, VersionWrite,
 };
+pub use observed::Observed;
 pub use open::{open_graph, open_vectors};
 #[cfg(feature = "embedded")]
 pub use raw::RawStore;

@@ -1,12 +1,17 @@
 //! Opens the graph and vector stores a configuration names. Every service and the embedded
-//! binary go through here, so a new adapter is wired in one place. A backend this build left
-//! out (its cargo feature is off) is a configuration error that names the feature.
+//! binary go through here, so a new adapter is wired in one place; each store comes wrapped in
+//! [`Observed`], which reports its calls. A backend this build left out (its cargo feature is
+//! off) is a configuration error that names the feature.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use recollect_config::{GraphKind, Settings, VectorKind};
+#[allow(unused_imports)] // unused when no backend is built in
+use recollect_telemetry::events::StoreBackend;
 
+#[allow(unused_imports)]
+use crate::Observed;
 use crate::{Graph, StoreError, VectorIndex};
 
 /// Qdrant collections are `recollect_turns` and `recollect_keywords`.
@@ -15,7 +20,7 @@ pub const QDRANT_COLLECTION_PREFIX: &str = "recollect";
 #[allow(dead_code)] // unused only when every backend is built in
 fn not_built(kind: &str, feature: &str) -> StoreError {
     StoreError::Invalid(format!(
-        "this binary was built without the `{feature}` feature of recollect-store, so it cannot open a {kind} store"
+        "this binary was built without the `{feature}` feature of recollect-storage, so it cannot open a {kind} store"
     ))
 }
 
@@ -24,24 +29,28 @@ pub async fn open_graph(
     settings: &Settings,
     data_dir: &Path,
 ) -> Result<Arc<dyn Graph>, StoreError> {
-    match settings.graph.kind {
+    Ok(match settings.graph.kind {
         #[cfg(feature = "embedded")]
-        GraphKind::Embedded => Ok(Arc::new(crate::EmbeddedGraph::open(
-            &data_dir.join("graph.redb"),
-        )?)),
+        GraphKind::Embedded => Arc::new(Observed::new(
+            crate::EmbeddedGraph::open(&data_dir.join("graph.redb"))?,
+            StoreBackend::Embedded,
+        )),
         #[cfg(feature = "neo4j")]
-        GraphKind::Neo4j => open_neo4j(settings).await,
+        GraphKind::Neo4j => Arc::new(Observed::new(
+            open_neo4j(settings).await?,
+            StoreBackend::Neo4j,
+        )),
         #[cfg(feature = "remote")]
-        GraphKind::Remote => Ok(Arc::new(crate::RemoteGraph::new(
-            &settings.remote.url,
-            &settings.remote.token,
-        )?)),
+        GraphKind::Remote => Arc::new(Observed::new(
+            crate::RemoteGraph::new(&settings.remote.url, &settings.remote.token)?,
+            StoreBackend::Remote,
+        )),
         #[allow(unreachable_patterns)]
         other => {
             let _ = data_dir;
-            Err(not_built(&format!("{other:?} graph"), graph_feature(other)))
+            return Err(not_built(&format!("{other:?} graph"), graph_feature(other)));
         }
-    }
+    })
 }
 
 #[allow(dead_code)]
@@ -54,17 +63,15 @@ fn graph_feature(kind: GraphKind) -> &'static str {
 }
 
 #[cfg(feature = "neo4j")]
-async fn open_neo4j(settings: &Settings) -> Result<Arc<dyn Graph>, StoreError> {
-    Ok(Arc::new(
-        crate::Neo4jGraph::connect(&crate::Neo4jSettings {
-            uri: settings.graph.uri.clone(),
-            user: settings.graph.user.clone(),
-            password: settings.graph.password.clone(),
-            database: settings.graph.database.clone(),
-            ca_file: settings.graph.ca_file.clone(),
-        })
-        .await?,
-    ))
+async fn open_neo4j(settings: &Settings) -> Result<crate::Neo4jGraph, StoreError> {
+    crate::Neo4jGraph::connect(&crate::Neo4jSettings {
+        uri: settings.graph.uri.clone(),
+        user: settings.graph.user.clone(),
+        password: settings.graph.password.clone(),
+        database: settings.graph.database.clone(),
+        ca_file: settings.graph.ca_file.clone(),
+    })
+    .await
 }
 
 /// The vector index named by `vectors.kind`, with dense vectors of `dim` dimensions.
@@ -73,28 +80,31 @@ pub async fn open_vectors(
     data_dir: &Path,
     dim: usize,
 ) -> Result<Arc<dyn VectorIndex>, StoreError> {
-    match settings.vectors.kind {
+    Ok(match settings.vectors.kind {
         #[cfg(feature = "embedded")]
-        VectorKind::Embedded => Ok(Arc::new(crate::EdgeVectorIndex::open(
-            &data_dir.join("vectors"),
-            dim,
-        )?)),
+        VectorKind::Embedded => Arc::new(Observed::new(
+            crate::EdgeVectorIndex::open(&data_dir.join("vectors"), dim)?,
+            StoreBackend::Edge,
+        )),
         #[cfg(feature = "qdrant")]
-        VectorKind::Qdrant => open_qdrant(settings, dim).await,
+        VectorKind::Qdrant => Arc::new(Observed::new(
+            open_qdrant(settings, dim).await?,
+            StoreBackend::Qdrant,
+        )),
         #[cfg(feature = "remote")]
-        VectorKind::Remote => Ok(Arc::new(crate::RemoteVectorIndex::new(
-            &settings.remote.url,
-            &settings.remote.token,
-        )?)),
+        VectorKind::Remote => Arc::new(Observed::new(
+            crate::RemoteVectorIndex::new(&settings.remote.url, &settings.remote.token)?,
+            StoreBackend::Remote,
+        )),
         #[allow(unreachable_patterns)]
         other => {
             let _ = (data_dir, dim);
-            Err(not_built(
+            return Err(not_built(
                 &format!("{other:?} vector"),
                 vector_feature(other),
-            ))
+            ));
         }
-    }
+    })
 }
 
 #[allow(dead_code)]
@@ -107,16 +117,17 @@ fn vector_feature(kind: VectorKind) -> &'static str {
 }
 
 #[cfg(feature = "qdrant")]
-async fn open_qdrant(settings: &Settings, dim: usize) -> Result<Arc<dyn VectorIndex>, StoreError> {
-    Ok(Arc::new(
-        crate::QdrantVectorIndex::connect_with(
-            &crate::QdrantSettings {
-                url: settings.vectors.url.clone(),
-                api_key: settings.vectors.api_key.clone(),
-            },
-            QDRANT_COLLECTION_PREFIX,
-            dim,
-        )
-        .await?,
-    ))
+async fn open_qdrant(
+    settings: &Settings,
+    dim: usize,
+) -> Result<crate::QdrantVectorIndex, StoreError> {
+    crate::QdrantVectorIndex::connect_with(
+        &crate::QdrantSettings {
+            url: settings.vectors.url.clone(),
+            api_key: settings.vectors.api_key.clone(),
+        },
+        QDRANT_COLLECTION_PREFIX,
+        dim,
+    )
+    .await
 }

@@ -1,13 +1,21 @@
-//! Metrics and logs. Every metric Recollect exports is declared here, so the whole set reads in
-//! one place; names follow `recollect_<subsystem>_<name>_<unit>` and labels take values from
-//! small fixed sets only (stage, outcome, reason, path), never tenant ids or text.
+//! Metrics, logs and traces. Every metric Recollect exports is declared here, so the whole set
+//! reads in one place; names follow `recollect_<subsystem>_<name>_<unit>` and labels take values
+//! from small fixed sets only (stage, outcome, reason, path, backend, op), never tenant ids or
+//! text. The metrics are private to this crate: code elsewhere emits a typed event
+//! ([`events`]), which writes one log line and updates its metrics, so a family is fed the
+//! same way from every place that reports it.
+
+pub mod events;
+mod tracing_setup;
+
+pub use tracing_setup::{init_tracing, OtlpExport, TelemetryError, TracingGuard};
 
 use once_cell::sync::Lazy;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-pub static REGISTRY: Lazy<Registry> = Lazy::new(Registry::new);
+pub(crate) static REGISTRY: Lazy<Registry> = Lazy::new(Registry::new);
 
 fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
@@ -41,14 +49,14 @@ fn latency_buckets() -> Vec<f64> {
 }
 
 /// Turns accepted at the edge, and rejected by reason (empty_text, too_large, bad_timestamp, …).
-pub static TURNS_ACCEPTED: Lazy<IntCounterVec> = Lazy::new(|| {
+pub(crate) static TURNS_ACCEPTED: Lazy<IntCounterVec> = Lazy::new(|| {
     counter(
         "recollect_gateway_turns_accepted_total",
         "turns accepted",
         &[],
     )
 });
-pub static TURNS_REJECTED: Lazy<IntCounterVec> = Lazy::new(|| {
+pub(crate) static TURNS_REJECTED: Lazy<IntCounterVec> = Lazy::new(|| {
     counter(
         "recollect_gateway_turns_rejected_total",
         "turns rejected by reason",
@@ -56,21 +64,21 @@ pub static TURNS_REJECTED: Lazy<IntCounterVec> = Lazy::new(|| {
     )
 });
 /// Messages a pipeline stage finished, by outcome (ok, retried, dlq).
-pub static STAGE_MESSAGES: Lazy<IntCounterVec> = Lazy::new(|| {
+pub(crate) static STAGE_MESSAGES: Lazy<IntCounterVec> = Lazy::new(|| {
     counter(
         "recollect_pipeline_messages_total",
         "messages handled per stage and outcome",
         &["stage", "outcome"],
     )
 });
-pub static STAGE_RETRIES: Lazy<IntCounterVec> = Lazy::new(|| {
+pub(crate) static STAGE_RETRIES: Lazy<IntCounterVec> = Lazy::new(|| {
     counter(
         "recollect_pipeline_retries_total",
         "handler retries per stage",
         &["stage"],
     )
 });
-pub static STAGE_LATENCY: Lazy<HistogramVec> = Lazy::new(|| {
+pub(crate) static STAGE_LATENCY: Lazy<HistogramVec> = Lazy::new(|| {
     histogram(
         "recollect_pipeline_batch_duration_seconds",
         "time to handle one batch, per stage",
@@ -79,52 +87,64 @@ pub static STAGE_LATENCY: Lazy<HistogramVec> = Lazy::new(|| {
     )
 });
 /// Messages waiting per topic (in-process queue depth, or Kafka consumer lag per partition).
-pub static CONSUMER_LAG: Lazy<IntGaugeVec> = Lazy::new(|| {
+pub(crate) static CONSUMER_LAG: Lazy<IntGaugeVec> = Lazy::new(|| {
     gauge(
         "recollect_bus_consumer_lag_messages",
         "messages not yet consumed, per topic and partition",
         &["topic", "partition"],
     )
 });
-pub static STORE_WRITE_LATENCY: Lazy<HistogramVec> = Lazy::new(|| {
+/// One write call to a store seam, per backend and operation (the trait method).
+pub(crate) static STORE_WRITE_LATENCY: Lazy<HistogramVec> = Lazy::new(|| {
     histogram(
         "recollect_store_write_duration_seconds",
-        "store write latency per adapter",
-        &["adapter"],
+        "store write latency per seam, backend and operation",
+        &["seam", "backend", "op"],
         latency_buckets(),
     )
 });
-pub static STORE_ERRORS: Lazy<IntCounterVec> = Lazy::new(|| {
-    counter(
-        "recollect_store_errors_total",
-        "store errors per adapter",
-        &["adapter"],
+/// One read call to a store seam, per backend and operation.
+pub(crate) static STORE_READ_LATENCY: Lazy<HistogramVec> = Lazy::new(|| {
+    histogram(
+        "recollect_store_read_duration_seconds",
+        "store read latency per seam, backend and operation",
+        &["seam", "backend", "op"],
+        latency_buckets(),
     )
 });
-pub static RECALL_LATENCY: Lazy<HistogramVec> = Lazy::new(|| {
+/// Store calls that failed in the store (unreachable, backend error, unreadable data); a
+/// refused argument or a conflict is the caller's and is not counted.
+pub(crate) static STORE_ERRORS: Lazy<IntCounterVec> = Lazy::new(|| {
+    counter(
+        "recollect_store_errors_total",
+        "failed store calls per seam, backend and operation",
+        &["seam", "backend", "op"],
+    )
+});
+pub(crate) static RECALL_LATENCY: Lazy<HistogramVec> = Lazy::new(|| {
     histogram(
         "recollect_recall_duration_seconds",
-        "recall latency by phase (total, analyse, path_b, path_c, dense, lexical, score)",
+        "recall latency: total, per phase (analyse, path_b_and_dense, lexical, path_c) and as each API serves it (http, grpc)",
         &["path"],
         latency_buckets(),
     )
 });
-pub static RECALL_CANDIDATES: Lazy<HistogramVec> = Lazy::new(|| {
+pub(crate) static RECALL_CANDIDATES: Lazy<HistogramVec> = Lazy::new(|| {
     histogram(
-        "recollect_recall_candidates_count",
-        "candidates found per path",
+        "recollect_recall_candidates_turns",
+        "candidate turns found per retrieval path in one recall",
         &["path"],
         vec![0.0, 1.0, 5.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0],
     )
 });
-pub static RECALL_EMPTY: Lazy<IntCounterVec> = Lazy::new(|| {
+pub(crate) static RECALL_EMPTY: Lazy<IntCounterVec> = Lazy::new(|| {
     counter(
         "recollect_recall_empty_results_total",
         "recalls with no result",
         &[],
     )
 });
-pub static EMBED_BATCH_SIZE: Lazy<HistogramVec> = Lazy::new(|| {
+pub(crate) static EMBED_BATCH_SIZE: Lazy<HistogramVec> = Lazy::new(|| {
     histogram(
         "recollect_embedder_batch_size_texts",
         "texts per embedding batch",
@@ -132,7 +152,7 @@ pub static EMBED_BATCH_SIZE: Lazy<HistogramVec> = Lazy::new(|| {
         vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0],
     )
 });
-pub static EMBED_LATENCY: Lazy<HistogramVec> = Lazy::new(|| {
+pub(crate) static EMBED_LATENCY: Lazy<HistogramVec> = Lazy::new(|| {
     histogram(
         "recollect_embedder_batch_duration_seconds",
         "time per embedding batch",
@@ -140,28 +160,28 @@ pub static EMBED_LATENCY: Lazy<HistogramVec> = Lazy::new(|| {
         latency_buckets(),
     )
 });
-pub static HTTP_REQUESTS: Lazy<IntCounterVec> = Lazy::new(|| {
+pub(crate) static HTTP_REQUESTS: Lazy<IntCounterVec> = Lazy::new(|| {
     counter(
         "recollect_http_requests_total",
         "HTTP requests by route and status class",
         &["route", "status"],
     )
 });
-pub static GRPC_REQUESTS: Lazy<IntCounterVec> = Lazy::new(|| {
+pub(crate) static GRPC_REQUESTS: Lazy<IntCounterVec> = Lazy::new(|| {
     counter(
         "recollect_grpc_requests_total",
         "gRPC calls by method and status code",
         &["method", "code"],
     )
 });
-pub static COMPONENT_INFO: Lazy<IntGaugeVec> = Lazy::new(|| {
+pub(crate) static COMPONENT_INFO: Lazy<IntGaugeVec> = Lazy::new(|| {
     gauge(
         "recollect_component_info",
         "which implementation runs behind each seam (value 1)",
         &["seam", "kind"],
     )
 });
-pub static BUILD_INFO: Lazy<IntGaugeVec> = Lazy::new(|| {
+pub(crate) static BUILD_INFO: Lazy<IntGaugeVec> = Lazy::new(|| {
     gauge(
         "recollect_build_info",
         "build information (value 1)",
@@ -169,9 +189,8 @@ pub static BUILD_INFO: Lazy<IntGaugeVec> = Lazy::new(|| {
     )
 });
 
-/// Touch every metric so a scrape shows the whole family set from the first second.
 /// Requests turned away before any work: rate_limited (429) or overloaded (503).
-pub static HTTP_SHED: Lazy<IntCounterVec> = Lazy::new(|| {
+pub(crate) static HTTP_SHED: Lazy<IntCounterVec> = Lazy::new(|| {
     counter(
         "recollect_http_shed_requests_total",
         "requests refused by the rate limit or the in-flight bound",
@@ -179,6 +198,7 @@ pub static HTTP_SHED: Lazy<IntCounterVec> = Lazy::new(|| {
     )
 });
 
+/// Touch every metric so a scrape shows the whole family set from the first second.
 pub fn register_all() {
     Lazy::force(&HTTP_SHED);
     Lazy::force(&TURNS_ACCEPTED);
@@ -188,6 +208,7 @@ pub fn register_all() {
     Lazy::force(&STAGE_LATENCY);
     Lazy::force(&CONSUMER_LAG);
     Lazy::force(&STORE_WRITE_LATENCY);
+    Lazy::force(&STORE_READ_LATENCY);
     Lazy::force(&STORE_ERRORS);
     Lazy::force(&RECALL_LATENCY);
     Lazy::force(&RECALL_CANDIDATES);
@@ -213,44 +234,129 @@ pub fn render() -> String {
     String::from_utf8(buf).expect("prometheus text is utf-8")
 }
 
-/// Logs: `RUST_LOG` wins over the configured level; `json` for log shippers.
-pub fn init_tracing(format: &str, level: &str) {
-    use tracing_subscriber::EnvFilter;
-    // qdrant-edge warns "Feature flags not initialized!" on every segment it opens: server-only
-    // flags that do not apply to the embedded engine.
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("{level},qdrant_edge::common::flags=error")));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = if format == "json" {
-        builder.json().flatten_event(true).try_init()
-    } else {
-        builder.try_init()
-    };
-}
-
 #[cfg(test)]
 mod tests {
+    use super::events::*;
     use super::*;
+    use std::time::Duration;
 
+    /// Every family, fed through its events, named `recollect_<subsystem>_<name>_<unit>`:
+    /// counters end in `_total`, and no histogram ends in a suffix Prometheus adds itself.
     #[test]
     fn every_family_is_exported_with_the_naming_rule() {
         register_all();
-        STAGE_MESSAGES.with_label_values(&["extractor", "ok"]).inc();
-        let text = render();
-        for name in [
-            "recollect_pipeline_messages_total",
-            "recollect_build_info",
-            "recollect_gateway_turns_accepted_total",
-        ] {
-            assert!(text.contains(name), "{name} missing");
+        let ms = Duration::from_millis(1);
+        TurnRejected {
+            reason: "too_large",
         }
-        for line in text.lines().filter(|l| l.starts_with("# TYPE")) {
+        .emit();
+        StageMessageProcessed {
+            stage: "extractor",
+            trace_id: "t",
+            partition: 0,
+            offset: 0,
+        }
+        .emit();
+        StageMessageRetried {
+            stage: "extractor",
+            error: &"broker away",
+        }
+        .emit();
+        StageBatchHandled {
+            stage: "extractor",
+            messages: 1,
+            elapsed: ms,
+        }
+        .emit();
+        ConsumerLagObserved {
+            topic: "recollect.turns.raw",
+            partition: 0,
+            lag: 3,
+        }
+        .emit();
+        StoreCallCompleted {
+            seam: Seam::Graph,
+            backend: StoreBackend::Embedded,
+            op: StoreOp::Turns,
+            elapsed: ms,
+        }
+        .emit();
+        StoreCallCompleted {
+            seam: Seam::Graph,
+            backend: StoreBackend::Embedded,
+            op: StoreOp::WriteTurns,
+            elapsed: ms,
+        }
+        .emit();
+        StoreCallFailed {
+            seam: Seam::Graph,
+            backend: StoreBackend::Neo4j,
+            op: StoreOp::WriteTurns,
+            error: &"down",
+        }
+        .emit();
+        RecallPhaseCompleted {
+            phase: RecallPhase::Analyse,
+            elapsed: ms,
+        }
+        .emit();
+        RecallCandidatesFound {
+            path_b: 1,
+            path_c: 1,
+            dense: 1,
+            lexical: 1,
+        }
+        .emit();
+        EmbedderBatchCompleted {
+            model: "hash",
+            texts: 2,
+            elapsed: ms,
+        }
+        .emit();
+        HttpRequestCompleted {
+            route: "/v1/recall",
+            status: 200,
+        }
+        .emit();
+        GrpcRequestCompleted {
+            method: "Recall",
+            code: "ok",
+        }
+        .emit();
+        RequestShed {
+            reason: ShedReason::Overloaded,
+        }
+        .emit();
+        ComponentSelected {
+            seam: "graph",
+            kind: "embedded",
+        }
+        .emit();
+        let text = render();
+        let types: Vec<(&str, &str)> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_once(' '))
+            .collect();
+        assert_eq!(types.len(), 19, "every family was fed: {types:?}");
+        for (name, kind) in types {
+            let parts: Vec<&str> = name.split('_').collect();
+            let unit = *parts.last().unwrap();
+            // `_info` gauges (value 1, the facts in labels) are Prometheus's own convention.
+            let least = if unit == "info" { 3 } else { 4 };
             assert!(
-                line.split(' ').nth(2).unwrap().starts_with("recollect_"),
-                "{line}"
+                parts.len() >= least && parts[0] == "recollect",
+                "{name}: recollect_<subsystem>_<name>_<unit>"
             );
+            match kind {
+                "counter" => assert_eq!(unit, "total", "{name}"),
+                "histogram" => assert!(
+                    ["seconds", "texts", "turns"].contains(&unit),
+                    "{name}: a histogram ends in its unit"
+                ),
+                "gauge" => assert!(["messages", "info"].contains(&unit), "{name}"),
+                other => panic!("{name}: unexpected type {other}"),
+            }
         }
     }
 }

@@ -12,14 +12,13 @@
 //! The Cypher stays in what Neo4j 5 and ArcadeDB share: no APOC, no CALL subqueries, no COUNT {}.
 
 use std::collections::{BTreeSet, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use backon::{ExponentialBuilder, Retryable};
 use chrono::{DateTime, Utc};
 use neo4rs::{query, BoltType, ConfigBuilder, Query, Row};
 use recollect_model::{Extraction, Fragment, MemoryId, TenantId, Turn};
-use recollect_telemetry as metrics;
 use serde_json::{json, Value};
 
 use crate::graph::{
@@ -239,24 +238,6 @@ impl Neo4jGraph {
             Some(r) => Ok(get::<i64>(r, "n")?.max(0) as u64),
             None => Ok(0),
         }
-    }
-
-    /// Times a write and counts its failure, under this adapter's label.
-    async fn observed<T>(
-        &self,
-        write: bool,
-        f: impl std::future::Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let started = Instant::now();
-        let r = f.await;
-        match &r {
-            Ok(_) if write => metrics::STORE_WRITE_LATENCY
-                .with_label_values(&[ADAPTER])
-                .observe(started.elapsed().as_secs_f64()),
-            Ok(_) => {}
-            Err(_) => metrics::STORE_ERRORS.with_label_values(&[ADAPTER]).inc(),
-        }
-        r
     }
 
     /// Turn records from rows with `id`, `turn_json` and `extraction_json`, fragments attached.
@@ -615,30 +596,27 @@ impl GraphRead for Neo4jGraph {
         tenant: &TenantId,
         ids: &[MemoryId],
     ) -> Result<Vec<TurnRecord>, StoreError> {
-        self.observed(false, async {
-            if ids.is_empty() {
-                return Ok(vec![]);
-            }
-            let keys: Vec<String> = ids.iter().map(|m| m.to_string()).collect();
-            let rows = self
-                .rows(
-                    query(
-                        "MATCH (t:Turn) WHERE t.key IN $ids AND t.tenant = $tenant \
-                         RETURN t.key AS id, t.turn_json AS turn_json, t.extraction_json AS extraction_json, \
-                         t.history_json AS history_json",
-                    )
-                    .param("ids", keys)
-                    .param("tenant", tenant.as_str()),
+        if ids.is_empty() {
+            return Ok(vec![]);
+        }
+        let keys: Vec<String> = ids.iter().map(|m| m.to_string()).collect();
+        let rows = self
+            .rows(
+                query(
+                    "MATCH (t:Turn) WHERE t.key IN $ids AND t.tenant = $tenant \
+                     RETURN t.key AS id, t.turn_json AS turn_json, t.extraction_json AS extraction_json, \
+                     t.history_json AS history_json",
                 )
-                .await?;
-            let mut recs = self.records(rows).await?;
-            // In the order asked for, as the embedded graph answers.
-            let order: HashMap<MemoryId, usize> =
-                ids.iter().enumerate().map(|(i, m)| (*m, i)).collect();
-            recs.sort_by_key(|r| order.get(&r.turn.memory_id).copied().unwrap_or(usize::MAX));
-            Ok(recs)
-        })
-        .await
+                .param("ids", keys)
+                .param("tenant", tenant.as_str()),
+            )
+            .await?;
+        let mut recs = self.records(rows).await?;
+        // In the order asked for, as the embedded graph answers.
+        let order: HashMap<MemoryId, usize> =
+            ids.iter().enumerate().map(|(i, m)| (*m, i)).collect();
+        recs.sort_by_key(|r| order.get(&r.turn.memory_id).copied().unwrap_or(usize::MAX));
+        Ok(recs)
     }
 
     async fn conversation_turns(
@@ -648,50 +626,44 @@ impl GraphRead for Neo4jGraph {
         from: u64,
         to: u64,
     ) -> Result<Vec<TurnRecord>, StoreError> {
-        self.observed(false, async {
-            let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-            let rows = self
-                .rows(
-                    query(
-                        "MATCH (t:Turn) WHERE t.tenant = $tenant AND t.conversation = $conv \
-                         AND t.position >= $from AND t.position < $to \
-                         RETURN t.key AS id, t.turn_json AS turn_json, \
-                         t.extraction_json AS extraction_json, t.history_json AS history_json, \
-                         t.position AS position \
-                         ORDER BY t.position",
-                    )
-                    .param("tenant", tenant.as_str())
-                    .param("conv", conversation)
-                    .param("from", clamp(from))
-                    .param("to", clamp(to)),
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let rows = self
+            .rows(
+                query(
+                    "MATCH (t:Turn) WHERE t.tenant = $tenant AND t.conversation = $conv \
+                     AND t.position >= $from AND t.position < $to \
+                     RETURN t.key AS id, t.turn_json AS turn_json, \
+                     t.extraction_json AS extraction_json, t.history_json AS history_json, \
+                     t.position AS position \
+                     ORDER BY t.position",
                 )
-                .await?;
-            let mut recs = self.records(rows).await?;
-            recs.sort_by_key(|r| r.turn.position);
-            Ok(recs)
-        })
-        .await
+                .param("tenant", tenant.as_str())
+                .param("conv", conversation)
+                .param("from", clamp(from))
+                .param("to", clamp(to)),
+            )
+            .await?;
+        let mut recs = self.records(rows).await?;
+        recs.sort_by_key(|r| r.turn.position);
+        Ok(recs)
     }
 
     async fn conversations(&self, tenant: &TenantId) -> Result<Vec<String>, StoreError> {
-        self.observed(false, async {
-            let rows = self
-                .rows(
-                    query(
-                        "MATCH (t:Turn) WHERE t.tenant = $tenant \
-                         RETURN DISTINCT t.conversation AS conversation",
-                    )
-                    .param("tenant", tenant.as_str()),
+        let rows = self
+            .rows(
+                query(
+                    "MATCH (t:Turn) WHERE t.tenant = $tenant \
+                     RETURN DISTINCT t.conversation AS conversation",
                 )
-                .await?;
-            let mut out = rows
-                .iter()
-                .map(|r| get::<String>(r, "conversation"))
-                .collect::<Result<Vec<_>, _>>()?;
-            out.sort();
-            Ok(out)
-        })
-        .await
+                .param("tenant", tenant.as_str()),
+            )
+            .await?;
+        let mut out = rows
+            .iter()
+            .map(|r| get::<String>(r, "conversation"))
+            .collect::<Result<Vec<_>, _>>()?;
+        out.sort();
+        Ok(out)
     }
 
     async fn conversations_of(
@@ -700,36 +672,33 @@ impl GraphRead for Neo4jGraph {
         user_ids: &[String],
         agent_ids: &[String],
     ) -> Result<Vec<String>, StoreError> {
-        self.observed(false, async {
-            let mut sets: Vec<BTreeSet<String>> = Vec::new();
-            for (prop, ids) in [("user_id", user_ids), ("agent_id", agent_ids)] {
-                if ids.is_empty() {
-                    continue;
-                }
-                let rows = self
-                    .rows(
-                        query(&format!(
-                            "MATCH (t:Turn) WHERE t.tenant = $tenant AND t.{prop} IN $ids \
-                             RETURN DISTINCT t.conversation AS conversation"
-                        ))
-                        .param("tenant", tenant.as_str())
-                        .param("ids", ids.to_vec()),
-                    )
-                    .await?;
-                sets.push(
-                    rows.iter()
-                        .map(|r| get::<String>(r, "conversation"))
-                        .collect::<Result<_, _>>()?,
-                );
+        let mut sets: Vec<BTreeSet<String>> = Vec::new();
+        for (prop, ids) in [("user_id", user_ids), ("agent_id", agent_ids)] {
+            if ids.is_empty() {
+                continue;
             }
-            let mut it = sets.into_iter();
-            let first = it.next().unwrap_or_default();
-            Ok(it
-                .fold(first, |acc, s| acc.intersection(&s).cloned().collect())
-                .into_iter()
-                .collect())
-        })
-        .await
+            let rows = self
+                .rows(
+                    query(&format!(
+                        "MATCH (t:Turn) WHERE t.tenant = $tenant AND t.{prop} IN $ids \
+                         RETURN DISTINCT t.conversation AS conversation"
+                    ))
+                    .param("tenant", tenant.as_str())
+                    .param("ids", ids.to_vec()),
+                )
+                .await?;
+            sets.push(
+                rows.iter()
+                    .map(|r| get::<String>(r, "conversation"))
+                    .collect::<Result<_, _>>()?,
+            );
+        }
+        let mut it = sets.into_iter();
+        let first = it.next().unwrap_or_default();
+        Ok(it
+            .fold(first, |acc, s| acc.intersection(&s).cloned().collect())
+            .into_iter()
+            .collect())
     }
 
     async fn vocabulary(
@@ -738,24 +707,21 @@ impl GraphRead for Neo4jGraph {
         scope: &Scope,
         kind: NodeKind,
     ) -> Result<Vec<String>, StoreError> {
-        self.observed(false, async {
-            let (label, edge) = (kind.label(), kind.edge());
-            let q = query(&format!(
-                "MATCH (t:Turn)-[:{edge}]->(n:{label}) WHERE n.tenant = $tenant{} \
-                 RETURN DISTINCT n.name AS name",
-                scope_clause("n", scope)
-            ))
-            .param("tenant", tenant.as_str());
-            let rows = self.rows(scope_param(q, scope)).await?;
-            let mut out = rows
-                .iter()
-                .map(|r| get::<String>(r, "name"))
-                .collect::<Result<Vec<_>, _>>()?;
-            out.sort();
-            out.dedup();
-            Ok(out)
-        })
-        .await
+        let (label, edge) = (kind.label(), kind.edge());
+        let q = query(&format!(
+            "MATCH (t:Turn)-[:{edge}]->(n:{label}) WHERE n.tenant = $tenant{} \
+             RETURN DISTINCT n.name AS name",
+            scope_clause("n", scope)
+        ))
+        .param("tenant", tenant.as_str());
+        let rows = self.rows(scope_param(q, scope)).await?;
+        let mut out = rows
+            .iter()
+            .map(|r| get::<String>(r, "name"))
+            .collect::<Result<Vec<_>, _>>()?;
+        out.sort();
+        out.dedup();
+        Ok(out)
     }
 
     async fn linked_turns(
@@ -767,58 +733,52 @@ impl GraphRead for Neo4jGraph {
         recorded_by: Option<DateTime<Utc>>,
         valid_at: Option<DateTime<Utc>>,
     ) -> Result<Vec<LinkedTurn>, StoreError> {
-        self.observed(false, async {
-            if names.is_empty() {
-                return Ok(vec![]);
-            }
-            let (label, edge) = (kind.label(), kind.edge());
-            // The same visibility rule as EdgeTimes::visible.
-            let mut when = match recorded_by {
-                Some(_) => String::from(
-                    " AND e.recorded_at <= $rb AND (e.expired_at IS NULL OR e.expired_at > $rb)",
-                ),
-                None => String::from(" AND e.expired_at IS NULL"),
-            };
-            if valid_at.is_some() {
-                when.push_str(
-                    " AND e.valid_from <= $va AND (e.valid_to IS NULL OR e.valid_to > $va)",
-                );
-            }
-            // As of an earlier time, the links edits have since taken away count too.
-            let edge = match recorded_by {
-                Some(_) => format!("{edge}|{}", expired_edge(kind)),
-                None => edge.to_string(),
-            };
-            let mut q = query(&format!(
-                "MATCH (t:Turn)-[e:{edge}]->(n:{label}) \
-                 WHERE n.tenant = $tenant AND n.name IN $names{}{when} \
-                 RETURN n.name AS name, t.key AS id, t.conversation AS conversation",
-                scope_clause("n", scope)
-            ))
-            .param("tenant", tenant.as_str())
-            .param("names", names.to_vec());
-            if let Some(rb) = recorded_by {
-                q = q.param("rb", micros(rb));
-            }
-            if let Some(va) = valid_at {
-                q = q.param("va", micros(va));
-            }
-            let rows = self.rows(scope_param(q, scope)).await?;
-            let mut out = Vec::with_capacity(rows.len());
-            for r in &rows {
-                let id: String = get(r, "id")?;
-                let memory_id = MemoryId::parse(&id).ok_or_else(|| {
-                    StoreError::corrupt_msg(format!("turn key {id} is no memory id"))
-                })?;
-                out.push(LinkedTurn {
-                    name: get(r, "name")?,
-                    memory_id,
-                    conversation_id: get(r, "conversation")?,
-                });
-            }
-            Ok(out)
-        })
-        .await
+        if names.is_empty() {
+            return Ok(vec![]);
+        }
+        let (label, edge) = (kind.label(), kind.edge());
+        // The same visibility rule as EdgeTimes::visible.
+        let mut when = match recorded_by {
+            Some(_) => String::from(
+                " AND e.recorded_at <= $rb AND (e.expired_at IS NULL OR e.expired_at > $rb)",
+            ),
+            None => String::from(" AND e.expired_at IS NULL"),
+        };
+        if valid_at.is_some() {
+            when.push_str(" AND e.valid_from <= $va AND (e.valid_to IS NULL OR e.valid_to > $va)");
+        }
+        // As of an earlier time, the links edits have since taken away count too.
+        let edge = match recorded_by {
+            Some(_) => format!("{edge}|{}", expired_edge(kind)),
+            None => edge.to_string(),
+        };
+        let mut q = query(&format!(
+            "MATCH (t:Turn)-[e:{edge}]->(n:{label}) \
+             WHERE n.tenant = $tenant AND n.name IN $names{}{when} \
+             RETURN n.name AS name, t.key AS id, t.conversation AS conversation",
+            scope_clause("n", scope)
+        ))
+        .param("tenant", tenant.as_str())
+        .param("names", names.to_vec());
+        if let Some(rb) = recorded_by {
+            q = q.param("rb", micros(rb));
+        }
+        if let Some(va) = valid_at {
+            q = q.param("va", micros(va));
+        }
+        let rows = self.rows(scope_param(q, scope)).await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let id: String = get(r, "id")?;
+            let memory_id = MemoryId::parse(&id)
+                .ok_or_else(|| StoreError::corrupt_msg(format!("turn key {id} is no memory id")))?;
+            out.push(LinkedTurn {
+                name: get(r, "name")?,
+                memory_id,
+                conversation_id: get(r, "conversation")?,
+            });
+        }
+        Ok(out)
     }
 
     async fn document_frequencies(
@@ -828,37 +788,34 @@ impl GraphRead for Neo4jGraph {
         kind: NodeKind,
         names: &[String],
     ) -> Result<(u64, Vec<u64>), StoreError> {
-        self.observed(false, async {
-            let q = query(&format!(
-                "MATCH (t:Turn) WHERE t.tenant = $tenant{} RETURN count(t) AS n",
-                scope_clause("t", scope)
-            ))
-            .param("tenant", tenant.as_str());
-            let total = self.count(scope_param(q, scope)).await?;
-            if names.is_empty() {
-                return Ok((total, vec![]));
-            }
-            let (label, edge) = (kind.label(), kind.edge());
-            let q = query(&format!(
-                "MATCH (t:Turn)-[:{edge}]->(n:{label}) \
-                 WHERE n.tenant = $tenant AND n.name IN $names{} \
-                 RETURN n.name AS name, count(t) AS n",
-                scope_clause("n", scope)
-            ))
-            .param("tenant", tenant.as_str())
-            .param("names", names.to_vec());
-            let rows = self.rows(scope_param(q, scope)).await?;
-            let mut by_name: HashMap<String, u64> = HashMap::new();
-            for r in &rows {
-                *by_name.entry(get(r, "name")?).or_default() += get::<i64>(r, "n")?.max(0) as u64;
-            }
-            let df = names
-                .iter()
-                .map(|n| by_name.get(n).copied().unwrap_or(0))
-                .collect();
-            Ok((total, df))
-        })
-        .await
+        let q = query(&format!(
+            "MATCH (t:Turn) WHERE t.tenant = $tenant{} RETURN count(t) AS n",
+            scope_clause("t", scope)
+        ))
+        .param("tenant", tenant.as_str());
+        let total = self.count(scope_param(q, scope)).await?;
+        if names.is_empty() {
+            return Ok((total, vec![]));
+        }
+        let (label, edge) = (kind.label(), kind.edge());
+        let q = query(&format!(
+            "MATCH (t:Turn)-[:{edge}]->(n:{label}) \
+             WHERE n.tenant = $tenant AND n.name IN $names{} \
+             RETURN n.name AS name, count(t) AS n",
+            scope_clause("n", scope)
+        ))
+        .param("tenant", tenant.as_str())
+        .param("names", names.to_vec());
+        let rows = self.rows(scope_param(q, scope)).await?;
+        let mut by_name: HashMap<String, u64> = HashMap::new();
+        for r in &rows {
+            *by_name.entry(get(r, "name")?).or_default() += get::<i64>(r, "n")?.max(0) as u64;
+        }
+        let df = names
+            .iter()
+            .map(|n| by_name.get(n).copied().unwrap_or(0))
+            .collect();
+        Ok((total, df))
     }
 
     async fn fragments(
@@ -866,34 +823,31 @@ impl GraphRead for Neo4jGraph {
         tenant: &TenantId,
         ids: &[String],
     ) -> Result<Vec<Fragment>, StoreError> {
-        self.observed(false, async {
-            if ids.is_empty() {
-                return Ok(vec![]);
-            }
-            let keys: Vec<String> = ids
-                .iter()
-                .map(|i| fragment_key(tenant.as_str(), i))
-                .collect();
-            let rows = self
-                .rows(
-                    query(
-                        "MATCH (f:Fragment) WHERE f.key IN $keys AND f.tenant = $tenant \
-                         RETURN f.fid AS fid, f.json AS json",
-                    )
-                    .param("keys", keys)
-                    .param("tenant", tenant.as_str()),
+        if ids.is_empty() {
+            return Ok(vec![]);
+        }
+        let keys: Vec<String> = ids
+            .iter()
+            .map(|i| fragment_key(tenant.as_str(), i))
+            .collect();
+        let rows = self
+            .rows(
+                query(
+                    "MATCH (f:Fragment) WHERE f.key IN $keys AND f.tenant = $tenant \
+                     RETURN f.fid AS fid, f.json AS json",
                 )
-                .await?;
-            let mut by_id: HashMap<String, Fragment> = HashMap::new();
-            for r in &rows {
-                by_id.insert(
-                    get(r, "fid")?,
-                    serde_json::from_str(&get::<String>(r, "json")?)?,
-                );
-            }
-            Ok(ids.iter().filter_map(|i| by_id.remove(i)).collect())
-        })
-        .await
+                .param("keys", keys)
+                .param("tenant", tenant.as_str()),
+            )
+            .await?;
+        let mut by_id: HashMap<String, Fragment> = HashMap::new();
+        for r in &rows {
+            by_id.insert(
+                get(r, "fid")?,
+                serde_json::from_str(&get::<String>(r, "json")?)?,
+            );
+        }
+        Ok(ids.iter().filter_map(|i| by_id.remove(i)).collect())
     }
 }
 
@@ -903,76 +857,70 @@ impl Graph for Neo4jGraph {
         // Erasure guard (see `unerased_turns`).
         let kept = self.unerased_turns(turns).await?;
         let turns = kept.as_slice();
-        self.observed(true, async {
-            // A batch holding two versions of one memory writes them one after the other.
-            for chunk in distinct_runs(turns, BATCH, |(t, _)| t.memory_id) {
-                self.write_turn_batch(chunk).await?;
-            }
-            Ok(())
-        })
-        .await
+        // A batch holding two versions of one memory writes them one after the other.
+        for chunk in distinct_runs(turns, BATCH, |(t, _)| t.memory_id) {
+            self.write_turn_batch(chunk).await?;
+        }
+        Ok(())
     }
 
     async fn write_fragments(&self, fragments: &[Fragment]) -> Result<(), StoreError> {
         // Erasure guard (see `unerased_fragments`).
         let kept = self.unerased_fragments(fragments).await?;
         let fragments = kept.as_slice();
-        self.observed(true, async {
-            let now = micros(Utc::now());
-            let mut nodes = Vec::new();
-            let mut members = Vec::new();
-            for f in fragments {
-                let key = fragment_key(f.tenant.as_str(), &f.id);
-                nodes.push(json!({
+        let now = micros(Utc::now());
+        let mut nodes = Vec::new();
+        let mut members = Vec::new();
+        for f in fragments {
+            let key = fragment_key(f.tenant.as_str(), &f.id);
+            nodes.push(json!({
+                "key": key,
+                "fid": f.id,
+                "tenant": f.tenant.as_str(),
+                "conversation": f.conversation_id,
+                "json": serde_json::to_string(f)?,
+                "created": micros(f.created_at),
+            }));
+            for m in &f.members {
+                members.push(json!({
+                    "turn": m.to_string(),
                     "key": key,
-                    "fid": f.id,
                     "tenant": f.tenant.as_str(),
-                    "conversation": f.conversation_id,
-                    "json": serde_json::to_string(f)?,
-                    "created": micros(f.created_at),
+                    "valid_from": micros(f.created_at),
                 }));
-                for m in &f.members {
-                    members.push(json!({
-                        "turn": m.to_string(),
-                        "key": key,
-                        "tenant": f.tenant.as_str(),
-                        "valid_from": micros(f.created_at),
-                    }));
-                }
             }
-            // Fragment nodes, then their member edges, in one transaction.
-            let mut statements = Vec::new();
-            for chunk in nodes.chunks(BATCH) {
-                statements.push(
-                    query(
-                        "UNWIND $rows AS r MERGE (f:Fragment {key: r.key}) \
-                         SET f.fid = r.fid, f.tenant = r.tenant, f.conversation = r.conversation, \
-                         f.json = r.json, f.created = r.created",
-                    )
-                    .param("rows", bolt(Value::Array(chunk.to_vec()))?),
-                );
-            }
-            for chunk in members.chunks(BATCH) {
-                // Members of another tenant are never linked (the tenant check is in the MATCH).
-                statements.push(
-                    query(
-                        "UNWIND $rows AS r MATCH (t:Turn {key: r.turn}) WHERE t.tenant = r.tenant \
-                         MATCH (f:Fragment {key: r.key}) MERGE (t)-[e:PART_OF]->(f) \
-                         ON CREATE SET e.valid_from = r.valid_from, e.recorded_at = $now",
-                    )
-                    .param("rows", bolt(Value::Array(chunk.to_vec()))?)
-                    .param("now", now),
-                );
-            }
-            if statements.is_empty() {
-                return Ok(());
-            }
-            (|| async { self.run_in_transaction(&statements).await })
-                .retry(retry_policy())
-                .when(transient)
-                .await
-        })
-        .await
+        }
+        // Fragment nodes, then their member edges, in one transaction.
+        let mut statements = Vec::new();
+        for chunk in nodes.chunks(BATCH) {
+            statements.push(
+                query(
+                    "UNWIND $rows AS r MERGE (f:Fragment {key: r.key}) \
+                     SET f.fid = r.fid, f.tenant = r.tenant, f.conversation = r.conversation, \
+                     f.json = r.json, f.created = r.created",
+                )
+                .param("rows", bolt(Value::Array(chunk.to_vec()))?),
+            );
+        }
+        for chunk in members.chunks(BATCH) {
+            // Members of another tenant are never linked (the tenant check is in the MATCH).
+            statements.push(
+                query(
+                    "UNWIND $rows AS r MATCH (t:Turn {key: r.turn}) WHERE t.tenant = r.tenant \
+                     MATCH (f:Fragment {key: r.key}) MERGE (t)-[e:PART_OF]->(f) \
+                     ON CREATE SET e.valid_from = r.valid_from, e.recorded_at = $now",
+                )
+                .param("rows", bolt(Value::Array(chunk.to_vec()))?)
+                .param("now", now),
+            );
+        }
+        if statements.is_empty() {
+            return Ok(());
+        }
+        (|| async { self.run_in_transaction(&statements).await })
+            .retry(retry_policy())
+            .when(transient)
+            .await
     }
 
     async fn conversation_state(
@@ -980,33 +928,30 @@ impl Graph for Neo4jGraph {
         tenant: &TenantId,
         conversation: &str,
     ) -> Result<ConversationState, StoreError> {
-        self.observed(false, async {
-            let rows = self
-                .rows(
-                    query(
-                        "MATCH (s:ConversationState {key: $key}) \
-                         RETURN coalesce(s.json, '') AS json, \
-                         coalesce(s.consolidated_until, 0) AS until",
-                    )
-                    .param("key", state_key(tenant.as_str(), conversation)),
+        let rows = self
+            .rows(
+                query(
+                    "MATCH (s:ConversationState {key: $key}) \
+                     RETURN coalesce(s.json, '') AS json, \
+                     coalesce(s.consolidated_until, 0) AS until",
                 )
-                .await?;
-            let Some(r) = rows.first() else {
-                return Ok(ConversationState::default());
-            };
-            // The consolidator's progress is a property of its own (see
-            // `advance_consolidated_until`); the JSON may hold an older value.
-            let json = get::<String>(r, "json")?;
-            let mut state: ConversationState = if json.is_empty() {
-                ConversationState::default()
-            } else {
-                serde_json::from_str(&json)?
-            };
-            let until = get::<i64>(r, "until")?.max(0) as u64;
-            state.consolidated_until = state.consolidated_until.max(until);
-            Ok(state)
-        })
-        .await
+                .param("key", state_key(tenant.as_str(), conversation)),
+            )
+            .await?;
+        let Some(r) = rows.first() else {
+            return Ok(ConversationState::default());
+        };
+        // The consolidator's progress is a property of its own (see
+        // `advance_consolidated_until`); the JSON may hold an older value.
+        let json = get::<String>(r, "json")?;
+        let mut state: ConversationState = if json.is_empty() {
+            ConversationState::default()
+        } else {
+            serde_json::from_str(&json)?
+        };
+        let until = get::<i64>(r, "until")?.max(0) as u64;
+        state.consolidated_until = state.consolidated_until.max(until);
+        Ok(state)
     }
 
     async fn save_conversation_state(
@@ -1024,21 +969,18 @@ impl Graph for Neo4jGraph {
                 return Ok(false);
             }
         }
-        self.observed(true, async {
-            self.run(
-                query(
-                    "MERGE (s:ConversationState {key: $key}) \
-                     SET s.tenant = $tenant, s.conversation = $conv, s.json = $json",
-                )
-                .param("key", state_key(tenant.as_str(), conversation))
-                .param("tenant", tenant.as_str())
-                .param("conv", conversation)
-                .param("json", serde_json::to_string(state)?),
+        self.run(
+            query(
+                "MERGE (s:ConversationState {key: $key}) \
+                 SET s.tenant = $tenant, s.conversation = $conv, s.json = $json",
             )
-            .await
-            .map(|()| true)
-        })
+            .param("key", state_key(tenant.as_str(), conversation))
+            .param("tenant", tenant.as_str())
+            .param("conv", conversation)
+            .param("json", serde_json::to_string(state)?),
+        )
         .await
+        .map(|()| true)
     }
 
     async fn advance_consolidated_until(
@@ -1048,21 +990,18 @@ impl Graph for Neo4jGraph {
         until: u64,
     ) -> Result<(), StoreError> {
         // One statement, so it is atomic on the server; the JSON (the extractor's) is left alone.
-        self.observed(true, async {
-            self.run(
-                query(
-                    "MERGE (s:ConversationState {key: $key}) \
-                     ON CREATE SET s.tenant = $tenant, s.conversation = $conv \
-                     WITH s WHERE s.consolidated_until IS NULL OR s.consolidated_until < $until \
-                     SET s.consolidated_until = $until",
-                )
-                .param("key", state_key(tenant.as_str(), conversation))
-                .param("tenant", tenant.as_str())
-                .param("conv", conversation)
-                .param("until", until as i64),
+        self.run(
+            query(
+                "MERGE (s:ConversationState {key: $key}) \
+                 ON CREATE SET s.tenant = $tenant, s.conversation = $conv \
+                 WITH s WHERE s.consolidated_until IS NULL OR s.consolidated_until < $until \
+                 SET s.consolidated_until = $until",
             )
-            .await
-        })
+            .param("key", state_key(tenant.as_str(), conversation))
+            .param("tenant", tenant.as_str())
+            .param("conv", conversation)
+            .param("until", until as i64),
+        )
         .await
     }
 
@@ -1075,26 +1014,23 @@ impl Graph for Neo4jGraph {
         let conv = conversation.unwrap_or("");
         let key = erasure_key(tenant.as_str(), conv);
         let at = micros_up(at);
-        self.observed(true, async {
-            self.run(
-                query(
-                    "MERGE (x:Erasure {key: $key}) \
-                     ON CREATE SET x.tenant = $tenant, x.conversation = $conv, x.at = $at",
-                )
+        self.run(
+            query(
+                "MERGE (x:Erasure {key: $key}) \
+                 ON CREATE SET x.tenant = $tenant, x.conversation = $conv, x.at = $at",
+            )
+            .param("key", key.as_str())
+            .param("tenant", tenant.as_str())
+            .param("conv", conv)
+            .param("at", at),
+        )
+        .await?;
+        // An older marker moves forward; a later one stays.
+        self.run(
+            query("MATCH (x:Erasure {key: $key}) WHERE x.at < $at SET x.at = $at")
                 .param("key", key.as_str())
-                .param("tenant", tenant.as_str())
-                .param("conv", conv)
                 .param("at", at),
-            )
-            .await?;
-            // An older marker moves forward; a later one stays.
-            self.run(
-                query("MATCH (x:Erasure {key: $key}) WHERE x.at < $at SET x.at = $at")
-                    .param("key", key.as_str())
-                    .param("at", at),
-            )
-            .await
-        })
+        )
         .await
     }
 
@@ -1106,30 +1042,27 @@ impl Graph for Neo4jGraph {
         erasure: TurnErasure,
     ) -> Result<(), StoreError> {
         let at = micros_up(erasure.at);
-        self.observed(true, async {
-            self.run(
-                query(
-                    "MERGE (x:TurnErasure {key: $key}) \
-                     ON CREATE SET x.tenant = $tenant, x.conversation = $conv, x.at = $at, \
-                     x.position = $position",
-                )
+        self.run(
+            query(
+                "MERGE (x:TurnErasure {key: $key}) \
+                 ON CREATE SET x.tenant = $tenant, x.conversation = $conv, x.at = $at, \
+                 x.position = $position",
+            )
+            .param("key", id.to_string())
+            .param("tenant", tenant.as_str())
+            .param("conv", conversation)
+            .param("at", at)
+            .param(
+                "position",
+                i64::try_from(erasure.position).unwrap_or(i64::MAX),
+            ),
+        )
+        .await?;
+        self.run(
+            query("MATCH (x:TurnErasure {key: $key}) WHERE x.at < $at SET x.at = $at")
                 .param("key", id.to_string())
-                .param("tenant", tenant.as_str())
-                .param("conv", conversation)
-                .param("at", at)
-                .param(
-                    "position",
-                    i64::try_from(erasure.position).unwrap_or(i64::MAX),
-                ),
-            )
-            .await?;
-            self.run(
-                query("MATCH (x:TurnErasure {key: $key}) WHERE x.at < $at SET x.at = $at")
-                    .param("key", id.to_string())
-                    .param("at", at),
-            )
-            .await
-        })
+                .param("at", at),
+        )
         .await
     }
 
@@ -1138,58 +1071,55 @@ impl Graph for Neo4jGraph {
         tenant: &TenantId,
         conversations: &[String],
     ) -> Result<Erasures, StoreError> {
-        self.observed(false, async {
-            let mut keys = vec![erasure_key(tenant.as_str(), "")];
-            keys.extend(
-                conversations
-                    .iter()
-                    .map(|c| erasure_key(tenant.as_str(), c)),
-            );
+        let mut keys = vec![erasure_key(tenant.as_str(), "")];
+        keys.extend(
+            conversations
+                .iter()
+                .map(|c| erasure_key(tenant.as_str(), c)),
+        );
+        let rows = self
+            .rows(
+                query(
+                    "MATCH (x:Erasure) WHERE x.key IN $keys AND x.tenant = $tenant \
+                     RETURN x.conversation AS conversation, x.at AS at",
+                )
+                .param("keys", keys)
+                .param("tenant", tenant.as_str()),
+            )
+            .await?;
+        let mut e = Erasures::default();
+        for r in &rows {
+            let conv: String = get(r, "conversation")?;
+            let at = DateTime::from_timestamp_micros(get::<i64>(r, "at")?)
+                .ok_or_else(|| StoreError::corrupt_msg("erasure time out of range"))?;
+            if conv.is_empty() {
+                e.tenant = Some(at);
+            } else {
+                e.conversations.insert(conv, at);
+            }
+        }
+        if !conversations.is_empty() {
             let rows = self
                 .rows(
                     query(
-                        "MATCH (x:Erasure) WHERE x.key IN $keys AND x.tenant = $tenant \
-                         RETURN x.conversation AS conversation, x.at AS at",
+                        "MATCH (x:TurnErasure) WHERE x.tenant = $tenant \
+                         AND x.conversation IN $convs \
+                         RETURN x.key AS id, x.at AS at, x.position AS position",
                     )
-                    .param("keys", keys)
-                    .param("tenant", tenant.as_str()),
+                    .param("tenant", tenant.as_str())
+                    .param("convs", conversations.to_vec()),
                 )
                 .await?;
-            let mut e = Erasures::default();
             for r in &rows {
-                let conv: String = get(r, "conversation")?;
+                let id = MemoryId::parse(&get::<String>(r, "id")?)
+                    .ok_or_else(|| StoreError::corrupt_msg("turn erasure key"))?;
                 let at = DateTime::from_timestamp_micros(get::<i64>(r, "at")?)
                     .ok_or_else(|| StoreError::corrupt_msg("erasure time out of range"))?;
-                if conv.is_empty() {
-                    e.tenant = Some(at);
-                } else {
-                    e.conversations.insert(conv, at);
-                }
+                let position = u64::try_from(get::<i64>(r, "position")?).unwrap_or(0);
+                e.turns.insert(id, TurnErasure { at, position });
             }
-            if !conversations.is_empty() {
-                let rows = self
-                    .rows(
-                        query(
-                            "MATCH (x:TurnErasure) WHERE x.tenant = $tenant \
-                             AND x.conversation IN $convs \
-                             RETURN x.key AS id, x.at AS at, x.position AS position",
-                        )
-                        .param("tenant", tenant.as_str())
-                        .param("convs", conversations.to_vec()),
-                    )
-                    .await?;
-                for r in &rows {
-                    let id = MemoryId::parse(&get::<String>(r, "id")?)
-                        .ok_or_else(|| StoreError::corrupt_msg("turn erasure key"))?;
-                    let at = DateTime::from_timestamp_micros(get::<i64>(r, "at")?)
-                        .ok_or_else(|| StoreError::corrupt_msg("erasure time out of range"))?;
-                    let position = u64::try_from(get::<i64>(r, "position")?).unwrap_or(0);
-                    e.turns.insert(id, TurnErasure { at, position });
-                }
-            }
-            Ok(e)
-        })
-        .await
+        }
+        Ok(e)
     }
 
     async fn restart_derivation(
@@ -1201,32 +1131,29 @@ impl Graph for Neo4jGraph {
             .conversation_state(tenant, conversation)
             .await?
             .restarted();
-        self.observed(true, async {
-            self.run(
-                query(
-                    "MATCH (f:Fragment) WHERE f.tenant = $tenant AND f.conversation = $conv \
-                     DETACH DELETE f",
-                )
-                .param("tenant", tenant.as_str())
-                .param("conv", conversation),
+        self.run(
+            query(
+                "MATCH (f:Fragment) WHERE f.tenant = $tenant AND f.conversation = $conv \
+                 DETACH DELETE f",
             )
-            .await?;
-            // The consolidator's own property goes back too (it never moves back otherwise).
-            self.run(
-                query(
-                    "MATCH (s:ConversationState {key: $key}) \
-                     SET s.json = $json, s.consolidated_until = 0",
-                )
-                .param("key", state_key(tenant.as_str(), conversation))
-                .param("json", serde_json::to_string(&state)?),
+            .param("tenant", tenant.as_str())
+            .param("conv", conversation),
+        )
+        .await?;
+        // The consolidator's own property goes back too (it never moves back otherwise).
+        self.run(
+            query(
+                "MATCH (s:ConversationState {key: $key}) \
+                 SET s.json = $json, s.consolidated_until = 0",
             )
-            .await
-        })
+            .param("key", state_key(tenant.as_str(), conversation))
+            .param("json", serde_json::to_string(&state)?),
+        )
         .await
     }
 
     async fn purge_erased(&self, tenant: &TenantId, conversation: &str) -> Result<u64, StoreError> {
-        self.observed(true, self.purge(tenant, conversation)).await
+        self.purge(tenant, conversation).await
     }
 
     async fn delete_conversation(
@@ -1234,36 +1161,32 @@ impl Graph for Neo4jGraph {
         tenant: &TenantId,
         conversation: &str,
     ) -> Result<u64, StoreError> {
-        self.observed(true, async {
-            let n = self
-                .count(
-                    query(
-                        "MATCH (t:Turn) WHERE t.tenant = $tenant AND t.conversation = $conv \
-                         RETURN count(t) AS n",
-                    )
-                    .param("tenant", tenant.as_str())
-                    .param("conv", conversation),
+        let n = self
+            .count(
+                query(
+                    "MATCH (t:Turn) WHERE t.tenant = $tenant AND t.conversation = $conv \
+                     RETURN count(t) AS n",
                 )
-                .await?;
-            // TurnErasure too: the conversation's marker, recorded before this delete, covers
-            // every turn a single-turn erasure named.
-            let mut labels: Vec<&str> =
-                vec!["Turn", "Fragment", "ConversationState", "TurnErasure"];
-            labels.extend(NodeKind::ALL.iter().map(|k| k.label()));
-            for l in labels {
-                self.run(
-                    query(&format!(
-                        "MATCH (n:{l}) WHERE n.tenant = $tenant AND n.conversation = $conv \
-                         DETACH DELETE n"
-                    ))
-                    .param("tenant", tenant.as_str())
-                    .param("conv", conversation),
-                )
-                .await?;
-            }
-            Ok(n)
-        })
-        .await
+                .param("tenant", tenant.as_str())
+                .param("conv", conversation),
+            )
+            .await?;
+        // TurnErasure too: the conversation's marker, recorded before this delete, covers
+        // every turn a single-turn erasure named.
+        let mut labels: Vec<&str> = vec!["Turn", "Fragment", "ConversationState", "TurnErasure"];
+        labels.extend(NodeKind::ALL.iter().map(|k| k.label()));
+        for l in labels {
+            self.run(
+                query(&format!(
+                    "MATCH (n:{l}) WHERE n.tenant = $tenant AND n.conversation = $conv \
+                     DETACH DELETE n"
+                ))
+                .param("tenant", tenant.as_str())
+                .param("conv", conversation),
+            )
+            .await?;
+        }
+        Ok(n)
     }
 }
 

@@ -8,7 +8,6 @@
 //! embedded engine (the server's formula language has no max before 1.20).
 
 use std::collections::HashMap;
-use std::time::Instant;
 
 use async_trait::async_trait;
 use qdrant_client::config::QdrantConfig;
@@ -25,7 +24,6 @@ use qdrant_client::qdrant::{
 };
 use qdrant_client::{Payload, Qdrant};
 use recollect_model::{KeywordVector, MemoryId, SparseVector, TenantId};
-use recollect_telemetry as metrics;
 
 use crate::vector::{
     history_tenant, version_point_id, FieldVectors, ReplacedVersion, TurnPoint, VectorField,
@@ -580,24 +578,6 @@ impl QdrantVectorIndex {
         Ok(())
     }
 
-    async fn observed<T>(
-        &self,
-        write: bool,
-        f: impl std::future::Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let started = Instant::now();
-        let r = f.await;
-        match &r {
-            Ok(_) if write => metrics::STORE_WRITE_LATENCY
-                .with_label_values(&[ADAPTER])
-                .observe(started.elapsed().as_secs_f64()),
-            Ok(_) => {}
-            Err(StoreError::Invalid(_)) => {}
-            Err(_) => metrics::STORE_ERRORS.with_label_values(&[ADAPTER]).inc(),
-        }
-        r
-    }
-
     /// Dense field max-sim: the user and assistant queries in one batch, the max per turn here.
     pub async fn field_max_sim(
         &self,
@@ -682,27 +662,24 @@ impl VectorIndex for QdrantVectorIndex {
     }
 
     async fn upsert_turns(&self, points: Vec<TurnPoint>) -> Result<(), StoreError> {
-        self.observed(true, async {
-            for p in &points {
-                self.check_dim(&p.user)?;
-                if let Some(a) = &p.assistant {
-                    self.check_dim(a)?;
-                }
+        for p in &points {
+            self.check_dim(&p.user)?;
+            if let Some(a) = &p.assistant {
+                self.check_dim(a)?;
             }
-            for chunk in points.chunks(UPSERT_BATCH) {
-                let structs: Vec<PointStruct> = chunk.iter().map(turn_point).collect();
-                // wait(true): the call returns once the points are applied and durable.
-                self.client
-                    .upsert_points(
-                        qdrant_client::qdrant::UpsertPointsBuilder::new(&self.turns, structs)
-                            .wait(true),
-                    )
-                    .await
-                    .map_err(err)?;
-            }
-            Ok(())
-        })
-        .await
+        }
+        for chunk in points.chunks(UPSERT_BATCH) {
+            let structs: Vec<PointStruct> = chunk.iter().map(turn_point).collect();
+            // wait(true): the call returns once the points are applied and durable.
+            self.client
+                .upsert_points(
+                    qdrant_client::qdrant::UpsertPointsBuilder::new(&self.turns, structs)
+                        .wait(true),
+                )
+                .await
+                .map_err(err)?;
+        }
+        Ok(())
     }
 
     async fn search(
@@ -712,44 +689,41 @@ impl VectorIndex for QdrantVectorIndex {
         query: &VectorQuery,
         limit: usize,
     ) -> Result<Vec<(MemoryId, f32)>, StoreError> {
-        self.observed(false, async {
-            if let VectorQuery::Dense { vector, .. } = query {
-                self.check_dim(vector)?;
-            }
-            let Some(req) = search_request(&self.turns, tenant, scope, query, limit) else {
-                return Ok(vec![]);
-            };
-            let history = scope.as_of.map(|at| {
-                let mut h = req.clone();
-                h.filter = Some(history_filter(tenant, scope, at));
-                h.with_payload = Some(
-                    qdrant_client::qdrant::with_payload_selector::SelectorOptions::Include(
-                        PayloadIncludeSelector::new(vec!["memory_id".into()]),
-                    )
-                    .into(),
-                );
-                h
-            });
-            let res = self.client.query(req).await.map_err(err)?;
-            let mut out: Vec<(MemoryId, f32)> = res
-                .result
-                .iter()
-                .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score)))
-                .collect();
-            // As of an earlier time, the versions current then that edits have since replaced.
-            if let Some(h) = history {
-                let res = self.client.query(h).await.map_err(err)?;
-                out.extend(res.result.iter().filter_map(|p| {
-                    text(&p.payload, "memory_id")
-                        .and_then(|m| MemoryId::parse(&m))
-                        .map(|m| (m, p.score))
-                }));
-                out.sort_by(|a, b| b.1.total_cmp(&a.1));
-                out.truncate(limit);
-            }
-            Ok(out)
-        })
-        .await
+        if let VectorQuery::Dense { vector, .. } = query {
+            self.check_dim(vector)?;
+        }
+        let Some(req) = search_request(&self.turns, tenant, scope, query, limit) else {
+            return Ok(vec![]);
+        };
+        let history = scope.as_of.map(|at| {
+            let mut h = req.clone();
+            h.filter = Some(history_filter(tenant, scope, at));
+            h.with_payload = Some(
+                qdrant_client::qdrant::with_payload_selector::SelectorOptions::Include(
+                    PayloadIncludeSelector::new(vec!["memory_id".into()]),
+                )
+                .into(),
+            );
+            h
+        });
+        let res = self.client.query(req).await.map_err(err)?;
+        let mut out: Vec<(MemoryId, f32)> = res
+            .result
+            .iter()
+            .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score)))
+            .collect();
+        // As of an earlier time, the versions current then that edits have since replaced.
+        if let Some(h) = history {
+            let res = self.client.query(h).await.map_err(err)?;
+            out.extend(res.result.iter().filter_map(|p| {
+                text(&p.payload, "memory_id")
+                    .and_then(|m| MemoryId::parse(&m))
+                    .map(|m| (m, p.score))
+            }));
+            out.sort_by(|a, b| b.1.total_cmp(&a.1));
+            out.truncate(limit);
+        }
+        Ok(out)
     }
 
     async fn field_vectors(
@@ -757,14 +731,11 @@ impl VectorIndex for QdrantVectorIndex {
         tenant: &TenantId,
         ids: &[MemoryId],
     ) -> Result<HashMap<MemoryId, FieldVectors>, StoreError> {
-        self.observed(false, async {
-            if ids.is_empty() {
-                return Ok(HashMap::new());
-            }
-            let pids: Vec<PointId> = ids.iter().map(|m| point_id(*m)).collect();
-            self.dense_vectors(pids, tenant.as_str()).await
-        })
-        .await
+        if ids.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let pids: Vec<PointId> = ids.iter().map(|m| point_id(*m)).collect();
+        self.dense_vectors(pids, tenant.as_str()).await
     }
 
     async fn keep_versions(
@@ -772,74 +743,71 @@ impl VectorIndex for QdrantVectorIndex {
         tenant: &TenantId,
         versions: &[ReplacedVersion],
     ) -> Result<(), StoreError> {
-        self.observed(true, async {
-            if versions.is_empty() {
-                return Ok(());
+        if versions.is_empty() {
+            return Ok(());
+        }
+        let pids: Vec<PointId> = versions.iter().map(|v| point_id(v.memory_id)).collect();
+        let res = self
+            .client
+            .get_points(
+                GetPointsBuilder::new(&self.turns, pids)
+                    .with_payload(true)
+                    .with_vectors(true),
+            )
+            .await
+            .map_err(err)?;
+        let mut keep = Vec::new();
+        for r in res.result {
+            let Some(id) = memory_id(&r.id) else { continue };
+            let Some(v) = versions.iter().find(|v| v.memory_id == id) else {
+                continue;
+            };
+            if text(&r.payload, "tenant").as_deref() != Some(tenant.as_str()) {
+                continue;
             }
-            let pids: Vec<PointId> = versions.iter().map(|v| point_id(v.memory_id)).collect();
-            let res = self
-                .client
-                .get_points(
-                    GetPointsBuilder::new(&self.turns, pids)
-                        .with_payload(true)
-                        .with_vectors(true),
-                )
-                .await
-                .map_err(err)?;
-            let mut keep = Vec::new();
-            for r in res.result {
-                let Some(id) = memory_id(&r.id) else { continue };
-                let Some(v) = versions.iter().find(|v| v.memory_id == id) else {
-                    continue;
-                };
-                if text(&r.payload, "tenant").as_deref() != Some(tenant.as_str()) {
-                    continue;
-                }
-                // Still the version being replaced (a redelivered edit finds its own point).
-                let recorded = text(&r.payload, "recorded_at")
-                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(&t).ok());
-                if recorded.is_some_and(|t| t != v.recorded_at) {
-                    continue;
-                }
-                let Some(vectors) = r.vectors.and_then(|v| v.vectors_options) else {
-                    continue;
-                };
-                let qdrant_client::qdrant::vectors_output::VectorsOptions::Vectors(named) = vectors
-                else {
-                    continue;
-                };
-                let mut out: HashMap<String, Vector> = HashMap::new();
-                for (name, vo) in named.vectors {
-                    use qdrant_client::qdrant::vector_output::Vector as V;
-                    match vo.into_vector() {
-                        V::Dense(d) => out.insert(name, Vector::new_dense(d.data)),
-                        V::Sparse(s) => out.insert(name, Vector::new_sparse(s.indices, s.values)),
-                        _ => None,
-                    };
-                }
-                let mut payload = Payload::from(r.payload);
-                payload.insert("tenant", history_tenant(tenant));
-                payload.insert("memory_id", id.to_string());
-                payload.insert("recorded_at", v.recorded_at.to_rfc3339());
-                payload.insert("expired_at", v.expired_at.to_rfc3339());
-                keep.push(PointStruct::new(
-                    point_id(version_point_id(id, v.recorded_at)),
-                    out,
-                    payload,
-                ));
+            // Still the version being replaced (a redelivered edit finds its own point).
+            let recorded = text(&r.payload, "recorded_at")
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(&t).ok());
+            if recorded.is_some_and(|t| t != v.recorded_at) {
+                continue;
             }
-            if keep.is_empty() {
-                return Ok(());
+            let Some(vectors) = r.vectors.and_then(|v| v.vectors_options) else {
+                continue;
+            };
+            let qdrant_client::qdrant::vectors_output::VectorsOptions::Vectors(named) = vectors
+            else {
+                continue;
+            };
+            let mut out: HashMap<String, Vector> = HashMap::new();
+            for (name, vo) in named.vectors {
+                use qdrant_client::qdrant::vector_output::Vector as V;
+                match vo.into_vector() {
+                    V::Dense(d) => out.insert(name, Vector::new_dense(d.data)),
+                    V::Sparse(s) => out.insert(name, Vector::new_sparse(s.indices, s.values)),
+                    _ => None,
+                };
             }
-            self.client
-                .upsert_points(
-                    qdrant_client::qdrant::UpsertPointsBuilder::new(&self.turns, keep).wait(true),
-                )
-                .await
-                .map_err(err)?;
-            Ok(())
-        })
-        .await
+            let mut payload = Payload::from(r.payload);
+            payload.insert("tenant", history_tenant(tenant));
+            payload.insert("memory_id", id.to_string());
+            payload.insert("recorded_at", v.recorded_at.to_rfc3339());
+            payload.insert("expired_at", v.expired_at.to_rfc3339());
+            keep.push(PointStruct::new(
+                point_id(version_point_id(id, v.recorded_at)),
+                out,
+                payload,
+            ));
+        }
+        if keep.is_empty() {
+            return Ok(());
+        }
+        self.client
+            .upsert_points(
+                qdrant_client::qdrant::UpsertPointsBuilder::new(&self.turns, keep).wait(true),
+            )
+            .await
+            .map_err(err)?;
+        Ok(())
     }
 
     async fn version_vectors(
@@ -847,23 +815,20 @@ impl VectorIndex for QdrantVectorIndex {
         tenant: &TenantId,
         versions: &[(MemoryId, chrono::DateTime<chrono::Utc>)],
     ) -> Result<HashMap<MemoryId, FieldVectors>, StoreError> {
-        self.observed(false, async {
-            if versions.is_empty() {
-                return Ok(HashMap::new());
-            }
-            let by_point: HashMap<MemoryId, MemoryId> = versions
-                .iter()
-                .map(|(m, at)| (version_point_id(*m, *at), *m))
-                .collect();
-            let pids: Vec<PointId> = by_point.keys().map(|m| point_id(*m)).collect();
-            Ok(self
-                .dense_vectors(pids, &history_tenant(tenant))
-                .await?
-                .into_iter()
-                .filter_map(|(p, v)| by_point.get(&p).map(|m| (*m, v)))
-                .collect())
-        })
-        .await
+        if versions.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let by_point: HashMap<MemoryId, MemoryId> = versions
+            .iter()
+            .map(|(m, at)| (version_point_id(*m, *at), *m))
+            .collect();
+        let pids: Vec<PointId> = by_point.keys().map(|m| point_id(*m)).collect();
+        Ok(self
+            .dense_vectors(pids, &history_tenant(tenant))
+            .await?
+            .into_iter()
+            .filter_map(|(p, v)| by_point.get(&p).map(|m| (*m, v)))
+            .collect())
     }
 
     async fn upsert_keywords(
@@ -872,38 +837,31 @@ impl VectorIndex for QdrantVectorIndex {
         conversation: &str,
         keywords: Vec<KeywordVector>,
     ) -> Result<(), StoreError> {
-        self.observed(true, async {
-            for k in &keywords {
-                self.check_dim(&k.vector)?;
-            }
-            for chunk in keywords.chunks(UPSERT_BATCH) {
-                let structs: Vec<PointStruct> = chunk
-                    .iter()
-                    .map(|k| {
-                        let mut payload = Payload::new();
-                        payload.insert("tenant", tenant.as_str());
-                        payload.insert("conversation", conversation);
-                        payload.insert("keyword", k.keyword.as_str());
-                        let mut v: HashMap<String, Vector> = HashMap::new();
-                        v.insert(KEYWORD_VECTOR.into(), Vector::new_dense(k.vector.clone()));
-                        PointStruct::new(
-                            keyword_point(tenant, conversation, &k.keyword),
-                            v,
-                            payload,
-                        )
-                    })
-                    .collect();
-                self.client
-                    .upsert_points(
-                        qdrant_client::qdrant::UpsertPointsBuilder::new(&self.keywords, structs)
-                            .wait(true),
-                    )
-                    .await
-                    .map_err(err)?;
-            }
-            Ok(())
-        })
-        .await
+        for k in &keywords {
+            self.check_dim(&k.vector)?;
+        }
+        for chunk in keywords.chunks(UPSERT_BATCH) {
+            let structs: Vec<PointStruct> = chunk
+                .iter()
+                .map(|k| {
+                    let mut payload = Payload::new();
+                    payload.insert("tenant", tenant.as_str());
+                    payload.insert("conversation", conversation);
+                    payload.insert("keyword", k.keyword.as_str());
+                    let mut v: HashMap<String, Vector> = HashMap::new();
+                    v.insert(KEYWORD_VECTOR.into(), Vector::new_dense(k.vector.clone()));
+                    PointStruct::new(keyword_point(tenant, conversation, &k.keyword), v, payload)
+                })
+                .collect();
+            self.client
+                .upsert_points(
+                    qdrant_client::qdrant::UpsertPointsBuilder::new(&self.keywords, structs)
+                        .wait(true),
+                )
+                .await
+                .map_err(err)?;
+        }
+        Ok(())
     }
 
     async fn search_keywords(
@@ -914,32 +872,29 @@ impl VectorIndex for QdrantVectorIndex {
         limit: usize,
         min_score: f32,
     ) -> Result<Vec<(String, f32)>, StoreError> {
-        self.observed(false, async {
-            self.check_dim(vector)?;
-            // Keywords are stored per conversation: ask for more, keep each name once.
-            let req = QueryPointsBuilder::new(&self.keywords)
-                .query(Query::new_nearest(VectorInput::new_dense(vector.to_vec())))
-                .using(KEYWORD_VECTOR)
-                .filter(scope_filter(tenant, &scope.conversations_only()))
-                .limit((limit * 4) as u64)
-                .score_threshold(min_score)
-                .with_payload(PayloadIncludeSelector::new(vec!["keyword".to_string()]));
-            let res = self.client.query(req).await.map_err(err)?;
-            let mut out: Vec<(String, f32)> = Vec::new();
-            for p in res.result {
-                let Some(k) = text(&p.payload, "keyword") else {
-                    continue;
-                };
-                if !out.iter().any(|(name, _)| *name == k) {
-                    out.push((k, p.score));
-                }
-                if out.len() == limit {
-                    break;
-                }
+        self.check_dim(vector)?;
+        // Keywords are stored per conversation: ask for more, keep each name once.
+        let req = QueryPointsBuilder::new(&self.keywords)
+            .query(Query::new_nearest(VectorInput::new_dense(vector.to_vec())))
+            .using(KEYWORD_VECTOR)
+            .filter(scope_filter(tenant, &scope.conversations_only()))
+            .limit((limit * 4) as u64)
+            .score_threshold(min_score)
+            .with_payload(PayloadIncludeSelector::new(vec!["keyword".to_string()]));
+        let res = self.client.query(req).await.map_err(err)?;
+        let mut out: Vec<(String, f32)> = Vec::new();
+        for p in res.result {
+            let Some(k) = text(&p.payload, "keyword") else {
+                continue;
+            };
+            if !out.iter().any(|(name, _)| *name == k) {
+                out.push((k, p.score));
             }
-            Ok(out)
-        })
-        .await
+            if out.len() == limit {
+                break;
+            }
+        }
+        Ok(out)
     }
 
     async fn delete_turns(
@@ -949,45 +904,42 @@ impl VectorIndex for QdrantVectorIndex {
         ids: &[MemoryId],
         keywords: &[String],
     ) -> Result<(), StoreError> {
-        self.observed(true, async {
-            let turn_ids: Vec<PointId> = ids.iter().map(|m| point_id(*m)).collect();
-            let keyword_ids: Vec<PointId> = keywords
-                .iter()
-                .map(|k| keyword_point(tenant, conversation, k))
-                .collect();
-            if !ids.is_empty() {
-                let kept = Filter::must([
-                    Condition::matches("tenant", MatchValue::Keyword(history_tenant(tenant))),
-                    Condition::matches(
-                        "memory_id",
-                        ids.iter().map(|m| m.to_string()).collect::<Vec<_>>(),
-                    ),
-                ]);
-                self.client
-                    .delete_points(
-                        DeletePointsBuilder::new(self.turns.as_str())
-                            .points(kept)
-                            .wait(true),
-                    )
-                    .await
-                    .map_err(err)?;
+        let turn_ids: Vec<PointId> = ids.iter().map(|m| point_id(*m)).collect();
+        let keyword_ids: Vec<PointId> = keywords
+            .iter()
+            .map(|k| keyword_point(tenant, conversation, k))
+            .collect();
+        if !ids.is_empty() {
+            let kept = Filter::must([
+                Condition::matches("tenant", MatchValue::Keyword(history_tenant(tenant))),
+                Condition::matches(
+                    "memory_id",
+                    ids.iter().map(|m| m.to_string()).collect::<Vec<_>>(),
+                ),
+            ]);
+            self.client
+                .delete_points(
+                    DeletePointsBuilder::new(self.turns.as_str())
+                        .points(kept)
+                        .wait(true),
+                )
+                .await
+                .map_err(err)?;
+        }
+        for (coll, ids) in [(&self.turns, turn_ids), (&self.keywords, keyword_ids)] {
+            if ids.is_empty() {
+                continue;
             }
-            for (coll, ids) in [(&self.turns, turn_ids), (&self.keywords, keyword_ids)] {
-                if ids.is_empty() {
-                    continue;
-                }
-                self.client
-                    .delete_points(
-                        DeletePointsBuilder::new(coll.as_str())
-                            .points(qdrant_client::qdrant::PointsIdsList { ids })
-                            .wait(true),
-                    )
-                    .await
-                    .map_err(err)?;
-            }
-            Ok(())
-        })
-        .await
+            self.client
+                .delete_points(
+                    DeletePointsBuilder::new(coll.as_str())
+                        .points(qdrant_client::qdrant::PointsIdsList { ids })
+                        .wait(true),
+                )
+                .await
+                .map_err(err)?;
+        }
+        Ok(())
     }
 
     async fn delete_conversation(
@@ -995,43 +947,37 @@ impl VectorIndex for QdrantVectorIndex {
         tenant: &TenantId,
         conversation: &str,
     ) -> Result<u64, StoreError> {
-        self.observed(true, async {
-            let scope = Scope::of(&[conversation]);
-            let n = self.count(tenant, &scope).await?;
-            let kept = filter_on(&history_tenant(tenant), &scope);
-            for (coll, filter) in [
-                (&self.turns, scope_filter(tenant, &scope)),
-                (&self.turns, kept),
-                (&self.keywords, scope_filter(tenant, &scope)),
-            ] {
-                self.client
-                    .delete_points(
-                        DeletePointsBuilder::new(coll.as_str())
-                            .points(filter)
-                            .wait(true),
-                    )
-                    .await
-                    .map_err(err)?;
-            }
-            Ok(n)
-        })
-        .await
-    }
-
-    async fn count(&self, tenant: &TenantId, scope: &Scope) -> Result<u64, StoreError> {
-        self.observed(false, async {
-            let r = self
-                .client
-                .count(
-                    CountPointsBuilder::new(&self.turns)
-                        .filter(scope_filter(tenant, scope))
-                        .exact(true),
+        let scope = Scope::of(&[conversation]);
+        let n = self.count(tenant, &scope).await?;
+        let kept = filter_on(&history_tenant(tenant), &scope);
+        for (coll, filter) in [
+            (&self.turns, scope_filter(tenant, &scope)),
+            (&self.turns, kept),
+            (&self.keywords, scope_filter(tenant, &scope)),
+        ] {
+            self.client
+                .delete_points(
+                    DeletePointsBuilder::new(coll.as_str())
+                        .points(filter)
+                        .wait(true),
                 )
                 .await
                 .map_err(err)?;
-            Ok(r.result.map(|c| c.count).unwrap_or(0))
-        })
-        .await
+        }
+        Ok(n)
+    }
+
+    async fn count(&self, tenant: &TenantId, scope: &Scope) -> Result<u64, StoreError> {
+        let r = self
+            .client
+            .count(
+                CountPointsBuilder::new(&self.turns)
+                    .filter(scope_filter(tenant, scope))
+                    .exact(true),
+            )
+            .await
+            .map_err(err)?;
+        Ok(r.result.map(|c| c.count).unwrap_or(0))
     }
 }
 
