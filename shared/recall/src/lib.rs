@@ -17,8 +17,7 @@ use chrono::{DateTime, Utc};
 use recollect_embed::Embedder;
 use recollect_extract::{analyse_query, QueryAnalysis};
 use recollect_model::{
-    Classify, ErrorKind, MemoryId, RecalledMemory, ReferenceState, SparseVector, TenantId,
-    TurnFilter,
+    Classify, ErrorKind, MemoryId, RecalledMemory, ReferenceState, TenantId, TurnFilter,
 };
 use recollect_store::{Graph, Scope, StoreError, VectorField, VectorIndex, VectorQuery};
 use recollect_telemetry as metrics;
@@ -110,20 +109,6 @@ impl RecallRequest {
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RecallResponse {
     pub memories: Vec<RecalledMemory>,
-}
-
-/// BM25 query weights: each distinct query term once (IDF is applied by the index).
-pub fn lexical_query(query: &str) -> SparseVector {
-    let mut ids: Vec<u32> = recollect_extract::text::lexical_terms(query)
-        .iter()
-        .map(|t| recollect_extract::text::term_id(t))
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
-    SparseVector {
-        values: vec![1.0; ids.len()],
-        indices: ids,
-    }
 }
 
 pub struct Recall {
@@ -238,7 +223,7 @@ impl Recall {
         query: &str,
         limit: usize,
     ) -> Result<HashMap<MemoryId, f32>, RecallError> {
-        let q = lexical_query(query);
+        let q = recollect_extract::bm25::query(query);
         Ok(self
             .vectors
             .search(tenant, scope, &VectorQuery::Lexical(q), limit)
