@@ -23,7 +23,7 @@ use recollect_store::{Graph, Scope, StoreError, VectorField, VectorIndex, Vector
 use recollect_telemetry as metrics;
 use serde::{Deserialize, Serialize};
 
-pub use config::{Ablation, Component, RecallConfig};
+pub use config::{Ablation, Component, RecallConfig, RecallLimits};
 pub use path_b::PathB;
 pub use path_c::PathC;
 
@@ -116,6 +116,7 @@ pub struct Recall {
     vectors: Arc<dyn VectorIndex>,
     embedder: Arc<dyn Embedder>,
     config: RecallConfig,
+    limits: RecallLimits,
 }
 
 /// The query's embeddings: the whole question, and one per query/answer keyword.
@@ -130,17 +131,23 @@ impl Recall {
         vectors: Arc<dyn VectorIndex>,
         embedder: Arc<dyn Embedder>,
         config: RecallConfig,
+        limits: RecallLimits,
     ) -> Self {
         Self {
             graph,
             vectors,
             embedder,
             config,
+            limits,
         }
     }
 
     pub fn config(&self) -> &RecallConfig {
         &self.config
+    }
+
+    pub fn limits(&self) -> &RecallLimits {
+        &self.limits
     }
 
     pub fn graph(&self) -> &Arc<dyn Graph> {
@@ -241,11 +248,11 @@ impl Recall {
         if req.query.trim().is_empty() {
             return Err(RecallError::Invalid("query is empty or whitespace".into()));
         }
-        if req.query.len() > self.config.max_query_bytes {
+        if req.query.len() > self.limits.max_query_bytes {
             return Err(RecallError::Invalid(format!(
                 "query is {} bytes, the limit is {}",
                 req.query.len(),
-                self.config.max_query_bytes
+                self.limits.max_query_bytes
             )));
         }
         if let Some(c) = req
@@ -277,11 +284,11 @@ impl Recall {
                 )));
             }
         }
-        let k = req.k.unwrap_or(self.config.default_k as i64);
-        if k <= 0 || k > self.config.max_k as i64 {
+        let k = req.k.unwrap_or(self.limits.default_k as i64);
+        if k <= 0 || k > self.limits.max_k as i64 {
             return Err(RecallError::Invalid(format!(
                 "k must be in 1..={}, got {k}",
-                self.config.max_k
+                self.limits.max_k
             )));
         }
         for (field, list) in [
