@@ -68,6 +68,10 @@ const STOPWORDS: &[&str] = &[
 pub(crate) static STOPSET: Lazy<HashSet<&'static str>> =
     Lazy::new(|| STOPWORDS.iter().copied().collect());
 
+/// The BM25 tokeniser and term ids under their former names: branches written before
+/// `bm25.rs` (and builds sharing a target directory with them) still call these.
+pub use crate::bm25::{term_id, terms as lexical_terms};
+
 /// Whether `word` (any case) is a function word or chat filler.
 pub fn is_stopword(word: &str) -> bool {
     if word

@@ -1,13 +1,19 @@
 //! Recall, written once against the seams and readable beside the KeyMem paper
 //! (../shared/RECALL.md §1): Phase 1 analyse the query, Phase 2 run Path B and Path C beside
-//! the dense field max-sim and BM25 retrievers, Phase 3 source-aware scoring fused with lexical
-//! evidence. Every returned memory says which paths found it and how its score was made.
+//! the dense field max-sim and BM25 retrievers, Phase 3 in three steps: fetch the candidates
+//! (every store read, `fetch.rs`), score them as KeyMem does (a pure function, `keymem.rs`),
+//! fuse with the lexical and time evidence and rank (a pure function, `fuse.rs`). Every
+//! returned memory says which paths found it and how its score was made.
 
 mod config;
-mod fuse;
+pub mod fetch;
+pub mod fuse;
+pub mod keymem;
 mod path_b;
 mod path_c;
 pub mod softtfidf;
+#[cfg(test)]
+mod testing;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -24,6 +30,8 @@ use recollect_telemetry as metrics;
 use serde::{Deserialize, Serialize};
 
 pub use config::{Ablation, Component, RecallConfig, RecallLimits};
+pub use fetch::{Candidate, Candidates, Found, Retrieved};
+pub use keymem::{KeyMemQuery, KeyMemScore};
 pub use path_b::PathB;
 pub use path_c::PathC;
 
@@ -422,11 +430,30 @@ impl Recall {
             .with_label_values(&["lexical"])
             .observe(lexical.len() as f64);
 
-        // Phase 3: source-aware scoring, fused with lexical and dense evidence.
-        let out = fuse::score(
-            self, tenant, &scope, &qa, &qv, &b, &c, &dense, &lexical, k, ablation,
+        // Phase 3: fetch the candidates (every store read), then two pure steps: KeyMem's
+        // source-aware scoring, and the fusion with the lexical and time evidence.
+        let retrieved = Retrieved {
+            b,
+            c,
+            dense,
+            lexical,
+        };
+        let candidates = fetch::fetch(
+            self.graph.as_ref(),
+            self.vectors.as_ref(),
+            tenant,
+            &scope,
+            &retrieved,
         )
         .await?;
+        let query = KeyMemQuery {
+            vector: &qv.query,
+            neighbours: &retrieved.b.neighbours,
+            idf: &retrieved.b.idf,
+            weights: keymem::weights(cfg, qa.query_type),
+        };
+        let scores = keymem::score(&candidates.items, &query, ablation);
+        let out = fuse::fuse(candidates, &scores, (&qa).into(), cfg, k);
         if out.is_empty() {
             metrics::RECALL_EMPTY
                 .with_label_values(&[] as &[&str])
