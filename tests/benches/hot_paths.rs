@@ -64,7 +64,7 @@ fn store_side(c: &mut Criterion) {
 
 fn query_side(c: &mut Criterion) {
     c.bench_function("lexical: query sparse vector", |b| {
-        b.iter(|| recollect_recall::lexical_query(black_box(QUERY)))
+        b.iter(|| recollect_extract::bm25::query(black_box(QUERY)))
     });
     let now = Utc.with_ymd_and_hms(2023, 9, 1, 0, 0, 0).unwrap();
     c.bench_function(

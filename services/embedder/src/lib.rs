@@ -9,19 +9,13 @@ use std::time::Instant;
 use async_trait::async_trait;
 use recollect_bus::{Delivery, Message, Stage, StageError};
 use recollect_embed::Embedder;
-use recollect_extract::text::{lexical_terms, term_id};
+use recollect_extract::bm25;
 use recollect_model::{
     bus_key, topics, EmbeddedTurn, Embeddings, Envelope, ExtractedTurn, KeywordVector,
     SparseVector, Turn,
 };
 use recollect_storage::{ErasureMap, Graph};
 use recollect_telemetry::events::{EmbedderBatchCompleted, InternalEvent};
-
-/// BM25 term-frequency saturation; IDF is applied by the vector index (Qdrant's IDF modifier).
-pub const BM25_K1: f32 = 1.2;
-pub const BM25_B: f32 = 0.75;
-/// Typical terms per turn after stop-word removal; documents are length-normalised against it.
-pub const BM25_AVG_LEN: f32 = 24.0;
 
 /// The text a field's vector and the lexical vector are made from: speaker and words.
 pub fn field_text(speaker: Option<&str>, text: &str) -> String {
@@ -33,27 +27,11 @@ pub fn field_text(speaker: Option<&str>, text: &str) -> String {
 
 /// BM25 document weights for the turn's text (both fields, with speakers).
 pub fn lexical_document_vector(turn: &Turn) -> SparseVector {
-    let text = format!(
+    bm25::document(&format!(
         "{}\n{}",
         field_text(turn.user_speaker.as_deref(), &turn.user),
         field_text(turn.assistant_speaker.as_deref(), &turn.assistant)
-    );
-    let terms = lexical_terms(&text);
-    let len = terms.len() as f32;
-    let mut tf: HashMap<u32, f32> = HashMap::new();
-    for t in &terms {
-        *tf.entry(term_id(t)).or_default() += 1.0;
-    }
-    let norm = BM25_K1 * (1.0 - BM25_B + BM25_B * len / BM25_AVG_LEN);
-    let mut pairs: Vec<(u32, f32)> = tf
-        .into_iter()
-        .map(|(i, f)| (i, f * (BM25_K1 + 1.0) / (f + norm)))
-        .collect();
-    pairs.sort_by_key(|p| p.0);
-    SparseVector {
-        indices: pairs.iter().map(|p| p.0).collect(),
-        values: pairs.iter().map(|p| p.1).collect(),
-    }
+    ))
 }
 
 pub struct EmbedderStage {

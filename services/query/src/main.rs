@@ -6,7 +6,7 @@ use std::sync::Arc;
 use recollect_api::Auth;
 use recollect_embed::CachedEmbedder;
 use recollect_query::QueryState;
-use recollect_recall::{Recall, RecallConfig};
+use recollect_recall::{Recall, RecallLimits};
 use recollect_runtime::{graph_check, load_embedder, start, vectors_check};
 use recollect_serve::Roles;
 
@@ -18,17 +18,12 @@ async fn main() -> anyhow::Result<()> {
     let graph = recollect_storage::open_graph(&settings, &dir).await?;
     let vectors = recollect_storage::open_vectors(&settings, &dir, embedder.dim()).await?;
     let checks = vec![graph_check(graph.clone()), vectors_check(vectors.clone())];
-    let cfg = RecallConfig {
-        default_k: settings.server.default_k,
-        max_k: settings.server.max_k,
-        max_query_bytes: settings.server.max_query_bytes,
-        ..RecallConfig::default()
-    };
     let recall = Arc::new(Recall::new(
         graph,
         vectors,
         Arc::new(CachedEmbedder::new(embedder)),
-        cfg,
+        settings.recall.clone(),
+        RecallLimits::from(&settings.server),
     ));
     let roles = Roles {
         gateway: None,

@@ -14,7 +14,7 @@ use recollect_extractor::ExtractorStage;
 use recollect_gateway::{Eraser, Gateway, Limits};
 use recollect_graph_writer::{GraphWriterStage, StoreHooks};
 use recollect_model::{topics, MemoryId, RecollectError, TenantId, Turn};
-use recollect_recall::{Recall, RecallConfig};
+use recollect_recall::{Recall, RecallLimits};
 use recollect_storage::{open_graph, open_vectors, Graph, RawStore, VectorIndex};
 use recollect_telemetry::events::{ComponentSelected, InternalEvent};
 use tokio::sync::{watch, Notify};
@@ -403,17 +403,12 @@ impl App {
                 .with_graph(graph.clone())
                 .with_gate(gate.clone()),
         );
-        let recall_cfg = RecallConfig {
-            default_k: settings.server.default_k,
-            max_k: settings.server.max_k,
-            max_query_bytes: settings.server.max_query_bytes,
-            ..RecallConfig::default()
-        };
         let recall = Arc::new(Recall::new(
             graph.clone(),
             vectors.clone(),
             query_embedder,
-            recall_cfg,
+            settings.recall.clone(),
+            RecallLimits::from(&settings.server),
         ));
         let backup = Arc::new(DataDirBackup {
             dir: dir.clone(),

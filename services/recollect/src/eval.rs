@@ -356,7 +356,9 @@ fn apply_sets(cfg: RecallConfig, sets: &[String]) -> anyhow::Result<RecallConfig
             None => bail!("--set {k}: no such recall constant"),
         }
     }
-    Ok(serde_json::from_value(v)?)
+    let cfg: RecallConfig = serde_json::from_value(v)?;
+    cfg.validate().context("--set")?;
+    Ok(cfg)
 }
 
 pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()> {
@@ -478,6 +480,7 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
         app.vectors.clone(),
         embedder,
         base_cfg.clone(),
+        *app.recall.limits(),
     );
     let runs: Vec<(String, Ablation)> = match ablate.as_deref() {
         None | Some("none") => vec![("full".into(), Ablation::default())],

@@ -7,6 +7,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+mod recall;
+
+pub use recall::RecallConfig;
+
 const DEFAULTS: &str = include_str!("../config/default.toml");
 
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +33,7 @@ pub struct Settings {
     pub bus: BusSettings,
     pub remote: RemoteSettings,
     pub consolidation: ConsolidationSettings,
+    pub recall: RecallConfig,
     pub telemetry: TelemetrySettings,
 }
 
@@ -456,6 +461,8 @@ impl Settings {
                 .separator("__")
                 .list_separator(",")
                 .with_list_parse_key("server.api_keys")
+                .with_list_parse_key("recall.factual_weights")
+                .with_list_parse_key("recall.reasoning_weights")
                 .try_parsing(true),
         );
         let mut s: Settings = b.build()?.try_deserialize()?;
@@ -589,6 +596,7 @@ impl Settings {
         if self.consolidation.window < 2 {
             return invalid("consolidation.window", "must be at least 2".into());
         }
+        self.recall.validate()?;
         if !matches!(self.telemetry.log_format.as_str(), "text" | "json") {
             return invalid("telemetry.log_format", "must be text or json".into());
         }
@@ -942,6 +950,85 @@ mod tests {
                 "{bad}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn recall_defaults_are_the_constants_recall_always_used() {
+        // Bit for bit the values recall's own defaults had before `[recall]` existed: the
+        // LoCoMo figures depend on them.
+        let r = Settings::defaults().recall;
+        assert_eq!(r.keyword_neighbours, 30);
+        assert_eq!(r.keyword_min_cosine.to_bits(), 0.45f32.to_bits());
+        assert_eq!(r.fragments_expanded, 10);
+        let bits = |(a, b): (f32, f32)| (a.to_bits(), b.to_bits());
+        assert_eq!(bits(r.factual_weights), bits((0.30, 0.50)));
+        assert_eq!(bits(r.reasoning_weights), bits((0.60, 0.75)));
+        assert_eq!(r.retrieve_depth, 100);
+        assert_eq!(r.lexical_weight.to_bits(), 0.3f32.to_bits());
+        assert_eq!(r.neighbour_weight.to_bits(), 0.35f32.to_bits());
+        assert_eq!(r.time_weight.to_bits(), 0.2f32.to_bits());
+        assert_eq!(RecallConfig::default(), r);
+    }
+
+    #[test]
+    fn recall_keys_come_from_the_file_then_the_environment() {
+        let dir = std::env::temp_dir().join(format!("recollect-recall-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("c.toml");
+        std::fs::write(
+            &f,
+            "[recall]\nlexical_weight = 0.4\nfactual_weights = [0.2, 0.4]\n",
+        )
+        .unwrap();
+        let s = Settings::load(Some(&f)).unwrap();
+        assert_eq!(s.recall.lexical_weight, 0.4);
+        assert_eq!(s.recall.factual_weights, (0.2, 0.4));
+        assert_eq!(s.recall.keyword_neighbours, 30);
+        // Other tests load settings meanwhile: only keys no other test reads, valid values.
+        std::env::set_var("RECOLLECT__RECALL__REASONING_WEIGHTS", "0.5,0.7");
+        std::env::set_var("RECOLLECT__RECALL__FRAGMENTS_EXPANDED", "12");
+        let s = Settings::load(Some(&f));
+        std::env::remove_var("RECOLLECT__RECALL__REASONING_WEIGHTS");
+        std::env::remove_var("RECOLLECT__RECALL__FRAGMENTS_EXPANDED");
+        let s = s.unwrap();
+        assert_eq!(s.recall.reasoning_weights, (0.5, 0.7));
+        assert_eq!(s.recall.fragments_expanded, 12);
+        assert_eq!(s.recall.lexical_weight, 0.4, "the file's value stays");
+        std::fs::write(&f, "[recall]\ntime_weight = -1\n").unwrap();
+        let e = Settings::load(Some(&f)).unwrap_err().to_string();
+        assert!(e.contains("recall.time_weight"), "{e}");
+    }
+
+    #[test]
+    fn recall_values_are_validated_by_key() {
+        type Mutation = fn(&mut RecallConfig);
+        let cases: [(Mutation, &str); 9] = [
+            (|r| r.keyword_neighbours = 0, "recall.keyword_neighbours"),
+            (|r| r.keyword_min_cosine = 1.5, "recall.keyword_min_cosine"),
+            (|r| r.fragments_expanded = 5000, "recall.fragments_expanded"),
+            (|r| r.factual_weights = (0.6, 0.5), "recall.factual_weights"),
+            (
+                |r| r.reasoning_weights = (0.6, 1.5),
+                "recall.reasoning_weights",
+            ),
+            (|r| r.retrieve_depth = 0, "recall.retrieve_depth"),
+            (|r| r.lexical_weight = f32::NAN, "recall.lexical_weight"),
+            (
+                |r| r.neighbour_weight = f32::INFINITY,
+                "recall.neighbour_weight",
+            ),
+            (|r| r.time_weight = -0.1, "recall.time_weight"),
+        ];
+        for (mutate, key) in cases {
+            let mut s = Settings::defaults();
+            mutate(&mut s.recall);
+            let e = s.validate().unwrap_err().to_string();
+            assert!(e.contains(key), "{key}: {e}");
+        }
+        let mut s = Settings::defaults();
+        s.recall.fragments_expanded = 0;
+        s.recall.factual_weights = (0.4, 0.4);
+        s.validate().unwrap();
     }
 
     #[test]

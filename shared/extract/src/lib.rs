@@ -2,6 +2,7 @@
 //! locations, events, resolved times and anaphors), done with rules so that the store path
 //! needs no model and no network, and query analysis that mirrors it.
 
+pub mod bm25;
 pub mod query;
 pub mod resolve;
 pub mod rules;

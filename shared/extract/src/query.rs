@@ -7,11 +7,12 @@ use once_cell::sync::Lazy;
 use recollect_model::{Field, Keyword, Reference, ReferenceState};
 use serde::{Deserialize, Serialize};
 
+use crate::bm25;
 use crate::lexicon::{ambiguous_place, gazetteer_match, is_gazetteer_place, is_place_noun};
 use crate::names::name_runs;
 use crate::resolve::{eq_ci, Resolver, KIND_ENTITY, KIND_LOCATION, KIND_TIME};
 use crate::rules::{is_content, location_cue_before};
-use crate::text::{lexical_terms, stem, tokenize, TokKind, Token};
+use crate::text::{stem, tokenize, TokKind, Token};
 use crate::time::{scan, Gran, TimeMatch};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -141,7 +142,7 @@ fn is_question_generic(base: &str) -> bool {
 
 /// Stems of question scaffolding, removed from the query's BM25 terms.
 static GENERIC_STEMS: Lazy<Vec<String>> = Lazy::new(|| {
-    lexical_terms(
+    bm25::terms(
         "like kind type sort mention tell talk name describe happen often way according specific times",
     )
 });
@@ -397,7 +398,7 @@ pub fn analyse_query(
         }
     }
 
-    let lexical = lexical_terms(query)
+    let lexical = bm25::terms(query)
         .into_iter()
         .filter(|t| !GENERIC_STEMS.contains(t))
         .collect();

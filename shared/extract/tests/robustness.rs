@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeZone, Utc};
 use proptest::prelude::*;
-use recollect_extract::{analyse_query, parse_date_time, parse_times, text, RuleExtractor};
+use recollect_extract::{analyse_query, bm25, parse_date_time, parse_times, RuleExtractor};
 use recollect_model::{MemoryId, ReferenceState, TenantId, Turn};
 
 fn turn(user: &str, assistant: &str, ts: DateTime<Utc>) -> Turn {
@@ -133,7 +133,7 @@ proptest! {
         let t0 = Instant::now();
         let _ = parse_times(&s, a);
         let _ = parse_date_time(&s);
-        let _ = text::lexical_terms(&s);
+        let _ = bm25::terms(&s);
         let _ = analyse_query(&s, Some(a), None);
         let mut st = ReferenceState::default();
         let x = RuleExtractor::new();
@@ -200,7 +200,7 @@ fn large_inputs_are_fast() {
     for input in &inputs {
         let t0 = Instant::now();
         let _ = parse_times(input, a);
-        let _ = text::lexical_terms(input);
+        let _ = bm25::terms(input);
         let _ = analyse_query(input, Some(a), None);
         let mut st = ReferenceState::default();
         let ex = RuleExtractor::new().extract_sync(&turn(input, input, a), &mut st);

@@ -1,47 +1,28 @@
-//! Recall constants. Defaults are the paper's where it gives them (RECALL.md §1), and ours,
-//! measured on the development set, where it does not.
+//! Recall's configuration: the method's constants are `[recall]` in the settings
+//! ([`RecallConfig`], defined beside the other sections in `shared/config`), the request limits
+//! `[server]`'s ([`RecallLimits`]); and the ablation switches an evaluation uses.
 
+use recollect_config::ServerSettings;
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RecallConfig {
+pub use recollect_config::RecallConfig;
+
+/// The request limits recall enforces. They are `[server]`'s keys, beside the API's other
+/// limits, so a deployment sets each in one place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecallLimits {
+    /// k when a request gives none.
     pub default_k: usize,
     pub max_k: usize,
     pub max_query_bytes: usize,
-    /// Path B: nearest Keyword nodes per query keyword, and their cosine floor.
-    pub keyword_neighbours: usize,
-    pub keyword_min_cosine: f32,
-    /// Path C: fragments expanded into candidates.
-    pub fragments_expanded: usize,
-    /// Phase 3 adaptive keyword weight (w_base, w_cap) for factual and reasoning queries.
-    pub factual_weights: (f32, f32),
-    pub reasoning_weights: (f32, f32),
-    /// Candidates taken from each of the dense and lexical retrievers.
-    pub retrieve_depth: usize,
-    /// Weight of the normalised BM25 score in the fused score.
-    pub lexical_weight: f32,
-    /// Weight of the adjacent turn's score carried to a turn (conversation context).
-    pub neighbour_weight: f32,
-    /// Bonus for a turn that carries a time expression when the question asks "when", or whose
-    /// times fall in the question's time hint.
-    pub time_weight: f32,
 }
 
-impl Default for RecallConfig {
-    fn default() -> Self {
+impl From<&ServerSettings> for RecallLimits {
+    fn from(s: &ServerSettings) -> Self {
         Self {
-            default_k: 30,
-            max_k: 1000,
-            max_query_bytes: 4096,
-            keyword_neighbours: 30,
-            keyword_min_cosine: 0.45,
-            fragments_expanded: 10,
-            factual_weights: (0.30, 0.50),
-            reasoning_weights: (0.60, 0.75),
-            retrieve_depth: 100,
-            lexical_weight: 0.3,
-            neighbour_weight: 0.35,
-            time_weight: 0.2,
+            default_k: s.default_k,
+            max_k: s.max_k,
+            max_query_bytes: s.max_query_bytes,
         }
     }
 }

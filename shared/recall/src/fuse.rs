@@ -1,238 +1,334 @@
-//! Phase 3 (KeyMem §1): source-aware scoring with query-local normalisation, fused with the
-//! BM25 evidence so dense similarity never demotes an exact lexical hit.
+//! Fusion and rerank (ours, beside KeyMem's Phase 3), a pure function of the fetched
+//! candidates and their KeyMem scores: the normalised BM25 score is added, so dense similarity
+//! never demotes an exact lexical hit; a time-evidence bonus; a share of the adjacent rounds'
+//! scores; then the top k, each saying which paths found it and how its score was made.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
-use recollect_extract::{QueryAnalysis, QueryType, Want};
-use recollect_model::{MemoryId, RecalledMemory, ScoreParts, TenantId};
-use recollect_storage::Scope;
+use chrono::NaiveDate;
+use recollect_extract::{QueryAnalysis, TimeHint, Want};
+use recollect_model::{RecalledMemory, ScoreParts, TimeRef};
 
-use crate::softtfidf;
-use crate::{Ablation, Component, PathB, PathC, QueryVectors, Recall, RecallError};
+use crate::fetch::{Candidate, Candidates, Found};
+use crate::keymem::KeyMemScore;
+use crate::RecallConfig;
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+/// What the time evidence needs of the query analysis.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TimeQuestion<'a> {
+    /// The question asks for a time ("when", "what year", "how long", …).
+    pub wants_time: bool,
+    pub hint: Option<&'a TimeHint>,
 }
 
-/// Field max-sim (never a mixture, unless ablated): the best of the user and assistant cosines.
-fn field_cos(q: &[f32], f: &recollect_storage::vector::FieldVectors, mixture: bool) -> f32 {
-    let u = dot(q, &f.user);
-    match (f.assistant.as_ref().map(|a| dot(q, a)), mixture) {
-        (Some(a), false) => u.max(a),
-        (Some(a), true) => (u + a) / 2.0,
-        (None, _) => u,
-    }
-}
-
-/// `s̃ = s / max(max_s, 1)`: query-local normalisation with a floor of 1.
-fn normaliser(values: impl Iterator<Item = f32>) -> f32 {
-    values.fold(1.0f32, f32::max)
-}
-
-#[allow(clippy::too_many_arguments)]
-pub async fn score(
-    r: &Recall,
-    tenant: &TenantId,
-    scope: &Scope,
-    qa: &QueryAnalysis,
-    qv: &QueryVectors,
-    b: &PathB,
-    c: &PathC,
-    dense: &HashMap<MemoryId, f32>,
-    lexical: &HashMap<MemoryId, f32>,
-    k: usize,
-    ablation: &Ablation,
-) -> Result<Vec<RecalledMemory>, RecallError> {
-    let cfg = &r.config;
-    let mut candidates: HashSet<MemoryId> = HashSet::new();
-    candidates.extend(b.result.iter().copied());
-    candidates.extend(c.turns.iter().copied());
-    candidates.extend(dense.keys().copied());
-    candidates.extend(lexical.keys().copied());
-    if candidates.is_empty() {
-        return Ok(vec![]);
-    }
-    let ids: Vec<MemoryId> = candidates.into_iter().collect();
-    let (records, vectors) = tokio::join!(
-        r.graph.turns(tenant, &ids),
-        r.vectors.field_vectors(tenant, &ids)
-    );
-    let (mut records, mut vectors) = (records?, vectors?);
-    // As of an earlier time: each turn as it was then (never one recorded later), with that
-    // version's vectors.
-    if let Some(at) = scope.as_of {
-        records = records.iter().filter_map(|rec| rec.as_of(at)).collect();
-        let older: Vec<(MemoryId, chrono::DateTime<chrono::Utc>)> = records
-            .iter()
-            .filter(|rec| rec.turn.expired_at.is_some())
-            .map(|rec| (rec.turn.memory_id, rec.turn.recorded_at))
-            .collect();
-        if !older.is_empty() {
-            for id in older.iter().map(|(m, _)| m) {
-                vectors.remove(id);
-            }
-            vectors.extend(r.vectors.version_vectors(tenant, &older).await?);
+impl<'a> From<&'a QueryAnalysis> for TimeQuestion<'a> {
+    fn from(qa: &'a QueryAnalysis) -> Self {
+        Self {
+            wants_time: qa.wants == Some(Want::Time),
+            hint: qa.time_hint.as_ref(),
         }
     }
-    // The graph paths reach turns through conversation-level nodes: the turn filter applies
-    // here, before any scoring, as the vector index applied it inside its searches.
-    let filter = &scope.filter;
-    if !filter.is_empty() {
-        records.retain(|rec| filter.matches(&rec.turn));
-    }
+}
 
-    struct Row {
-        idx: usize,
-        cos: f32,
-        time: f32,
-        s_kw: f32,
-        s_frag: f32,
-        in_b: bool,
-        in_c: bool,
-    }
-    let mut rows: Vec<Row> = Vec::with_capacity(records.len());
-    for (idx, rec) in records.iter().enumerate() {
-        let id = rec.turn.memory_id;
-        let cos = match vectors.get(&id) {
-            Some(f) if !ablation.without(Component::Dense) => {
-                field_cos(&qv.query, f, ablation.without(Component::FieldMaxSim))
-            }
-            _ => 0.0,
-        };
-        // Time evidence: the question asks "when" and the turn says when; or the turn's times
-        // fall inside the question's time hint.
-        let says_when = !rec.extraction.times.is_empty();
-        let in_hint = qa.time_hint.as_ref().is_some_and(|h| {
-            rec.extraction
-                .times
-                .iter()
-                .any(|t| t.start <= h.end && t.end >= h.start)
-                || (h.start..=h.end).contains(&rec.turn.timestamp.date_naive())
-        });
-        let time = if (qa.wants == Some(Want::Time) && says_when) || in_hint {
-            1.0
-        } else {
-            0.0
-        };
-        let keys = rec.extraction.keywords.iter().map(|k| &k.key);
-        let s_kw = softtfidf::score(&b.neighbours, keys, &b.idf);
-        rows.push(Row {
-            idx,
-            cos,
-            time,
-            s_kw,
-            s_frag: c.turn_score.get(&id).copied().unwrap_or(0.0),
-            in_b: b.result.contains(&id),
-            in_c: c.turns.contains(&id),
-        });
-    }
-    let kw_norm = normaliser(rows.iter().map(|r| r.s_kw));
-    let frag_norm = normaliser(rows.iter().map(|r| r.s_frag));
-    let lex_max = lexical.values().copied().fold(0.0f32, f32::max);
-    let (w_base, w_cap) = match qa.query_type {
-        QueryType::Factual => cfg.factual_weights,
-        QueryType::Reasoning => cfg.reasoning_weights,
-    };
-
-    let score_all = |rows: &[Row]| -> Vec<(f32, usize, ScoreParts, Vec<String>)> {
-        rows.iter()
-            .map(|row| {
-                let id = records[row.idx].turn.memory_id;
-                let kw = row.s_kw / kw_norm;
-                let frag = row.s_frag / frag_norm;
-                let w = (w_base + 0.15 * row.s_kw).min(w_cap);
-                let keymem = if ablation.without(Component::Scoring) {
-                    row.cos
-                } else {
-                    match (row.in_b, row.in_c) {
-                        (true, true) => (1.0 - w) * row.cos + w * (0.7 * kw + 0.3 * frag),
-                        (false, true) => (1.0 - w) * row.cos + w * (0.5 * kw + 0.5 * frag),
-                        _ => (1.0 - w) * row.cos + w * kw,
-                    }
-                };
-                let lex = if lex_max > 0.0 {
-                    lexical.get(&id).copied().unwrap_or(0.0) / lex_max
-                } else {
-                    0.0
-                };
-                let fused = keymem + cfg.lexical_weight * lex + cfg.time_weight * row.time;
-                let mut sources = Vec::new();
-                match (row.in_b, row.in_c) {
-                    (true, true) => sources.push("BC".to_string()),
-                    (true, false) => sources.push("B".to_string()),
-                    (false, true) => sources.push("C".to_string()),
-                    _ => {}
-                }
-                if lexical.contains_key(&id) {
-                    sources.push("lexical".to_string());
-                }
-                if dense.contains_key(&id) {
-                    sources.push("dense".to_string());
-                }
-                let parts = ScoreParts {
-                    dense: row.cos,
-                    lexical: lex,
-                    keyword: kw,
-                    fragment: frag,
-                    time: row.time,
-                    fused,
-                };
-                (fused, row.idx, parts, sources)
-            })
-            .collect()
-    };
-    let mut scored = score_all(&rows);
-
-    // Neighbouring rounds carry part of each other's score: answers often span adjacent turns.
-    if cfg.neighbour_weight > 0.0 {
-        let pos: HashMap<(&str, u64), f32> = scored
-            .iter()
-            .map(|(s, i, _, _)| {
-                (
-                    (
-                        records[*i].turn.conversation_id.as_str(),
-                        records[*i].turn.position,
-                    ),
-                    *s,
-                )
-            })
-            .collect();
-        for (s, i, parts, _) in scored.iter_mut() {
-            let t = &records[*i].turn;
-            let best_adj = [t.position.wrapping_sub(1), t.position + 1]
-                .iter()
-                .filter_map(|p| pos.get(&(t.conversation_id.as_str(), *p)))
-                .fold(0.0f32, |a, b| a.max(*b));
-            *s += cfg.neighbour_weight * best_adj;
-            parts.fused = *s;
-        }
-    }
-
-    scored.sort_by(|a, b| {
-        b.0.total_cmp(&a.0)
-            .then_with(|| records[a.1].turn.position.cmp(&records[b.1].turn.position))
+/// 1 when the question asks for a time and the turn states one, or the turn's times (or its
+/// date) fall inside the question's time hint; else 0.
+pub fn time_evidence(times: &[TimeRef], date: NaiveDate, q: TimeQuestion<'_>) -> f32 {
+    let says_when = !times.is_empty();
+    let in_hint = q.hint.is_some_and(|h| {
+        times.iter().any(|t| t.start <= h.end && t.end >= h.start)
+            || (h.start..=h.end).contains(&date)
     });
-    scored.truncate(k);
-    Ok(scored
-        .into_iter()
-        .map(|(s, i, parts, sources)| {
-            let t = &records[i].turn;
-            RecalledMemory {
-                memory_id: t.memory_id,
-                conversation_id: t.conversation_id.clone(),
-                turn_id: t.turn_id.clone(),
-                user: t.user.clone(),
-                assistant: t.assistant.clone(),
-                user_speaker: t.user_speaker.clone(),
-                assistant_speaker: t.assistant_speaker.clone(),
-                timestamp: t.timestamp,
-                user_id: t.user_id.clone(),
-                agent_id: t.agent_id.clone(),
-                metadata: t.metadata.clone(),
-                score: s,
-                sources,
-                score_parts: parts,
+    if (q.wants_time && says_when) || in_hint {
+        1.0
+    } else {
+        0.0
+    }
+}
+
+/// `keymem + lexical_weight · bm25 / max bm25 + time_weight · time`.
+pub fn fused(keymem: f32, lexical: f32, time: f32, cfg: &RecallConfig) -> f32 {
+    keymem + cfg.lexical_weight * lexical + cfg.time_weight * time
+}
+
+/// The result's `sources`: `B`, `C` or `BC`, then `lexical`, then `dense`.
+pub fn sources(found: Found) -> Vec<String> {
+    let mut out = Vec::new();
+    match (found.path_b, found.path_c) {
+        (true, true) => out.push("BC".to_string()),
+        (true, false) => out.push("B".to_string()),
+        (false, true) => out.push("C".to_string()),
+        _ => {}
+    }
+    if found.lexical {
+        out.push("lexical".to_string());
+    }
+    if found.dense {
+        out.push("dense".to_string());
+    }
+    out
+}
+
+/// Each score plus `neighbour_weight` × the best score of the rounds just before and after it
+/// in the same conversation (among the candidates): answers often span adjacent turns.
+pub fn share_with_neighbours(candidates: &[Candidate], scores: &mut [f32], weight: f32) {
+    let pos: HashMap<(&str, u64), f32> = candidates
+        .iter()
+        .zip(scores.iter())
+        .map(|(cand, s)| ((cand.turn.conversation_id.as_str(), cand.turn.position), *s))
+        .collect();
+    for (cand, s) in candidates.iter().zip(scores.iter_mut()) {
+        let t = &cand.turn;
+        let best_adj = [t.position.wrapping_sub(1), t.position + 1]
+            .iter()
+            .filter_map(|p| pos.get(&(t.conversation_id.as_str(), *p)))
+            .fold(0.0f32, |a, b| a.max(*b));
+        *s += weight * best_adj;
+    }
+}
+
+/// The top `k` of `candidates` by fused score (ties: earlier in the conversation first, then
+/// the candidates' order). `keymem` holds the KeyMem score of each candidate, in order.
+pub fn fuse(
+    candidates: Candidates,
+    keymem: &[KeyMemScore],
+    question: TimeQuestion<'_>,
+    cfg: &RecallConfig,
+    k: usize,
+) -> Vec<RecalledMemory> {
+    let Candidates { items, lexical_max } = candidates;
+    let mut parts: Vec<ScoreParts> = items
+        .iter()
+        .zip(keymem)
+        .map(|(cand, km)| {
+            let time = time_evidence(&cand.times, cand.turn.timestamp.date_naive(), question);
+            let lexical = if lexical_max > 0.0 {
+                cand.lexical / lexical_max
+            } else {
+                0.0
+            };
+            ScoreParts {
+                dense: km.dense,
+                lexical,
+                keyword: km.keyword,
+                fragment: km.fragment,
+                time,
+                fused: fused(km.score, lexical, time, cfg),
             }
         })
-        .collect())
+        .collect();
+    let mut scores: Vec<f32> = parts.iter().map(|p| p.fused).collect();
+    if cfg.neighbour_weight > 0.0 {
+        share_with_neighbours(&items, &mut scores, cfg.neighbour_weight);
+        for (p, s) in parts.iter_mut().zip(&scores) {
+            p.fused = *s;
+        }
+    }
+
+    let mut ranked: Vec<(f32, Candidate, ScoreParts)> = scores
+        .into_iter()
+        .zip(items)
+        .zip(parts)
+        .map(|((s, cand), p)| (s, cand, p))
+        .collect();
+    ranked.sort_by(|a, b| {
+        b.0.total_cmp(&a.0)
+            .then_with(|| a.1.turn.position.cmp(&b.1.turn.position))
+    });
+    ranked.truncate(k);
+    ranked
+        .into_iter()
+        .map(|(score, cand, score_parts)| {
+            let t = cand.turn;
+            RecalledMemory {
+                memory_id: t.memory_id,
+                conversation_id: t.conversation_id,
+                turn_id: t.turn_id,
+                user: t.user,
+                assistant: t.assistant,
+                user_speaker: t.user_speaker,
+                assistant_speaker: t.assistant_speaker,
+                timestamp: t.timestamp,
+                user_id: t.user_id,
+                agent_id: t.agent_id,
+                metadata: t.metadata,
+                score,
+                sources: sources(cand.found),
+                score_parts,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{candidate, turn};
+    use recollect_extract::TimeHintKind;
+
+    fn close(got: f32, want: f32) {
+        assert!((got - want).abs() < 1e-6, "got {got}, want {want}");
+    }
+
+    fn day(d: u32) -> NaiveDate {
+        NaiveDate::from_ymd_opt(2023, 5, d).unwrap()
+    }
+
+    fn may(from: u32, to: u32) -> TimeRef {
+        TimeRef {
+            text: "in May".into(),
+            start: day(from),
+            end: day(to),
+            granularity: "day".into(),
+        }
+    }
+
+    fn cfg() -> RecallConfig {
+        RecallConfig {
+            lexical_weight: 0.3,
+            time_weight: 0.2,
+            neighbour_weight: 0.35,
+            ..RecallConfig::default()
+        }
+    }
+
+    fn keymem(score: f32) -> KeyMemScore {
+        KeyMemScore {
+            dense: 0.0,
+            keyword: 0.0,
+            fragment: 0.0,
+            score,
+        }
+    }
+
+    #[test]
+    fn time_evidence_needs_a_stated_time_or_one_inside_the_hint() {
+        let when = TimeQuestion {
+            wants_time: true,
+            hint: None,
+        };
+        assert_eq!(time_evidence(&[may(1, 31)], day(8), when), 1.0);
+        assert_eq!(time_evidence(&[], day(8), when), 0.0);
+        assert_eq!(
+            time_evidence(&[may(1, 31)], day(8), TimeQuestion::default()),
+            0.0
+        );
+        let hint = TimeHint {
+            kind: TimeHintKind::Range,
+            start: day(10),
+            end: day(12),
+        };
+        let in_range = TimeQuestion {
+            wants_time: false,
+            hint: Some(&hint),
+        };
+        // Overlap of the turn's times with the hint, else the turn's own date.
+        assert_eq!(time_evidence(&[may(12, 20)], day(1), in_range), 1.0);
+        assert_eq!(time_evidence(&[may(13, 20)], day(1), in_range), 0.0);
+        assert_eq!(time_evidence(&[], day(11), in_range), 1.0);
+        assert_eq!(time_evidence(&[], day(13), in_range), 0.0);
+    }
+
+    #[test]
+    fn fused_adds_weighted_bm25_and_time_to_the_keymem_score() {
+        close(fused(0.5, 0.5, 1.0, &cfg()), 0.5 + 0.15 + 0.2);
+        close(fused(0.5, 0.0, 0.0, &cfg()), 0.5);
+    }
+
+    #[test]
+    fn sources_name_the_paths_then_lexical_then_dense() {
+        let all = Found {
+            path_b: true,
+            path_c: true,
+            dense: true,
+            lexical: true,
+        };
+        assert_eq!(sources(all), vec!["BC", "lexical", "dense"]);
+        let c_dense = Found {
+            path_c: true,
+            dense: true,
+            ..Found::default()
+        };
+        assert_eq!(sources(c_dense), vec!["C", "dense"]);
+        assert!(sources(Found::default()).is_empty());
+    }
+
+    #[test]
+    fn neighbours_share_within_their_conversation_only() {
+        let mut cands = vec![candidate(4), candidate(5), candidate(7), candidate(0)];
+        cands.push(Candidate {
+            turn: turn("b", 6),
+            ..candidate(6)
+        });
+        let mut scores = vec![1.0, 0.5, 0.8, 0.3, 2.0];
+        share_with_neighbours(&cands, &mut scores, 0.35);
+        // a4 takes a5's 0.5; a5 takes a4's 1.0 (b6 is another conversation); a7 and a0 have
+        // no neighbour among the candidates (position 0 has no round before it).
+        let want = [1.0 + 0.35 * 0.5, 0.5 + 0.35 * 1.0, 0.8, 0.3, 2.0];
+        for (g, w) in scores.iter().zip(want) {
+            close(*g, w);
+        }
+    }
+
+    #[test]
+    fn fuse_ranks_by_the_fused_score_and_keeps_the_top_k() {
+        let mut a1 = candidate(1);
+        a1.lexical = 2.0;
+        a1.found.lexical = true;
+        let mut a2 = candidate(2);
+        a2.times = vec![may(1, 2)];
+        a2.found.path_b = true;
+        let mut a9 = candidate(9);
+        a9.lexical = 4.0;
+        a9.found.lexical = true;
+        // The retrieval's best BM25 score was 8 (a turn the scope dropped).
+        let cands = Candidates {
+            items: vec![a1, a2, a9],
+            lexical_max: 8.0,
+        };
+        let question = TimeQuestion {
+            wants_time: true,
+            hint: None,
+        };
+        let out = fuse(
+            cands,
+            &[keymem(0.4), keymem(0.5), keymem(0.6)],
+            question,
+            &cfg(),
+            2,
+        );
+        // Before neighbours: a1 0.4 + 0.3·0.25 = 0.475; a2 0.5 + 0.2 = 0.7; a9 0.6 + 0.3·0.5
+        // = 0.75. Then a1 + 0.35·0.7 = 0.72, a2 + 0.35·0.475 = 0.86625, a9 alone: 0.75.
+        let ids: Vec<&str> = out.iter().map(|m| m.turn_id.as_str()).collect();
+        assert_eq!(ids, vec!["2", "9"]);
+        close(out[0].score, 0.866_25);
+        close(out[0].score_parts.fused, 0.866_25);
+        assert_eq!(out[0].score_parts.time, 1.0);
+        assert_eq!(out[0].sources, vec!["B"]);
+        close(out[1].score, 0.75);
+        close(out[1].score_parts.lexical, 0.5);
+        assert_eq!(out[1].sources, vec!["lexical"]);
+        assert_eq!(out[0].user, "user text 2");
+    }
+
+    #[test]
+    fn ties_go_to_the_earlier_round() {
+        let cands = Candidates {
+            items: vec![candidate(5), candidate(3)],
+            lexical_max: 0.0,
+        };
+        let no_sharing = RecallConfig {
+            neighbour_weight: 0.0,
+            ..cfg()
+        };
+        let out = fuse(
+            cands,
+            &[keymem(0.5), keymem(0.5)],
+            TimeQuestion::default(),
+            &no_sharing,
+            10,
+        );
+        let ids: Vec<&str> = out.iter().map(|m| m.turn_id.as_str()).collect();
+        assert_eq!(ids, vec!["3", "5"]);
+        assert_eq!(out[0].score_parts.lexical, 0.0);
+    }
 }

@@ -1,13 +1,19 @@
 //! Recall, written once against the seams and readable beside the KeyMem paper
 //! (../shared/RECALL.md §1): Phase 1 analyse the query, Phase 2 run Path B and Path C beside
-//! the dense field max-sim and BM25 retrievers, Phase 3 source-aware scoring fused with lexical
-//! evidence. Every returned memory says which paths found it and how its score was made.
+//! the dense field max-sim and BM25 retrievers, Phase 3 in three steps: fetch the candidates
+//! (every store read, `fetch.rs`), score them as KeyMem does (a pure function, `keymem.rs`),
+//! fuse with the lexical and time evidence and rank (a pure function, `fuse.rs`). Every
+//! returned memory says which paths found it and how its score was made.
 
 mod config;
-mod fuse;
+pub mod fetch;
+pub mod fuse;
+pub mod keymem;
 mod path_b;
 mod path_c;
 pub mod softtfidf;
+#[cfg(test)]
+mod testing;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -17,8 +23,7 @@ use chrono::{DateTime, Utc};
 use recollect_embed::Embedder;
 use recollect_extract::{analyse_query, QueryAnalysis};
 use recollect_model::{
-    Classify, ErrorKind, MemoryId, RecalledMemory, ReferenceState, SparseVector, TenantId,
-    TurnFilter,
+    Classify, ErrorKind, MemoryId, RecalledMemory, ReferenceState, TenantId, TurnFilter,
 };
 use recollect_storage::{Graph, Scope, StoreError, VectorField, VectorIndex, VectorQuery};
 use recollect_telemetry::events::{
@@ -26,7 +31,9 @@ use recollect_telemetry::events::{
 };
 use serde::{Deserialize, Serialize};
 
-pub use config::{Ablation, Component, RecallConfig};
+pub use config::{Ablation, Component, RecallConfig, RecallLimits};
+pub use fetch::{Candidate, Candidates, Found, Retrieved};
+pub use keymem::{KeyMemQuery, KeyMemScore};
 pub use path_b::PathB;
 pub use path_c::PathC;
 
@@ -114,25 +121,12 @@ pub struct RecallResponse {
     pub memories: Vec<RecalledMemory>,
 }
 
-/// BM25 query weights: each distinct query term once (IDF is applied by the index).
-pub fn lexical_query(query: &str) -> SparseVector {
-    let mut ids: Vec<u32> = recollect_extract::text::lexical_terms(query)
-        .iter()
-        .map(|t| recollect_extract::text::term_id(t))
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
-    SparseVector {
-        values: vec![1.0; ids.len()],
-        indices: ids,
-    }
-}
-
 pub struct Recall {
     graph: Arc<dyn Graph>,
     vectors: Arc<dyn VectorIndex>,
     embedder: Arc<dyn Embedder>,
     config: RecallConfig,
+    limits: RecallLimits,
 }
 
 /// The query's embeddings: the whole question, and one per query/answer keyword.
@@ -147,17 +141,23 @@ impl Recall {
         vectors: Arc<dyn VectorIndex>,
         embedder: Arc<dyn Embedder>,
         config: RecallConfig,
+        limits: RecallLimits,
     ) -> Self {
         Self {
             graph,
             vectors,
             embedder,
             config,
+            limits,
         }
     }
 
     pub fn config(&self) -> &RecallConfig {
         &self.config
+    }
+
+    pub fn limits(&self) -> &RecallLimits {
+        &self.limits
     }
 
     pub fn graph(&self) -> &Arc<dyn Graph> {
@@ -240,7 +240,7 @@ impl Recall {
         query: &str,
         limit: usize,
     ) -> Result<HashMap<MemoryId, f32>, RecallError> {
-        let q = lexical_query(query);
+        let q = recollect_extract::bm25::query(query);
         Ok(self
             .vectors
             .search(tenant, scope, &VectorQuery::Lexical(q), limit)
@@ -258,11 +258,11 @@ impl Recall {
         if req.query.trim().is_empty() {
             return Err(RecallError::Invalid("query is empty or whitespace".into()));
         }
-        if req.query.len() > self.config.max_query_bytes {
+        if req.query.len() > self.limits.max_query_bytes {
             return Err(RecallError::Invalid(format!(
                 "query is {} bytes, the limit is {}",
                 req.query.len(),
-                self.config.max_query_bytes
+                self.limits.max_query_bytes
             )));
         }
         if let Some(c) = req
@@ -294,11 +294,11 @@ impl Recall {
                 )));
             }
         }
-        let k = req.k.unwrap_or(self.config.default_k as i64);
-        if k <= 0 || k > self.config.max_k as i64 {
+        let k = req.k.unwrap_or(self.limits.default_k as i64);
+        if k <= 0 || k > self.limits.max_k as i64 {
             return Err(RecallError::Invalid(format!(
                 "k must be in 1..={}, got {k}",
-                self.config.max_k
+                self.limits.max_k
             )));
         }
         for (field, list) in [
@@ -448,11 +448,30 @@ impl Recall {
         }
         .emit();
 
-        // Phase 3: source-aware scoring, fused with lexical and dense evidence.
-        let out = fuse::score(
-            self, tenant, &scope, &qa, &qv, &b, &c, &dense, &lexical, k, ablation,
+        // Phase 3: fetch the candidates (every store read), then two pure steps: KeyMem's
+        // source-aware scoring, and the fusion with the lexical and time evidence.
+        let retrieved = Retrieved {
+            b,
+            c,
+            dense,
+            lexical,
+        };
+        let candidates = fetch::fetch(
+            self.graph.as_ref(),
+            self.vectors.as_ref(),
+            tenant,
+            &scope,
+            &retrieved,
         )
         .await?;
+        let query = KeyMemQuery {
+            vector: &qv.query,
+            neighbours: &retrieved.b.neighbours,
+            idf: &retrieved.b.idf,
+            weights: keymem::weights(cfg, qa.query_type),
+        };
+        let scores = keymem::score(&candidates.items, &query, ablation);
+        let out = fuse::fuse(candidates, &scores, (&qa).into(), cfg, k);
         tracing::Span::current().record("results", out.len());
         RecallCompleted {
             results: out.len(),

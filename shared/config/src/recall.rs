@@ -1,0 +1,84 @@
+//! `[recall]`: the recall method's tunable constants. Their defaults (default.toml) are the
+//! KeyMem paper's where it gives them (../shared/RECALL.md §1) and ours, measured on LoCoMo dev,
+//! where it does not (docs/RECALL.md, Constants). The formulas' own constants (the slope of
+//! `w`, the source mixes, the normaliser's floor) are not settings: they live, named, beside
+//! the formulas in `shared/recall/src/keymem.rs`. The request limits recall enforces
+//! (`default_k`, `max_k`, `max_query_bytes`) are `[server]`'s.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{ConfigError, Settings};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecallConfig {
+    /// Path B (paper: 30): nearest Keyword nodes per query keyword.
+    pub keyword_neighbours: usize,
+    /// Path B and SoftTF-IDF (paper: 0.45): the keyword cosine floor.
+    pub keyword_min_cosine: f32,
+    /// Path C (paper: 10): fragments expanded into candidates.
+    pub fragments_expanded: usize,
+    /// Phase 3 adaptive keyword weight (w_base, w_cap) for factual queries (paper: 0.30, 0.50).
+    pub factual_weights: (f32, f32),
+    /// The same for reasoning queries (paper: 0.60, 0.75).
+    pub reasoning_weights: (f32, f32),
+    /// Candidates taken from each of the dense and lexical retrievers (or k if larger).
+    pub retrieve_depth: usize,
+    /// Weight of the normalised BM25 score in the fused score.
+    pub lexical_weight: f32,
+    /// Weight of the adjacent turn's score carried to a turn (conversation context).
+    pub neighbour_weight: f32,
+    /// Bonus for a turn that carries a time expression when the question asks "when", or whose
+    /// times fall in the question's time hint.
+    pub time_weight: f32,
+}
+
+/// The compiled-in defaults (default.toml's `[recall]`).
+impl Default for RecallConfig {
+    fn default() -> Self {
+        Settings::defaults().recall
+    }
+}
+
+impl RecallConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, message: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                message: message.to_string(),
+            })
+        };
+        if !(1..=1000).contains(&self.keyword_neighbours) {
+            return invalid("recall.keyword_neighbours", "must be in 1..=1000");
+        }
+        if !(-1.0..=1.0).contains(&self.keyword_min_cosine) {
+            return invalid("recall.keyword_min_cosine", "must be a cosine, in -1..=1");
+        }
+        if self.fragments_expanded > 1000 {
+            return invalid("recall.fragments_expanded", "must be in 0..=1000");
+        }
+        for (key, (base, cap)) in [
+            ("recall.factual_weights", self.factual_weights),
+            ("recall.reasoning_weights", self.reasoning_weights),
+        ] {
+            if !(0.0..=1.0).contains(&base) || !(base..=1.0).contains(&cap) {
+                return invalid(
+                    key,
+                    "must be [w_base, w_cap] with 0 <= w_base <= w_cap <= 1",
+                );
+            }
+        }
+        if !(1..=10_000).contains(&self.retrieve_depth) {
+            return invalid("recall.retrieve_depth", "must be in 1..=10000");
+        }
+        for (key, w) in [
+            ("recall.lexical_weight", self.lexical_weight),
+            ("recall.neighbour_weight", self.neighbour_weight),
+            ("recall.time_weight", self.time_weight),
+        ] {
+            if !(w.is_finite() && w >= 0.0) {
+                return invalid(key, "must be a finite number >= 0");
+            }
+        }
+        Ok(())
+    }
+}
