@@ -104,28 +104,8 @@ pub fn default_model_dir() -> PathBuf {
     PathBuf::from(".").join(MODEL_SUBDIR)
 }
 
-/// Cosine similarity of two L2-normalised vectors, i.e. their dot product. Vectors of different
-/// lengths are compared over the shorter length.
-pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len(), "cosine of vectors of different lengths");
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    // Eight independent sums let the compiler vectorise.
-    let mut acc = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
+/// Cosine similarity of two L2-normalised vectors: their dot product.
+pub use recollect_model::dot as cosine;
 
 /// Scales `v` to unit L2 norm in place; the zero vector is left as it is.
 pub fn l2_normalize(v: &mut [f32]) {

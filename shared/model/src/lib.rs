@@ -491,6 +491,14 @@ pub struct Extraction {
     pub extractor: String,
 }
 
+/// The dot product of two embeddings, which is their cosine: every vector Recollect stores is
+/// L2-normalised. One definition for recall, consolidation and the embedder, summed in order so
+/// that a score is the same wherever it is computed. Vectors of different lengths are compared
+/// over the shorter length.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
 /// Sparse lexical vector: stemmed-term ids and BM25 term weights.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SparseVector {

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use recollect_extract::QueryType;
+use recollect_model::dot;
 use recollect_storage::vector::FieldVectors;
 
 use crate::fetch::Candidate;
@@ -71,10 +72,6 @@ pub fn weights(cfg: &RecallConfig, query_type: QueryType) -> (f32, f32) {
         QueryType::Factual => cfg.factual_weights,
         QueryType::Reasoning => cfg.reasoning_weights,
     }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// Field max-sim (never a mixture, unless ablated): the best of the user and assistant cosines.
