@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use chrono::Utc;
 use recollect_bus::{Delivery, Message, Stage, StageError};
 use recollect_llm::ChatModel;
-use recollect_model::{topics, Envelope, Fragment, MemoryId, StoredTurn, TenantId};
+use recollect_model::{dot, topics, Envelope, Fragment, MemoryId, StoredTurn, TenantId};
 use recollect_storage::{ErasureMap, Graph, TurnRecord, VectorIndex};
 
 pub struct ConsolidatorStage {
@@ -99,15 +99,6 @@ async fn llm_groups(
 const SAME_TOPIC_COSINE: f32 = 0.55;
 /// Keyword-set overlap (Jaccard) above which two turns are on the same topic.
 const SAME_TOPIC_OVERLAP: f32 = 0.12;
-
-/// A store error, retried or dead-lettered by its class ([`StageError::classified`]).
-fn store_error(e: impl std::borrow::Borrow<recollect_storage::StoreError>) -> StageError {
-    StageError::classified(e.borrow())
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
 
 /// Speakers are in every turn of a conversation; they say nothing about the topic.
 fn topic_keys(r: &TurnRecord) -> HashSet<String> {
@@ -230,7 +221,7 @@ impl ConsolidatorStage {
         let markers = |g: Arc<dyn Graph>| async move {
             g.erasures(tenant, &[conversation.to_string()])
                 .await
-                .map_err(store_error)
+                .map_err(StageError::classified)
         };
         loop {
             // An erasure under way: what it covers is not consolidated (its eraser or the
@@ -241,7 +232,7 @@ impl ConsolidatorStage {
                 .graph
                 .conversation_state(tenant, conversation)
                 .await
-                .map_err(store_error)?;
+                .map_err(StageError::classified)?;
             if erased.is_some_and(|m| state.covered_by(m)) {
                 return Ok(made);
             }
@@ -250,7 +241,7 @@ impl ConsolidatorStage {
                 .graph
                 .conversation_turns(tenant, conversation, from, from + self.window)
                 .await
-                .map_err(store_error)?;
+                .map_err(StageError::classified)?;
             // A position whose turn was erased on its own stays empty for good (unless the turn
             // is stored again there): the window is complete without it.
             let present: std::collections::BTreeSet<u64> =
@@ -270,7 +261,7 @@ impl ConsolidatorStage {
                 .vectors
                 .field_vectors(tenant, &ids)
                 .await
-                .map_err(store_error)?;
+                .map_err(StageError::classified)?;
             let vectors: HashMap<MemoryId, Vec<Vec<f32>>> = fv
                 .into_iter()
                 .map(|(id, f)| (id, std::iter::once(f.user).chain(f.assistant).collect()))
@@ -327,12 +318,12 @@ impl ConsolidatorStage {
             self.graph
                 .write_fragments(&fragments)
                 .await
-                .map_err(store_error)?;
+                .map_err(StageError::classified)?;
             // Only our field: the extractor saves the rest of the state concurrently.
             self.graph
                 .advance_consolidated_until(tenant, conversation, from + self.window)
                 .await
-                .map_err(store_error)?;
+                .map_err(StageError::classified)?;
             // Erased while the window was read: remove what the fragments or the advance may
             // have put back (purging what no marker covers removes nothing).
             let now = markers(self.graph.clone()).await?;
@@ -340,7 +331,7 @@ impl ConsolidatorStage {
                 self.graph
                     .purge_erased(tenant, conversation)
                     .await
-                    .map_err(store_error)?;
+                    .map_err(StageError::classified)?;
                 return Ok(made);
             }
             made += fragments.len();
@@ -376,7 +367,12 @@ impl Stage for ConsolidatorStage {
             .map(|e| (e.body.tenant.clone(), e.body.conversation_id.clone()));
         let erased = match ErasureMap::read(self.graph.as_ref(), pairs).await {
             Ok(m) => m,
-            Err(e) => return batch.iter().map(|_| Err(store_error(&e))).collect(),
+            Err(e) => {
+                return batch
+                    .iter()
+                    .map(|_| Err(StageError::classified(&e)))
+                    .collect()
+            }
         };
         let mut convs: Vec<(TenantId, String)> = Vec::new();
         for env in decoded.iter().flatten() {

@@ -48,11 +48,6 @@ fn check_direct(t: &Turn) -> Result<(), StageError> {
     Ok(())
 }
 
-/// A store error, retried or dead-lettered by its class ([`StageError::classified`]).
-fn store_error(e: impl std::borrow::Borrow<recollect_storage::StoreError>) -> StageError {
-    StageError::classified(e.borrow())
-}
-
 #[async_trait]
 impl Stage for ExtractorStage {
     fn name(&self) -> &'static str {
@@ -77,7 +72,12 @@ impl Stage for ExtractorStage {
             .map(|e| (e.body.tenant.clone(), e.body.conversation_id.clone()));
         let erased = match ErasureMap::read(self.graph.as_ref(), pairs).await {
             Ok(m) => m,
-            Err(e) => return batch.iter().map(|_| Err(store_error(&e))).collect(),
+            Err(e) => {
+                return batch
+                    .iter()
+                    .map(|_| Err(StageError::classified(&e)))
+                    .collect()
+            }
         };
         // Turns of one conversation arrive in order; their state is loaded once per batch.
         let mut states: HashMap<(String, String), ConversationState> = HashMap::new();
@@ -103,7 +103,7 @@ impl Stage for ExtractorStage {
                         .graph
                         .conversation_state(&turn.tenant, &turn.conversation_id)
                         .await
-                        .map_err(store_error)?;
+                        .map_err(StageError::classified)?;
                     // A state holding erased data (its erasure not finished yet) starts over.
                     if erased
                         .marker(&turn.tenant, &turn.conversation_id)
@@ -124,7 +124,7 @@ impl Stage for ExtractorStage {
                             .graph
                             .turns(&turn.tenant, &[turn.memory_id])
                             .await
-                            .map_err(store_error)?
+                            .map_err(StageError::classified)?
                             .first()
                         {
                             Some(r) => r.turn.position,
@@ -191,7 +191,12 @@ impl Stage for ExtractorStage {
             let pairs = dirty.iter().map(|(t, c)| (TenantId(t.clone()), c.clone()));
             let now = match ErasureMap::read(self.graph.as_ref(), pairs).await {
                 Ok(m) => m,
-                Err(e) => return batch.iter().map(|_| Err(store_error(&e))).collect(),
+                Err(e) => {
+                    return batch
+                        .iter()
+                        .map(|_| Err(StageError::classified(&e)))
+                        .collect()
+                }
             };
             for (t, c) in &dirty {
                 let tenant = TenantId(t.clone());
@@ -199,7 +204,10 @@ impl Stage for ExtractorStage {
                     continue;
                 }
                 if let Err(e) = self.graph.purge_erased(&tenant, c).await {
-                    return batch.iter().map(|_| Err(store_error(&e))).collect();
+                    return batch
+                        .iter()
+                        .map(|_| Err(StageError::classified(&e)))
+                        .collect();
                 }
             }
             for (r, k) in results.iter_mut().zip(&kept) {

@@ -65,7 +65,11 @@ impl GraphWriterStage {
         let (mut replaced, mut skip) = (Vec::new(), HashSet::new());
         for (tenant, edits) in by_tenant {
             let ids: Vec<MemoryId> = edits.iter().map(|t| t.memory_id).collect();
-            let stored = self.graph.turns(&tenant, &ids).await.map_err(store_error)?;
+            let stored = self
+                .graph
+                .turns(&tenant, &ids)
+                .await
+                .map_err(StageError::classified)?;
             for t in edits {
                 let Some(rec) = stored.iter().find(|r| r.turn.memory_id == t.memory_id) else {
                     continue;
@@ -110,7 +114,7 @@ impl GraphWriterStage {
             self.vectors
                 .keep_versions(&tenant, &versions)
                 .await
-                .map_err(store_error)?;
+                .map_err(StageError::classified)?;
         }
         let points: Vec<TurnPoint> = turns
             .iter()
@@ -137,7 +141,7 @@ impl GraphWriterStage {
         self.vectors
             .upsert_turns(points)
             .await
-            .map_err(store_error)?;
+            .map_err(StageError::classified)?;
         let mut keywords: BTreeMap<(String, String), BTreeMap<String, Vec<f32>>> = BTreeMap::new();
         for e in turns {
             let slot = keywords
@@ -156,20 +160,18 @@ impl GraphWriterStage {
             self.vectors
                 .upsert_keywords(&recollect_model::TenantId(tenant), &conv, kws)
                 .await
-                .map_err(store_error)?;
+                .map_err(StageError::classified)?;
         }
         let nodes: Vec<_> = turns
             .iter()
             .map(|e| (e.turn.clone(), e.extraction.clone()))
             .collect();
-        self.graph.write_turns(&nodes).await.map_err(store_error)?;
+        self.graph
+            .write_turns(&nodes)
+            .await
+            .map_err(StageError::classified)?;
         Ok(())
     }
-}
-
-/// A store error, retried or dead-lettered by its class ([`StageError::classified`]).
-fn store_error(e: impl std::borrow::Borrow<recollect_storage::StoreError>) -> StageError {
-    StageError::classified(e.borrow())
 }
 
 fn pairs(turns: &[&EmbeddedTurn]) -> Vec<(TenantId, String)> {
@@ -196,7 +198,7 @@ impl GraphWriterStage {
         let turns: Vec<&EmbeddedTurn> = decoded.iter().flatten().map(|e| &e.body).collect();
         let before = ErasureMap::read(self.graph.as_ref(), pairs(&turns))
             .await
-            .map_err(store_error)?;
+            .map_err(StageError::classified)?;
         let (dropped, live): (Vec<&EmbeddedTurn>, Vec<&EmbeddedTurn>) =
             turns.into_iter().partition(|e| covered(&before, e));
         // A redelivery of a batch whose first attempt wrote before an erasure and died before
@@ -206,7 +208,7 @@ impl GraphWriterStage {
         self.write(&owned).await?;
         let after = ErasureMap::read(self.graph.as_ref(), pairs(&live))
             .await
-            .map_err(store_error)?;
+            .map_err(StageError::classified)?;
         let late: Vec<&EmbeddedTurn> = live
             .iter()
             .copied()
@@ -249,7 +251,7 @@ impl GraphWriterStage {
                     None,
                 )
                 .await
-                .map_err(store_error)?;
+                .map_err(StageError::classified)?;
             keywords.retain(|k| {
                 links
                     .iter()
@@ -258,11 +260,11 @@ impl GraphWriterStage {
             self.vectors
                 .delete_turns(&tenant, &conv, &ids, &keywords)
                 .await
-                .map_err(store_error)?;
+                .map_err(StageError::classified)?;
             self.graph
                 .purge_erased(&tenant, &conv)
                 .await
-                .map_err(store_error)?;
+                .map_err(StageError::classified)?;
             tracing::info!(
                 tenant = tenant.as_str(),
                 turns = ids.len(),
@@ -297,7 +299,7 @@ impl Stage for GraphWriterStage {
             .collect();
         let erased = match self.erase_guarded_write(&decoded).await {
             Ok(e) => e,
-            // The failed store call was counted by the store (`recollect_store_errors_total`).
+            // The failed store call was counted by the store (`recollect_StageError::classifieds_total`).
             Err(e) => return batch.iter().map(|_| Err(e.clone())).collect(),
         };
         if let Some(h) = &self.hooks {

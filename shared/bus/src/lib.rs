@@ -243,7 +243,7 @@ impl StageError {
     /// down, busy or refusing credentials may come back, so the message is retried; invalid or
     /// unreadable data, a conflict or a missing record will fail the same way every time, so
     /// it goes to the dead-letter topic at once instead of after every retry.
-    pub fn classified<E: recollect_model::Classify + std::fmt::Display + ?Sized>(e: &E) -> Self {
+    pub fn classified<E: recollect_model::Classify + std::fmt::Display>(e: E) -> Self {
         use recollect_model::ErrorKind;
         match e.kind() {
             ErrorKind::Unavailable | ErrorKind::ResourceExhausted | ErrorKind::Unauthenticated => {
@@ -556,7 +556,7 @@ mod tests {
                 .fetch_add(batch.len(), std::sync::atomic::Ordering::SeqCst);
             batch
                 .iter()
-                .map(|_| Err(StageError::classified(&KindError(self.0))))
+                .map(|_| Err(StageError::classified(KindError(self.0))))
                 .collect()
         }
     }

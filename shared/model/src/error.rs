@@ -41,6 +41,14 @@ pub trait Classify {
     fn kind(&self) -> ErrorKind;
 }
 
+/// A borrowed error is classified as the error itself, so `map_err(StageError::classified)`
+/// takes errors by value and by reference alike.
+impl<T: Classify + ?Sized> Classify for &T {
+    fn kind(&self) -> ErrorKind {
+        (**self).kind()
+    }
+}
+
 /// The error type of the service layer: what handlers return.
 #[derive(Debug, Error)]
 pub enum RecollectError {
