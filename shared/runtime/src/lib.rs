@@ -328,10 +328,10 @@ pub fn report_addresses(
     http: SocketAddr,
     grpc: Option<SocketAddr>,
 ) -> std::io::Result<()> {
-    let path = std::path::Path::new(&settings.server.address_file);
     if settings.server.address_file.is_empty() {
         return Ok(());
     }
+    let path = std::path::Path::new(&settings.server.address_file);
     let body = serde_json::json!({
         "http": http.to_string(),
         "grpc": grpc.map(|a| a.to_string()),
