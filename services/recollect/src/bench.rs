@@ -3,6 +3,7 @@
 //! recall latency with a realistic mix of queries. Prints figures; asserts nothing.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -199,14 +200,17 @@ fn peak_rss_mib() -> f64 {
         .unwrap_or(0.0)
 }
 
-fn dir_bytes(p: &std::path::Path) -> u64 {
+/// Bytes the files under `p` take on disk: blocks allocated, not apparent lengths, because
+/// redb grows its file by doubling and the part not yet written holds no blocks.
+fn dir_bytes(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
     let Ok(rd) = std::fs::read_dir(p) else {
         return 0;
     };
     rd.flatten()
         .map(|e| match e.metadata() {
             Ok(m) if m.is_dir() => dir_bytes(&e.path()),
-            Ok(m) => m.len(),
+            Ok(m) => m.blocks() * 512,
             Err(_) => 0,
         })
         .sum()
@@ -250,6 +254,47 @@ impl Embedder for Precomputed {
             })
             .collect())
     }
+}
+
+fn file_bytes_on_disk(file: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(file).map(|m| m.blocks() * 512).unwrap_or(0)
+}
+
+/// Where the bytes beyond the vector index go: each redb file's tables per turn, largest
+/// first, and what its file holds beyond them (free pages, page slack).
+fn print_footprint(dir: &Path, turns: u64) -> anyhow::Result<()> {
+    let per_turn = |b: u64| b as f64 / turns.max(1) as f64;
+    for file in ["raw.redb", "graph.redb"] {
+        let f = recollect_storage::footprint::redb_footprint(&dir.join(file))?;
+        let in_tables: u64 = f
+            .tables
+            .iter()
+            .map(|t| t.stored_bytes + t.overhead_bytes)
+            .sum();
+        let tables: Vec<String> = f
+            .tables
+            .iter()
+            .filter(|t| t.entries > 0)
+            .map(|t| {
+                format!(
+                    "{} {:.0} B ({:.1} entries, {:.0} B stored)",
+                    t.name,
+                    per_turn(t.stored_bytes + t.overhead_bytes),
+                    t.entries as f64 / turns.max(1) as f64,
+                    per_turn(t.stored_bytes),
+                )
+            })
+            .collect();
+        println!(
+            "  {file}: {:.0} B/turn on disk ({:.0} B/turn long): {}; free or not yet written {:.0} B",
+            per_turn(file_bytes_on_disk(&dir.join(file))),
+            per_turn(f.file_bytes),
+            tables.join(", "),
+            per_turn(f.file_bytes.saturating_sub(in_tables)),
+        );
+    }
+    Ok(())
 }
 
 /// One measured store size.
@@ -571,6 +616,7 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
         app.shutdown().await;
         let total = dir_bytes(&dir);
         let vectors = dir_bytes(&dir.join("vectors"));
+        print_footprint(&dir, n)?;
         // Reopen: the stores alone (the model is loaded once per process; see above).
         let t = Instant::now();
         let reopened = App::open_with(s, Arc::new(HashEmbedder::new(model.dim()))).await?;

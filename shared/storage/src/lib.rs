@@ -16,6 +16,8 @@
 #[cfg(feature = "testsuite")]
 pub mod contract;
 pub mod error;
+#[cfg(feature = "embedded")]
+pub mod footprint;
 pub mod graph;
 #[cfg(any(feature = "embedded", feature = "neo4j"))]
 mod keys;
