@@ -179,6 +179,25 @@ impl Recall {
         .map_err(|e| RecallError::Embed(e.to_string()))
     }
 
+    /// Embeds `texts[0]` as the query and the rest (the query's keywords, matched against the
+    /// keywords stored with the turns) as documents; one batch when the model makes no
+    /// difference between the two.
+    async fn embed_query_and(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, RecallError> {
+        if !self.embedder.is_asymmetric() {
+            return self.embed(texts).await;
+        }
+        let e = self.embedder.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut out = e.embed_queries(&[texts[0].as_str()])?;
+            let rest: Vec<&str> = texts[1..].iter().map(String::as_str).collect();
+            out.extend(e.embed(&rest)?);
+            Ok::<_, recollect_embed::EmbedError>(out)
+        })
+        .await
+        .map_err(|e| RecallError::Embed(e.to_string()))?
+        .map_err(|e| RecallError::Embed(e.to_string()))
+    }
+
     /// Phase 1 (KeyMem §1 Recall): query analysis without an LLM, plus its embeddings.
     async fn analyse(
         &self,
@@ -194,7 +213,7 @@ impl Recall {
         let keys: Vec<String> = kw_texts.clone();
         let mut texts = vec![req.query.clone()];
         texts.extend(kw_texts);
-        let mut vecs = self.embed(texts).await?.into_iter();
+        let mut vecs = self.embed_query_and(texts).await?.into_iter();
         let query = vecs.next().unwrap_or_default();
         Ok((
             qa,
