@@ -146,11 +146,10 @@ fn bench_models_on_locomo_text() {
         .map(|q| q["question"].as_str().unwrap().to_owned())
         .collect();
     // Rounds as the eval stores them: two utterances with their speakers.
-    let utterances: Vec<String> = (1..=3)
-        .flat_map(|s| {
-            conv["conversation"][format!("session_{s}")]
-                .as_array()
-                .unwrap()
+    let utterances: Vec<String> = (1..)
+        .map_while(|s| conv["conversation"][format!("session_{s}")].as_array())
+        .flat_map(|session| {
+            session
                 .iter()
                 .map(|u| {
                     format!(
