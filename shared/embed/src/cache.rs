@@ -64,6 +64,8 @@ impl Generations {
 pub struct CachedEmbedder<E> {
     inner: E,
     cache: Mutex<Generations>,
+    /// Queries apart: an asymmetric model embeds the same text differently as a query.
+    queries: Mutex<Generations>,
     hits: AtomicU64,
     misses: AtomicU64,
 }
@@ -74,16 +76,23 @@ impl<E: Embedder> CachedEmbedder<E> {
         Self::with_capacity(inner, DEFAULT_CACHE_CAPACITY)
     }
 
-    /// A cache of at most `capacity` texts (at least 2) around `inner`.
+    /// A cache of at most `capacity` texts (at least 2) around `inner`, and as many queries for
+    /// an asymmetric model.
     pub fn with_capacity(inner: E, capacity: usize) -> Self {
+        // Documents and queries get a cache each; the query one fills only for an asymmetric
+        // model (the others serve queries from the document cache).
         let half = (capacity / 2).max(1);
-        Self {
-            inner,
-            cache: Mutex::new(Generations {
+        let generations = || {
+            Mutex::new(Generations {
                 young: HashMap::new(),
                 old: HashMap::new(),
                 half,
-            }),
+            })
+        };
+        Self {
+            inner,
+            cache: generations(),
+            queries: generations(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
         }
@@ -99,35 +108,33 @@ impl<E: Embedder> CachedEmbedder<E> {
         CacheStats {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
-            len: self.cache.lock().len(),
+            len: self.cache.lock().len() + self.queries.lock().len(),
         }
     }
 
     /// Empties the cache (the counters are kept).
     pub fn clear(&self) {
-        let mut c = self.cache.lock();
-        c.young.clear();
-        c.old.clear();
-    }
-}
-
-impl<E: Embedder> Embedder for CachedEmbedder<E> {
-    fn model_name(&self) -> &str {
-        self.inner.model_name()
+        for cache in [&self.cache, &self.queries] {
+            let mut c = cache.lock();
+            c.young.clear();
+            c.old.clear();
+        }
     }
 
-    fn dim(&self) -> usize {
-        self.inner.dim()
-    }
-
-    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+    /// Serves `texts` from `cache`, sending the distinct misses to `embed` in one call.
+    fn cached(
+        &self,
+        cache: &Mutex<Generations>,
+        texts: &[&str],
+        embed: impl FnOnce(&[&str]) -> Result<Vec<Vec<f32>>, EmbedError>,
+    ) -> Result<Vec<Vec<f32>>, EmbedError> {
         let mut out: Vec<Option<Arc<[f32]>>> = Vec::with_capacity(texts.len());
         // Distinct missing texts, and for each input slot the index of its miss.
         let mut misses: Vec<&str> = Vec::new();
         let mut miss_index: HashMap<&str, usize> = HashMap::new();
         let mut pending: Vec<(usize, usize)> = Vec::new();
         {
-            let mut cache = self.cache.lock();
+            let mut cache = cache.lock();
             for (slot, &text) in texts.iter().enumerate() {
                 match cache.get(text) {
                     Some(v) => out.push(Some(v)),
@@ -149,7 +156,7 @@ impl<E: Embedder> Embedder for CachedEmbedder<E> {
         if !misses.is_empty() {
             self.misses
                 .fetch_add(misses.len() as u64, Ordering::Relaxed);
-            let fresh = self.inner.embed(&misses)?;
+            let fresh = embed(&misses)?;
             if fresh.len() != misses.len() {
                 return Err(EmbedError::CountMismatch {
                     expected: misses.len(),
@@ -158,7 +165,7 @@ impl<E: Embedder> Embedder for CachedEmbedder<E> {
             }
             let fresh: Vec<Arc<[f32]>> = fresh.into_iter().map(Arc::from).collect();
             {
-                let mut cache = self.cache.lock();
+                let mut cache = cache.lock();
                 for (text, v) in misses.iter().zip(&fresh) {
                     cache.insert((*text).to_owned(), v.clone());
                 }
@@ -172,6 +179,31 @@ impl<E: Embedder> Embedder for CachedEmbedder<E> {
             .into_iter()
             .map(|v| v.map(|v| v.to_vec()).unwrap_or_default())
             .collect())
+    }
+}
+
+impl<E: Embedder> Embedder for CachedEmbedder<E> {
+    fn model_name(&self) -> &str {
+        self.inner.model_name()
+    }
+
+    fn dim(&self) -> usize {
+        self.inner.dim()
+    }
+
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.cached(&self.cache, texts, |t| self.inner.embed(t))
+    }
+
+    fn embed_queries(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        if !self.inner.is_asymmetric() {
+            return self.embed(texts);
+        }
+        self.cached(&self.queries, texts, |t| self.inner.embed_queries(t))
+    }
+
+    fn is_asymmetric(&self) -> bool {
+        self.inner.is_asymmetric()
     }
 }
 

@@ -1,8 +1,9 @@
 //! Text embeddings for Recollect.
 //!
-//! * [`MiniLmEmbedder`]: the real, semantic embedder (all-MiniLM-L6-v2 on the CPU via candle),
-//!   loaded from a model directory set up by `scripts/setup-model.sh`
-//!   (see [`default_model_dir`]).
+//! * [`BertEmbedder`] (alias [`MiniLmEmbedder`]): the real, semantic embedder, a BERT sentence
+//!   encoder on the CPU via candle: all-MiniLM-L6-v2 by default, or another of [`MODELS`] (the
+//!   `embedder.model` setting), loaded from a model directory set up by
+//!   `scripts/setup-model.sh` (see [`default_model_dir`], [`model_dir_for`]).
 //! * [`HashEmbedder`]: a deterministic, lexical-only feature-hashing embedder for fast tests and
 //!   the explicit `embedder = "hash"` option.
 //! * [`CachedEmbedder`]: a bounded cache in front of either, for repeated query/keyword texts.
@@ -10,24 +11,30 @@
 //! All embedders return L2-normalised vectors (except the zero vector for texts a
 //! [`HashEmbedder`] finds no feature in), so [`cosine`] is a dot product.
 
+mod bert;
 mod cache;
 mod error;
 mod hash;
-mod minilm;
+mod models;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
+pub use bert::{
+    BertEmbedder, MiniLmEmbedder, DEFAULT_BATCH_SIZE, DEFAULT_MAX_SEQ_LEN, MINILM_DIM,
+    MINILM_MODEL_NAME,
+};
 pub use cache::{CacheStats, CachedEmbedder, DEFAULT_CACHE_CAPACITY};
 pub use error::EmbedError;
 pub use hash::{HashEmbedder, HASH_DIM};
-pub use minilm::{
-    MiniLmEmbedder, DEFAULT_BATCH_SIZE, DEFAULT_MAX_SEQ_LEN, MINILM_DIM, MINILM_MODEL_NAME,
+pub use models::{
+    model_names, model_spec, ModelSpec, Pooling, BGE_SMALL_EN_V15, DEFAULT_MODEL, E5_SMALL_ENPT_Q4,
+    E5_SMALL_Q4, MINILM, MODELS,
 };
 
 /// Environment variable naming the model directory; see [`default_model_dir`].
 pub const MODEL_DIR_ENV: &str = "RECOLLECT_MODEL_DIR";
-/// Where the model lives relative to the repository (or installation) root.
+/// Where the default model lives relative to the repository (or installation) root.
 pub const MODEL_SUBDIR: &str = "models/all-MiniLM-L6-v2";
 
 /// Turns texts into fixed-size vectors.
@@ -37,9 +44,19 @@ pub trait Embedder: Send + Sync {
     fn model_name(&self) -> &str;
     /// The length of every vector returned.
     fn dim(&self) -> usize;
-    /// L2-normalised embeddings, one per text, in order. CPU-bound: async callers use
-    /// spawn_blocking.
+    /// L2-normalised embeddings, one per text, in order: texts to be found (turns, keywords).
+    /// CPU-bound: async callers use spawn_blocking.
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError>;
+    /// Like [`Self::embed`], for questions that search those texts: models trained with a
+    /// query prefix or instruction (E5, BGE) put it here. The same as `embed` by default.
+    fn embed_queries(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.embed(texts)
+    }
+    /// Whether [`Self::embed_queries`] differs from [`Self::embed`]; callers with both kinds
+    /// of text batch them together when it does not.
+    fn is_asymmetric(&self) -> bool {
+        false
+    }
 }
 
 impl<E: Embedder + ?Sized> Embedder for Arc<E> {
@@ -51,6 +68,12 @@ impl<E: Embedder + ?Sized> Embedder for Arc<E> {
     }
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
         (**self).embed(texts)
+    }
+    fn embed_queries(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        (**self).embed_queries(texts)
+    }
+    fn is_asymmetric(&self) -> bool {
+        (**self).is_asymmetric()
     }
 }
 
@@ -64,20 +87,33 @@ impl<E: Embedder + ?Sized> Embedder for Box<E> {
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
         (**self).embed(texts)
     }
+    fn embed_queries(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        (**self).embed_queries(texts)
+    }
+    fn is_asymmetric(&self) -> bool {
+        (**self).is_asymmetric()
+    }
 }
 
-/// The model directory to load [`MiniLmEmbedder`] from:
+/// The model directory to load the default model (all-MiniLM-L6-v2) from; see
+/// [`model_dir_for`].
+pub fn default_model_dir() -> PathBuf {
+    model_dir_for(DEFAULT_MODEL)
+}
+
+/// The model directory to load the model named `name` from:
 /// 1. `$RECOLLECT_MODEL_DIR` when set and non-empty;
-/// 2. else the first `models/all-MiniLM-L6-v2` directory found walking up from the running
+/// 2. else the first `models/<name>` directory found walking up from the running
 ///    executable's directory, then from the working directory;
 /// 3. else the user's cache, where `make setup` installs it
-///    (`$XDG_CACHE_HOME/recollect/models/all-MiniLM-L6-v2`, default `~/.cache/...`), so an
+///    (`$XDG_CACHE_HOME/recollect/models/<name>`, default `~/.cache/...`), so an
 ///    installed binary started from any directory (e.g. by a desktop MCP client) finds it;
-/// 4. else `./models/all-MiniLM-L6-v2` (which may not exist: loading then reports it).
-pub fn default_model_dir() -> PathBuf {
+/// 4. else `./models/<name>` (which may not exist: loading then reports it).
+pub fn model_dir_for(name: &str) -> PathBuf {
     if let Some(dir) = std::env::var_os(MODEL_DIR_ENV).filter(|v| !v.is_empty()) {
         return PathBuf::from(dir);
     }
+    let subdir = PathBuf::from("models").join(name);
     let starts = [
         std::env::current_exe()
             .ok()
@@ -86,7 +122,7 @@ pub fn default_model_dir() -> PathBuf {
     ];
     for start in starts.into_iter().flatten() {
         for dir in start.ancestors() {
-            let candidate = dir.join(MODEL_SUBDIR);
+            let candidate = dir.join(&subdir);
             if candidate.is_dir() {
                 return candidate;
             }
@@ -96,12 +132,12 @@ pub fn default_model_dir() -> PathBuf {
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")));
-    if let Some(candidate) = cache.map(|c| c.join("recollect").join(MODEL_SUBDIR)) {
+    if let Some(candidate) = cache.map(|c| c.join("recollect").join(&subdir)) {
         if candidate.is_dir() {
             return candidate;
         }
     }
-    PathBuf::from(".").join(MODEL_SUBDIR)
+    PathBuf::from(".").join(subdir)
 }
 
 /// Cosine similarity of two L2-normalised vectors: their dot product.

