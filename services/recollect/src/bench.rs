@@ -267,7 +267,9 @@ impl Embedder for Precomputed {
 
 fn file_bytes_on_disk(file: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(file).map(|m| m.blocks() * 512).unwrap_or(0)
+    std::fs::metadata(file)
+        .map(|m| m.blocks() * 512)
+        .unwrap_or(0)
 }
 
 /// Where the bytes beyond the vector index go: each redb file's tables per turn, largest

@@ -17,7 +17,7 @@ use crate::graph::{
 use crate::keys;
 use crate::StoreError;
 
-/// memory id → TurnRecord (JSON)
+/// memory id → TurnRecord ([`record_bytes`])
 const TURNS: TableDefinition<u128, &[u8]> = TableDefinition::new("turn_nodes");
 /// tenant\0conversation\0 + position (BE) → memory id
 const CONV_TURNS: TableDefinition<&[u8], u128> = TableDefinition::new("conversation_turns");
@@ -93,6 +93,34 @@ fn forget_participants(
 
 fn nanos(t: DateTime<Utc>) -> i64 {
     t.timestamp_nanos_opt().unwrap_or(i64::MAX)
+}
+
+/// zstd's level for turn records: level 3 (its default) compresses a record to about a third
+/// in tens of microseconds; higher levels gain little on records this small.
+const RECORD_ZSTD_LEVEL: i32 = 3;
+
+/// A turn record as stored: its JSON, compressed with zstd. The record (texts, extraction,
+/// earlier versions) is the graph's largest table once edges are binary, and JSON's repeated
+/// field names and the texts compress well.
+fn record_bytes(rec: &TurnRecord) -> Result<Vec<u8>, StoreError> {
+    let json = serde_json::to_vec(rec)?;
+    zstd::bulk::compress(&json, RECORD_ZSTD_LEVEL)
+        .map_err(|e| StoreError::backend("compressing a turn record", e))
+}
+
+/// The JSON of a stored turn record: [`record_bytes`], or the plain JSON older stores wrote.
+fn record_json(b: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, StoreError> {
+    if b.first() == Some(&b'{') {
+        return Ok(std::borrow::Cow::Borrowed(b));
+    }
+    zstd::stream::decode_all(b)
+        .map(std::borrow::Cow::Owned)
+        .map_err(|e| StoreError::corrupt("turn record", e))
+}
+
+/// Reads a stored turn record.
+fn record_of(b: &[u8]) -> Result<TurnRecord, StoreError> {
+    Ok(serde_json::from_slice(&record_json(b)?)?)
 }
 
 /// First byte of an edge's times in the binary layout; JSON, which stores before it wrote,
@@ -306,7 +334,7 @@ impl EmbeddedGraph {
                 }
                 let id = turn.memory_id.as_u128();
                 let old: Option<TurnRecord> = match nodes.get(id)? {
-                    Some(v) => Some(serde_json::from_slice(v.value())?),
+                    Some(v) => Some(record_of(v.value())?),
                     None => None,
                 };
                 // An edit keeps what it replaces: the old version in the record's history, its
@@ -340,7 +368,7 @@ impl EmbeddedGraph {
                     },
                 };
                 let turn = &record.turn;
-                nodes.insert(id, serde_json::to_vec(&record)?.as_slice())?;
+                nodes.insert(id, record_bytes(&record)?.as_slice())?;
                 let mut ck = keys::join(&[tenant, cid]);
                 ck.extend_from_slice(&turn.position.to_be_bytes());
                 conv.insert(ck.as_slice(), id)?;
@@ -426,7 +454,7 @@ impl GraphRead for EmbeddedGraph {
             let mut out = Vec::with_capacity(ids.len());
             for id in ids {
                 if let Some(v) = t.get(id.as_u128())? {
-                    let rec: TurnRecord = serde_json::from_slice(v.value())?;
+                    let rec = record_of(v.value())?;
                     if rec.turn.tenant == tenant {
                         out.push(rec);
                     }
@@ -457,7 +485,7 @@ impl GraphRead for EmbeddedGraph {
             for e in idx.range(lo.as_slice()..hi.as_slice())? {
                 let (_, id) = e?;
                 if let Some(v) = t.get(id.value())? {
-                    out.push(serde_json::from_slice(v.value())?);
+                    out.push(record_of(v.value())?);
                 }
             }
             Ok(out)
@@ -684,9 +712,7 @@ impl Graph for EmbeddedGraph {
                         let mut whole = true;
                         for id in &f.members {
                             whole &= match nodes.get(id.as_u128())? {
-                                Some(v) => !m.covers_turn(
-                                    &serde_json::from_slice::<TurnRecord>(v.value())?.turn,
-                                ),
+                                Some(v) => !m.covers_turn(&record_of(v.value())?.turn),
                                 None => false,
                             };
                         }
@@ -701,7 +727,7 @@ impl Graph for EmbeddedGraph {
                     cf.insert(keys::join(&[t, &f.conversation_id, &f.id]).as_slice(), ())?;
                     for m in &f.members {
                         let rec = match nodes.get(m.as_u128())? {
-                            Some(v) => serde_json::from_slice::<TurnRecord>(v.value())?,
+                            Some(v) => record_of(v.value())?,
                             None => continue,
                         };
                         if rec.fragments.contains(&f.id) || rec.turn.tenant != f.tenant {
@@ -709,7 +735,7 @@ impl Graph for EmbeddedGraph {
                         }
                         let mut rec = rec;
                         rec.fragments.push(f.id.clone());
-                        nodes.insert(m.as_u128(), serde_json::to_vec(&rec)?.as_slice())?;
+                        nodes.insert(m.as_u128(), record_bytes(&rec)?.as_slice())?;
                     }
                 }
             }
@@ -811,12 +837,12 @@ impl Graph for EmbeddedGraph {
                     .collect::<Result<_, _>>()?;
                 for id in ids {
                     let rec: Option<TurnRecord> = match nodes.get(id)? {
-                        Some(v) => Some(serde_json::from_slice(v.value())?),
+                        Some(v) => Some(record_of(v.value())?),
                         None => None,
                     };
                     if let Some(mut rec) = rec.filter(|r| !r.fragments.is_empty()) {
                         rec.fragments.clear();
-                        nodes.insert(id, serde_json::to_vec(&rec)?.as_slice())?;
+                        nodes.insert(id, record_bytes(&rec)?.as_slice())?;
                     }
                 }
             }
@@ -1011,7 +1037,7 @@ impl EmbeddedGraph {
             .collect::<Result<_, _>>()?;
         for (key, id) in entries {
             let rec: Option<TurnRecord> = match nodes.get(id)? {
-                Some(v) => Some(serde_json::from_slice(v.value())?),
+                Some(v) => Some(record_of(v.value())?),
                 None => None,
             };
             if rec.as_ref().is_some_and(|r| !m.covers_turn(&r.turn)) {
@@ -1092,12 +1118,12 @@ impl EmbeddedGraph {
             ft.remove(fk.as_slice())?;
             for m in f.map(|f| f.members).unwrap_or_default() {
                 let rec = match nodes.get(m.as_u128())? {
-                    Some(v) => serde_json::from_slice::<TurnRecord>(v.value())?,
+                    Some(v) => record_of(v.value())?,
                     None => continue,
                 };
                 let mut rec = rec;
                 rec.fragments.retain(|x| *x != fid);
-                nodes.insert(m.as_u128(), serde_json::to_vec(&rec)?.as_slice())?;
+                nodes.insert(m.as_u128(), record_bytes(&rec)?.as_slice())?;
             }
         }
         let mut states = w.open_table(CONV_STATE)?;
@@ -1158,7 +1184,7 @@ impl EmbeddedGraph {
         }
         for e in r.open_table(TURNS)?.iter()? {
             let (_, v) = e?;
-            let rec: TurnRecord = serde_json::from_slice(v.value())?;
+            let rec = record_of(v.value())?;
             if rec.turn.tenant == *tenant && rec.turn.conversation_id == conversation {
                 n += 1;
             }
@@ -1215,7 +1241,7 @@ impl EmbeddedGraph {
         let mut n = 0;
         for e in r.open_table(TURNS)?.iter()? {
             let (_, v) = e?;
-            let rec: TurnRecord = serde_json::from_slice(v.value())?;
+            let rec = record_of(v.value())?;
             if owned(
                 rec.turn.tenant.as_str().as_bytes(),
                 Some(rec.turn.conversation_id.as_bytes()),
@@ -1263,9 +1289,10 @@ impl EmbeddedGraph {
         let has = |b: &[u8]| !needle.is_empty() && b.windows(needle.len()).any(|w| w == needle);
         let r = self.db.begin_read()?;
         let mut n = 0;
+        // Records are compressed: what they hold is searched, not their bytes.
         for e in r.open_table(TURNS)?.iter()? {
             let (_, v) = e?;
-            n += u64::from(has(v.value()));
+            n += u64::from(has(&record_json(v.value())?));
         }
         macro_rules! scan {
             ($table:expr) => {{
@@ -1353,5 +1380,16 @@ mod tests {
             let e = edge_times(b).unwrap_err();
             assert!(matches!(e, StoreError::Corrupt { .. }), "{b:?}: {e}");
         }
+    }
+
+    #[test]
+    fn turn_records_are_read_compressed_and_as_the_json_older_stores_wrote() {
+        let json = br#"{"turn":{"user":"hello there, hello there, hello there"}}"#;
+        let packed = zstd::bulk::compress(json, RECORD_ZSTD_LEVEL).unwrap();
+        assert_ne!(packed.first(), Some(&b'{'));
+        assert_eq!(&*record_json(&packed).unwrap(), &json[..]);
+        assert_eq!(&*record_json(json).unwrap(), &json[..]);
+        let e = record_json(b"\x28\xb5\x2f\xfd garbage").unwrap_err();
+        assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
     }
 }
