@@ -39,6 +39,9 @@ pub struct BenchArgs {
     /// Distinct synthetic turns embedded before the clock starts; the stores draw from them.
     #[arg(long, default_value_t = 2000)]
     pub pool: usize,
+    /// Concurrent clients asking new questions after the one-at-a-time phase; 0 skips it.
+    #[arg(long, default_value_t = 16)]
+    pub clients: usize,
     /// Keep each store under DIR/<turns> (reused when it already holds the turns).
     #[arg(long)]
     pub keep: Option<std::path::PathBuf>,
@@ -308,6 +311,54 @@ fn print_footprint(dir: &Path, turns: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Recall under load: `clients` callers at once, each asking its own new questions (the query
+/// cache emptied before each, as in the one-at-a-time phase), `total` recalls in all. Returns
+/// recalls per second over the whole phase and the sorted latencies.
+async fn concurrent_recall(
+    app: &App,
+    tenants: &[TenantId],
+    conversations: usize,
+    clients: usize,
+    total: usize,
+) -> anyhow::Result<(f64, Vec<f64>)> {
+    let per_client = total.div_ceil(clients.max(1));
+    let started = Instant::now();
+    let handles: Vec<_> = (0..clients)
+        .map(|i| {
+            let (recall, cache) = (app.recall.clone(), app.query_cache.clone());
+            let tenants = tenants.to_vec();
+            tokio::spawn(async move {
+                let mut r = Rng(0x0c11_e475 ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9));
+                let mut lat = Vec::with_capacity(per_client);
+                for q in 0..per_client {
+                    let (c, req) = query(&mut r, q, conversations, tenants.len());
+                    cache.clear();
+                    let t = Instant::now();
+                    recall.recall(&tenants[c % tenants.len()], &req).await?;
+                    lat.push(t.elapsed().as_secs_f64() * 1000.0);
+                }
+                Ok::<_, anyhow::Error>(lat)
+            })
+        })
+        .collect();
+    let mut lat = Vec::with_capacity(per_client * clients);
+    for h in handles {
+        lat.extend(h.await??);
+    }
+    let rate = lat.len() as f64 / started.elapsed().as_secs_f64();
+    lat.sort_by(f64::total_cmp);
+    Ok((rate, lat))
+}
+
+/// Recall with several clients at once.
+#[derive(serde::Serialize)]
+struct Concurrent {
+    clients: usize,
+    recalls_per_s: f64,
+    p50: f64,
+    p99: f64,
+}
+
 /// One measured store size.
 #[derive(serde::Serialize)]
 struct Row {
@@ -324,6 +375,7 @@ struct Row {
     cached_cpu_ms: f64,
     bytes_per_turn: f64,
     bytes_beyond_vectors: f64,
+    concurrent: Option<Concurrent>,
     rss_mib: f64,
     reopen_s: f64,
     /// Recall latency of new questions at percentiles 0, 1, …, 100 (the CDF).
@@ -623,6 +675,30 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
         }
         let cpu_cached = cpu_cached / repeats.max(1) as f64 * 1000.0;
         lat_cached.sort_by(f64::total_cmp);
+        let concurrent = if a.clients > 0 {
+            let (rate, lat) = concurrent_recall(
+                &app,
+                &tenants,
+                conversations,
+                a.clients,
+                a.queries.min(2000),
+            )
+            .await?;
+            println!(
+                "{size}: {} concurrent clients, new questions: {rate:.1} recalls/s, p50 {:.1} ms, p99 {:.1} ms",
+                a.clients,
+                percentile(&lat, 0.5),
+                percentile(&lat, 0.99)
+            );
+            Some(Concurrent {
+                clients: a.clients,
+                recalls_per_s: rate,
+                p50: percentile(&lat, 0.5),
+                p99: percentile(&lat, 0.99),
+            })
+        } else {
+            None
+        };
         let n = app.raw.count()?.max(1);
         app.shutdown().await;
         let total = dir_bytes(&dir);
@@ -647,6 +723,7 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
             cached_cpu_ms: cpu_cached,
             bytes_per_turn: total as f64 / n as f64,
             bytes_beyond_vectors: total.saturating_sub(vectors) as f64 / n as f64,
+            concurrent,
             rss_mib: peak_rss_mib(),
             reopen_s,
             latency_percentiles_ms: (0..=100)
@@ -665,12 +742,18 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
 
     println!();
     println!(
-        "| turns | ingest durable | ingest end to end, precomputed embeddings | ingest CPU/turn | recall p50 | p95 | p99 | CPU/recall | cached-embedding recall p50 / p99 / CPU | disk/turn | beyond vectors | peak RSS | reopen |"
+        "| turns | ingest durable | ingest end to end, precomputed embeddings | ingest CPU/turn | recall p50 | p95 | p99 | CPU/recall | cached-embedding recall p50 / p99 / CPU | concurrent clients: recalls/s, p50 / p99 | disk/turn | beyond vectors | peak RSS | reopen |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
+        let concurrent = r.concurrent.as_ref().map_or("-".to_string(), |c| {
+            format!(
+                "{}: {:.1}/s, {:.1} / {:.1} ms",
+                c.clients, c.recalls_per_s, c.p50, c.p99
+            )
+        });
         println!(
-            "| {} | {:.0}/s | {:.0}/s | {:.2} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} / {:.1} / {:.1} ms | {:.0} B | {:.0} B | {:.0} MiB | {:.2} s |",
+            "| {} | {:.0}/s | {:.0}/s | {:.2} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} / {:.1} / {:.1} ms | {concurrent} | {:.0} B | {:.0} B | {:.0} MiB | {:.2} s |",
             r.turns, r.durable_per_s, r.e2e_per_s, r.ingest_cpu_ms_per_turn, r.p50, r.p95, r.p99,
             r.cpu_ms_per_recall, r.cached_p50, r.cached_p99, r.cached_cpu_ms, r.bytes_per_turn,
             r.bytes_beyond_vectors, r.rss_mib, r.reopen_s

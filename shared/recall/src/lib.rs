@@ -168,30 +168,20 @@ impl Recall {
         &self.vectors
     }
 
-    async fn embed(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, RecallError> {
-        let e = self.embedder.clone();
-        tokio::task::spawn_blocking(move || {
-            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-            e.embed(&refs)
-        })
-        .await
-        .map_err(|e| RecallError::Embed(e.to_string()))?
-        .map_err(|e| RecallError::Embed(e.to_string()))
-    }
-
     /// Embeds `texts[0]` as the query and the rest (the query's keywords, matched against the
     /// keywords stored with the turns) as documents; one batch when the model makes no
     /// difference between the two.
     async fn embed_query_and(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, RecallError> {
-        if !self.embedder.is_asymmetric() {
-            return self.embed(texts).await;
-        }
         let e = self.embedder.clone();
         tokio::task::spawn_blocking(move || {
-            let mut out = e.embed_queries(&[texts[0].as_str()])?;
-            let rest: Vec<&str> = texts[1..].iter().map(String::as_str).collect();
-            out.extend(e.embed(&rest)?);
-            Ok::<_, recollect_embed::EmbedError>(out)
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            if !e.is_asymmetric() {
+                return e.embed(&refs);
+            }
+            let (query, keywords) = refs.split_at(refs.len().min(1));
+            let mut out = e.embed_queries(query)?;
+            out.extend(e.embed(keywords)?);
+            Ok(out)
         })
         .await
         .map_err(|e| RecallError::Embed(e.to_string()))?
