@@ -108,14 +108,38 @@ fn record_bytes(rec: &TurnRecord) -> Result<Vec<u8>, StoreError> {
         .map_err(|e| StoreError::backend("compressing a turn record", e))
 }
 
+/// Largest record [`record_json`] will inflate: a record is at most two 64 KiB texts per version,
+/// so a frame that says more is damaged.
+const MAX_RECORD_JSON: usize = 64 << 20;
+
+thread_local! {
+    /// One decompression context per thread: recall reads hundreds of records, and a context
+    /// made per record costs more than decompressing it.
+    static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// The JSON of a stored turn record: [`record_bytes`], or the plain JSON older stores wrote.
 fn record_json(b: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, StoreError> {
     if b.first() == Some(&b'{') {
         return Ok(std::borrow::Cow::Borrowed(b));
     }
-    zstd::stream::decode_all(b)
-        .map(std::borrow::Cow::Owned)
-        .map_err(|e| StoreError::corrupt("turn record", e))
+    let corrupt = |e| StoreError::corrupt("turn record", e);
+    // `record_bytes` compresses in one shot, so every frame records its size.
+    let size = zstd::bulk::Decompressor::upper_bound(b)
+        .filter(|&n| n <= MAX_RECORD_JSON)
+        .ok_or_else(|| StoreError::corrupt_msg("turn record: not a sized zstd frame"))?;
+    DECOMPRESSOR.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let decompressor = match &mut *slot {
+            Some(d) => d,
+            empty => empty.insert(zstd::bulk::Decompressor::new().map_err(corrupt)?),
+        };
+        decompressor
+            .decompress(b, size)
+            .map(std::borrow::Cow::Owned)
+            .map_err(corrupt)
+    })
 }
 
 /// Reads a stored turn record.
