@@ -33,6 +33,10 @@ selected="${RECOLLECT_EMBED_MODEL:-${RECOLLECT__EMBEDDER__MODEL:-all-MiniLM-L6-v
 if [[ "$selected" != all-MiniLM-L6-v2 ]]; then
   bash scripts/setup-model.sh "$selected"
 fi
+# ONNX Runtime and MiniLM's graph when embedder.runtime = "onnx" is chosen (the tests use both).
+if [[ "${RECOLLECT__EMBEDDER__RUNTIME:-}" == onnx || "${1:-}" == --test ]]; then
+  bash scripts/setup-onnx.sh
+fi
 # `make run` stops here: serving needs the toolchain and the model. The test toolchain (broker,
 # graph and vector servers, deploy-artefact tools) comes with `make test` (setup.sh --test).
 if [[ "${1:-}" != "--test" ]]; then

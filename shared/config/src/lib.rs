@@ -140,6 +140,17 @@ pub struct EmbedderSettings {
     /// ~/.cache/recollect/models/<model>.
     pub model_dir: String,
     pub batch_size: usize,
+    /// What runs the encoder: candle, or ONNX Runtime (all-MiniLM-L6-v2 only).
+    pub runtime: EmbedderRuntime,
+    /// The ONNX Runtime library; empty: where `scripts/setup-onnx.sh` puts it.
+    pub onnx_runtime: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EmbedderRuntime {
+    Candle,
+    Onnx,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -597,6 +608,17 @@ impl Settings {
                 ),
             );
         }
+        if self.embedder.runtime == EmbedderRuntime::Onnx
+            && self.embedder.model != EMBEDDER_MODELS[0]
+        {
+            return invalid(
+                "embedder.runtime",
+                format!(
+                    "\"onnx\" runs {} only; {} runs on \"candle\"",
+                    EMBEDDER_MODELS[0], self.embedder.model
+                ),
+            );
+        }
         if self.embedder.batch_size == 0 || self.embedder.batch_size > 4096 {
             return invalid("embedder.batch_size", "must be in 1..=4096".into());
         }
@@ -1020,6 +1042,17 @@ mod tests {
         std::fs::write(&f, "[recall]\ntime_weight = -1\n").unwrap();
         let e = Settings::load(Some(&f)).unwrap_err().to_string();
         assert!(e.contains("recall.time_weight"), "{e}");
+    }
+
+    #[test]
+    fn the_onnx_runtime_runs_minilm_only() {
+        let mut s = Settings::defaults();
+        assert_eq!(s.embedder.runtime, EmbedderRuntime::Candle);
+        s.embedder.runtime = EmbedderRuntime::Onnx;
+        s.validate().unwrap();
+        s.embedder.model = "multilingual-e5-small-q4".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("embedder.runtime"), "{e}");
     }
 
     #[test]

@@ -22,6 +22,9 @@ pub enum EmbedError {
     /// The tensor library failed (bad weights, shape mismatch, out of memory, ...).
     #[error("model: {0}")]
     Model(#[from] candle_core::Error),
+    /// ONNX Runtime failed: its library is missing or unloadable, or a session failed.
+    #[error("ONNX Runtime: {0}")]
+    Runtime(String),
     /// An inner embedder broke the contract of [`crate::Embedder::embed`].
     #[error("embedder returned {got} vectors for {expected} texts")]
     CountMismatch { expected: usize, got: usize },

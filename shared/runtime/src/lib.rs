@@ -17,8 +17,10 @@ use axum::routing::get;
 use axum::Router;
 use clap::Parser;
 use recollect_bus::{run_stage, Bus, BusError, KafkaBus, KafkaSecurity, KafkaSettings, Stage};
-use recollect_config::{BusKind, ConfigError, EmbedderKind, Settings};
-use recollect_embed::{model_dir_for, model_spec, BertEmbedder, Embedder, HashEmbedder};
+use recollect_config::{BusKind, ConfigError, EmbedderKind, EmbedderRuntime, Settings};
+use recollect_embed::{
+    model_dir_for, model_spec, BertEmbedder, Embedder, HashEmbedder, OnnxEmbedder,
+};
 use recollect_model::{topics, TenantId};
 use recollect_storage::{Graph, Scope, StoreError, VectorIndex};
 use recollect_telemetry::events::{ComponentSelected, InternalEvent};
@@ -211,6 +213,26 @@ pub fn load_embedder(settings: &Settings) -> Result<Arc<dyn Embedder>, RuntimeEr
                     "setup cannot install {name}: put its files there or set embedder.model_dir"
                 )
             };
+            if settings.embedder.runtime == EmbedderRuntime::Onnx {
+                let lib = if settings.embedder.onnx_runtime.is_empty() {
+                    recollect_embed::default_onnx_runtime_path()
+                } else {
+                    settings.embedder.onnx_runtime.clone().into()
+                };
+                let e = OnnxEmbedder::load(&dir, &lib).map_err(|e| {
+                    RuntimeError::Setup(format!(
+                        "loading {name} for ONNX Runtime from {}: {e} (run scripts/setup-onnx.sh)",
+                        dir.display()
+                    ))
+                })?;
+                let e: Arc<dyn Embedder> = Arc::new(e);
+                ComponentSelected {
+                    seam: "embedder",
+                    kind: e.model_name(),
+                }
+                .emit();
+                return Ok(e);
+            }
             Arc::new(BertEmbedder::load_model(&dir, spec).map_err(|e| {
                 RuntimeError::Setup(format!(
                     "loading the {name} model from {}: {e} ({hint})",

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Sets up `embedder.runtime = "onnx"`: ONNX Runtime's shared library, unpacked from the PyPI
+# wheel `onnxruntime` into ~/.cache/recollect/onnxruntime-<version>/, and all-MiniLM-L6-v2 as an
+# ONNX graph (model.onnx beside its safetensors) written by scripts/make-onnx.py from the weights
+# setup-model.sh installed. Wheel, library and graph are checked against pinned sha256 digests
+# (the graph is bit-reproducible from the pinned weights and tools). Idempotent: exits at once
+# when both are in place. Prints one line saying what it did.
+set -euo pipefail
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+CACHE="${RECOLLECT_CACHE:-${HOME:-/tmp}/.cache/recollect}"
+WHEELS="${RECOLLECT_WHEEL_CACHE:-$CACHE/wheels}"
+ORT_VERSION=1.32.0
+ORT_WHEEL="onnxruntime-$ORT_VERSION-cp311-cp311-manylinux_2_28_x86_64.whl"
+ORT_WHEEL_SHA256=5a34fc4dfeb5a7b4a74c95dcba1e773d722abda720b474edf1b0c419dc6d163d
+ORT_LIB_SHA256=6c1585d1bbf45b0712ea4a21b705c5fcb4ba04ff2e30f1fbf81a49faf658638f
+ORT_DIR="$CACHE/onnxruntime-$ORT_VERSION"
+ORT_LIB="$ORT_DIR/libonnxruntime.so.$ORT_VERSION"
+MODEL_DIR="$CACHE/models/all-MiniLM-L6-v2"
+GRAPH="$MODEL_DIR/model.onnx"
+GRAPH_SHA256=d03bb1b9e074d912c7c334bf0f81ff99feefd9ad6aa5517d40e14b78fc2e4e4f
+
+ok() { echo "$1  $2" | sha256sum -c --status - 2>/dev/null; }
+
+if ok "$ORT_LIB_SHA256" "$ORT_LIB" && ok "$GRAPH_SHA256" "$GRAPH"; then
+    echo "setup-onnx: ONNX Runtime $ORT_VERSION and the MiniLM graph already present (nothing to do)"
+    exit 0
+fi
+if [[ "$(uname -sm)" != "Linux x86_64" ]]; then
+    echo "setup-onnx: the pinned onnxruntime wheel is for Linux x86_64 only" >&2
+    exit 1
+fi
+bash "$SCRIPT_DIR/setup-model.sh" all-MiniLM-L6-v2 >/dev/null
+
+if ! ok "$ORT_LIB_SHA256" "$ORT_LIB"; then
+    mkdir -p "$WHEELS"
+    if ! ok "$ORT_WHEEL_SHA256" "$WHEELS/$ORT_WHEEL"; then
+        python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+            --platform manylinux_2_28_x86_64 -d "$WHEELS" "onnxruntime==$ORT_VERSION"
+        ok "$ORT_WHEEL_SHA256" "$WHEELS/$ORT_WHEEL" || {
+            echo "setup-onnx: $WHEELS/$ORT_WHEEL does not match its pinned sha256" >&2
+            exit 1
+        }
+    fi
+    tmp="$(mktemp -d "$CACHE/.onnxruntime.XXXXXX")"
+    python3 - "$WHEELS/$ORT_WHEEL" "onnxruntime/capi/libonnxruntime.so.$ORT_VERSION" "$tmp" <<'PY'
+import sys, zipfile, os
+wheel, member, out = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z, open(os.path.join(out, os.path.basename(member)), "wb") as f:
+    f.write(z.read(member))
+PY
+    ok "$ORT_LIB_SHA256" "$tmp/libonnxruntime.so.$ORT_VERSION" || {
+        echo "setup-onnx: the library in $ORT_WHEEL does not match its pinned sha256" >&2
+        rm -rf "$tmp"
+        exit 1
+    }
+    # A complete directory or none.
+    rm -rf "$ORT_DIR" && mv "$tmp" "$ORT_DIR"
+fi
+
+if ! ok "$GRAPH_SHA256" "$GRAPH"; then
+    VENV="${RECOLLECT_VENV:-$CACHE/venv}"
+    # shellcheck source=scripts/venv.sh
+    source "$SCRIPT_DIR/venv.sh"
+    ensure_venv "$VENV" setup-onnx
+    "$VENV/bin/python" -c "import onnx, numpy, safetensors" 2>/dev/null ||
+        "$VENV/bin/pip" install -q onnx==1.23.2 numpy==2.4.6 safetensors==0.8.0
+    "$VENV/bin/python" "$SCRIPT_DIR/make-onnx.py" "$MODEL_DIR" "$GRAPH.tmp"
+    ok "$GRAPH_SHA256" "$GRAPH.tmp" || {
+        echo "setup-onnx: the graph make-onnx.py wrote does not match its pinned sha256" \
+            "(other onnx/numpy versions in $VENV?)" >&2
+        rm -f "$GRAPH.tmp"
+        exit 1
+    }
+    mv "$GRAPH.tmp" "$GRAPH"
+fi
+echo "setup-onnx: ONNX Runtime $ORT_VERSION in $ORT_DIR, MiniLM graph in $GRAPH"
