@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config};
-use rayon::prelude::*;
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
 use crate::models::{ModelSpec, Pooling, MINILM};
@@ -21,9 +20,6 @@ pub const MINILM_DIM: usize = 384;
 pub const DEFAULT_MAX_SEQ_LEN: usize = MINILM.max_seq_len;
 /// Texts per forward pass. Texts are sorted by token count first, so padding stays small.
 pub const DEFAULT_BATCH_SIZE: usize = 32;
-/// Upper bound on `batch × padded length` per forward pass, so batches of long texts shrink and
-/// the attention scores (`batch × 12 heads × len²` floats) stay small.
-const MAX_BATCH_TOKENS: usize = 4096;
 
 /// Sentence embeddings from a BERT encoder via
 /// [`candle_transformers::models::bert::BertModel`]: the spec's pooling (mean over the attention
@@ -256,46 +252,15 @@ impl BertEmbedder {
             .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
         let seqs: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
 
-        // Shortest first, so each chunk is padded to little more than its own lengths.
-        let mut order: Vec<usize> = (0..seqs.len()).collect();
-        order.sort_by_key(|&i| seqs[i].len());
-
-        // Chunks of at most `batch_size` texts (fewer for long texts), and at least as many
-        // chunks as threads so that every core gets one.
-        let threads = rayon::current_num_threads().max(1);
-        let per_chunk = seqs.len().div_ceil(threads).clamp(1, self.batch_size);
-        let mut chunks: Vec<&[usize]> = Vec::new();
-        let mut start = 0;
-        while start < order.len() {
-            let mut end = start + 1;
-            while end < order.len()
-                && end - start < per_chunk
-                && (end - start + 1) * seqs[order[end]].len() <= MAX_BATCH_TOKENS
-            {
-                end += 1;
-            }
-            chunks.push(&order[start..end]);
-            start = end;
-        }
-
-        // Chunks run concurrently on rayon's pool. candle's matmuls also split across the
-        // pool, but its element-wise ops (GELU, softmax, layer norm, ...) are single-threaded:
+        // One chunk per rayon thread at least. candle's matmuls also split across the pool,
+        // but its element-wise ops (GELU, softmax, layer norm, ...) are single-threaded:
         // running one chunk per core keeps both busy. A lone chunk still gets parallel matmuls.
-        let embedded: Vec<Vec<Vec<f32>>> = chunks
-            .par_iter()
-            .map(|chunk| {
-                let batch: Vec<&[u32]> = chunk.iter().map(|&i| seqs[i]).collect();
-                self.forward(&batch)
-            })
-            .collect::<Result<_, _>>()?;
-
-        let mut out: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
-        for (chunk, vectors) in chunks.iter().zip(embedded) {
-            for (&i, v) in chunk.iter().zip(vectors) {
-                out[i] = v;
-            }
-        }
-        Ok(out)
+        crate::embed_in_chunks(
+            &seqs,
+            rayon::current_num_threads(),
+            self.batch_size,
+            |_, batch| self.forward(batch),
+        )
     }
 }
 

@@ -147,6 +147,58 @@ pub fn model_dir_for(name: &str) -> PathBuf {
 /// Cosine similarity of two L2-normalised vectors: their dot product.
 pub use recollect_model::dot as cosine;
 
+/// Upper bound on `batch × padded length` per forward pass, so batches of long texts shrink and
+/// the attention scores (`batch × 12 heads × len²` floats) stay small.
+const MAX_BATCH_TOKENS: usize = 4096;
+
+/// Embeds token sequences in chunks, one forward pass each, and returns the vectors in input
+/// order. Shortest first, so each chunk is padded to little more than its own lengths; at most
+/// `batch_size` texts a chunk (fewer for long texts), and at least `parallel` chunks so that
+/// every core (or session) gets one. Chunks run concurrently on rayon's pool; `forward` gets
+/// the chunk's number and its sequences.
+pub(crate) fn embed_in_chunks(
+    seqs: &[&[u32]],
+    parallel: usize,
+    batch_size: usize,
+    forward: impl Fn(usize, &[&[u32]]) -> Result<Vec<Vec<f32>>, EmbedError> + Sync,
+) -> Result<Vec<Vec<f32>>, EmbedError> {
+    use rayon::prelude::*;
+    let mut order: Vec<usize> = (0..seqs.len()).collect();
+    order.sort_by_key(|&i| seqs[i].len());
+    let per_chunk = seqs
+        .len()
+        .div_ceil(parallel.max(1))
+        .clamp(1, batch_size.max(1));
+    let mut chunks: Vec<&[usize]> = Vec::new();
+    let mut start = 0;
+    while start < order.len() {
+        let mut end = start + 1;
+        while end < order.len()
+            && end - start < per_chunk
+            && (end - start + 1) * seqs[order[end]].len() <= MAX_BATCH_TOKENS
+        {
+            end += 1;
+        }
+        chunks.push(&order[start..end]);
+        start = end;
+    }
+    let embedded: Vec<Vec<Vec<f32>>> = chunks
+        .par_iter()
+        .enumerate()
+        .map(|(k, chunk)| {
+            let batch: Vec<&[u32]> = chunk.iter().map(|&i| seqs[i]).collect();
+            forward(k, &batch)
+        })
+        .collect::<Result<_, _>>()?;
+    let mut out: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
+    for (chunk, vectors) in chunks.iter().zip(embedded) {
+        for (&i, v) in chunk.iter().zip(vectors) {
+            out[i] = v;
+        }
+    }
+    Ok(out)
+}
+
 /// Scales `v` to unit L2 norm in place; the zero vector is left as it is.
 pub fn l2_normalize(v: &mut [f32]) {
     let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();

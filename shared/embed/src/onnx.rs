@@ -14,7 +14,6 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 use ort::value::TensorRef;
 use parking_lot::Mutex;
-use rayon::prelude::*;
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
 use crate::models::{ModelSpec, Pooling, MINILM};
@@ -26,7 +25,6 @@ pub const ONNX_MODEL_FILE: &str = "model.onnx";
 pub const ONNX_RUNTIME_VERSION: &str = "1.32.0";
 /// Texts per forward pass (sorted by token count first, so padding stays small).
 const BATCH_SIZE: usize = 32;
-const MAX_BATCH_TOKENS: usize = 4096;
 
 /// Where `scripts/setup-onnx.sh` puts the runtime library.
 pub fn default_onnx_runtime_path() -> PathBuf {
@@ -217,40 +215,8 @@ impl Embedder for OnnxEmbedder {
             .encode_batch(texts.to_vec(), true)
             .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
         let seqs: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
-        let mut order: Vec<usize> = (0..seqs.len()).collect();
-        order.sort_by_key(|&i| seqs[i].len());
-        // At least one chunk per session, so every core gets one.
-        let per_chunk = seqs
-            .len()
-            .div_ceil(self.sessions.len())
-            .clamp(1, BATCH_SIZE);
-        let mut chunks: Vec<&[usize]> = Vec::new();
-        let mut start = 0;
-        while start < order.len() {
-            let mut end = start + 1;
-            while end < order.len()
-                && end - start < per_chunk
-                && (end - start + 1) * seqs[order[end]].len() <= MAX_BATCH_TOKENS
-            {
-                end += 1;
-            }
-            chunks.push(&order[start..end]);
-            start = end;
-        }
-        let embedded: Vec<Vec<Vec<f32>>> = chunks
-            .par_iter()
-            .enumerate()
-            .map(|(k, chunk)| {
-                let batch: Vec<&[u32]> = chunk.iter().map(|&i| seqs[i]).collect();
-                self.forward(&batch, k)
-            })
-            .collect::<Result<_, _>>()?;
-        let mut out = vec![Vec::new(); seqs.len()];
-        for (chunk, vectors) in chunks.iter().zip(embedded) {
-            for (&i, v) in chunk.iter().zip(vectors) {
-                out[i] = v;
-            }
-        }
-        Ok(out)
+        crate::embed_in_chunks(&seqs, self.sessions.len(), BATCH_SIZE, |k, batch| {
+            self.forward(batch, k)
+        })
     }
 }
