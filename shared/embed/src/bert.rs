@@ -67,13 +67,30 @@ impl std::fmt::Debug for BertEmbedder {
     }
 }
 
-fn require(dir: &Path, name: &str) -> Result<PathBuf, EmbedError> {
+pub(crate) fn require(dir: &Path, name: &str) -> Result<PathBuf, EmbedError> {
     let path = dir.join(name);
     if path.is_file() {
         Ok(path)
     } else {
         Err(EmbedError::ModelNotFound { path })
     }
+}
+
+/// A model's `tokenizer.json`, truncating to `max_seq_len` tokens and padding nothing (MiniLM's
+/// pads every input to 128 tokens; batches are padded to their own longest).
+pub(crate) fn load_tokenizer(path: &Path, max_seq_len: usize) -> Result<Tokenizer, EmbedError> {
+    let mut tokenizer =
+        Tokenizer::from_file(path).map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
+    tokenizer.with_padding(None);
+    tokenizer
+        .with_truncation(Some(TruncationParams {
+            max_length: max_seq_len,
+            strategy: TruncationStrategy::LongestFirst,
+            stride: 0,
+            direction: TruncationDirection::Right,
+        }))
+        .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
+    Ok(tokenizer)
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, EmbedError> {
@@ -141,18 +158,7 @@ impl BertEmbedder {
             }
         }
 
-        let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
-            .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
-        // MiniLM's tokenizer.json pads every input to 128 tokens; we pad per batch ourselves.
-        tokenizer.with_padding(None);
-        tokenizer
-            .with_truncation(Some(TruncationParams {
-                max_length: max_seq_len,
-                strategy: TruncationStrategy::LongestFirst,
-                stride: 0,
-                direction: TruncationDirection::Right,
-            }))
-            .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
+        let tokenizer = load_tokenizer(&tokenizer_path, max_seq_len)?;
 
         let device = Device::Cpu;
         let vb = VarBuilder::from_buffered_safetensors(read(&weights_path)?, DType::F32, &device)?;

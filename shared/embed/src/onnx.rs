@@ -14,9 +14,10 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 use ort::value::TensorRef;
 use parking_lot::Mutex;
-use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
+use tokenizers::Tokenizer;
 
-use crate::models::{ModelSpec, Pooling, MINILM};
+use crate::bert::{load_tokenizer, require};
+use crate::models::{ModelSpec, MINILM};
 use crate::{l2_normalize, EmbedError, Embedder};
 
 /// The graph `scripts/setup-onnx.sh` writes beside the model's safetensors.
@@ -101,27 +102,8 @@ impl OnnxEmbedder {
     /// the ONNX Runtime library at `lib`.
     pub fn load(dir: &Path, lib: &Path) -> Result<Self, EmbedError> {
         let spec = &MINILM;
-        let model = dir.join(ONNX_MODEL_FILE);
-        if !model.is_file() {
-            return Err(EmbedError::ModelNotFound { path: model });
-        }
-        let tokenizer_path = dir.join("tokenizer.json");
-        if !tokenizer_path.is_file() {
-            return Err(EmbedError::ModelNotFound {
-                path: tokenizer_path,
-            });
-        }
-        let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
-            .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
-        tokenizer.with_padding(None);
-        tokenizer
-            .with_truncation(Some(TruncationParams {
-                max_length: spec.max_seq_len,
-                strategy: TruncationStrategy::LongestFirst,
-                stride: 0,
-                direction: TruncationDirection::Right,
-            }))
-            .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
+        let model = require(dir, ONNX_MODEL_FILE)?;
+        let tokenizer = load_tokenizer(&require(dir, "tokenizer.json")?, spec.max_seq_len)?;
         let env = environment(lib)?;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let sessions = (0..cores)
@@ -180,12 +162,9 @@ impl OnnxEmbedder {
         }
         let mut rows = Vec::with_capacity(b);
         for (r, s) in seqs.iter().enumerate() {
+            // MiniLM pools by the mean over its real tokens.
             let mut v = vec![0f32; self.dim];
-            let tokens = match self.spec.pooling {
-                Pooling::Mean => s.len(),
-                Pooling::Cls => 1,
-            };
-            for t in 0..tokens {
+            for t in 0..s.len() {
                 let h = &hidden[(r * n + t) * self.dim..(r * n + t + 1) * self.dim];
                 v.iter_mut().zip(h).for_each(|(a, x)| *a += x);
             }

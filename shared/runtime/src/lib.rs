@@ -219,26 +219,20 @@ pub fn load_embedder(settings: &Settings) -> Result<Arc<dyn Embedder>, RuntimeEr
                 } else {
                     settings.embedder.onnx_runtime.clone().into()
                 };
-                let e = OnnxEmbedder::load(&dir, &lib).map_err(|e| {
+                Arc::new(OnnxEmbedder::load(&dir, &lib).map_err(|e| {
                     RuntimeError::Setup(format!(
                         "loading {name} for ONNX Runtime from {}: {e} (run scripts/setup-onnx.sh)",
                         dir.display()
                     ))
-                })?;
-                let e: Arc<dyn Embedder> = Arc::new(e);
-                ComponentSelected {
-                    seam: "embedder",
-                    kind: e.model_name(),
-                }
-                .emit();
-                return Ok(e);
+                })?)
+            } else {
+                Arc::new(BertEmbedder::load_model(&dir, spec).map_err(|e| {
+                    RuntimeError::Setup(format!(
+                        "loading the {name} model from {}: {e} ({hint})",
+                        dir.display()
+                    ))
+                })?)
             }
-            Arc::new(BertEmbedder::load_model(&dir, spec).map_err(|e| {
-                RuntimeError::Setup(format!(
-                    "loading the {name} model from {}: {e} ({hint})",
-                    dir.display()
-                ))
-            })?)
         }
         EmbedderKind::Hash => Arc::new(HashEmbedder::new(recollect_embed::HASH_DIM)),
     };
