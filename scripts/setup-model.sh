@@ -49,14 +49,18 @@ case "$MODEL_NAME" in
             WEIGHTS_SHA256="b57548e1478827a6f3cfe9785866949f0a96ed791684123576c072c50a32b2cd"
         fi
         ;;
+    all-MiniLM-L6-v2-int8)
+        # An ONNX graph beside all-MiniLM-L6-v2's files, made from them.
+        exec bash "$SCRIPT_DIR/setup-onnx.sh"
+        ;;
     bge-small-en-v1.5)
         echo "setup-model: no PyPI wheel bundles bge-small-en-v1.5's weights; put its Hugging Face" \
             "files (config.json, tokenizer.json, model.safetensors) into $MODEL_DIR yourself" >&2
         exit 1
         ;;
     *)
-        echo "setup-model: unknown model $MODEL_NAME (all-MiniLM-L6-v2, multilingual-e5-small-q4," \
-            "multilingual-e5-small-enpt-q4)" >&2
+        echo "setup-model: unknown model $MODEL_NAME (all-MiniLM-L6-v2, all-MiniLM-L6-v2-int8," \
+            "multilingual-e5-small-q4, multilingual-e5-small-enpt-q4)" >&2
         exit 1
         ;;
 esac

@@ -2,9 +2,11 @@
 # Sets up `embedder.runtime = "onnx"`: ONNX Runtime's shared library, unpacked from the PyPI
 # wheel `onnxruntime` into ~/.cache/recollect/onnxruntime-<version>/, and all-MiniLM-L6-v2 as an
 # ONNX graph (model.onnx beside its safetensors) written by scripts/make-onnx.py from the weights
-# setup-model.sh installed. Wheel, library and graph are checked against pinned sha256 digests
-# (the graph is bit-reproducible from the pinned weights and tools). Idempotent: exits at once
-# when both are in place. Prints one line saying what it did.
+# setup-model.sh installed, and its int8 form (model-int8.onnx, embedder.model =
+# "all-MiniLM-L6-v2-int8") written from that graph by scripts/make-onnx-int8.py. Wheel, library
+# and graphs are checked against pinned sha256 digests (the graphs are bit-reproducible from the
+# pinned weights and tools). Idempotent: exits at once when all are in place. Prints one line
+# saying what it did.
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -19,11 +21,16 @@ ORT_LIB="$ORT_DIR/libonnxruntime.so.$ORT_VERSION"
 MODEL_DIR="$CACHE/models/all-MiniLM-L6-v2"
 GRAPH="$MODEL_DIR/model.onnx"
 GRAPH_SHA256=d03bb1b9e074d912c7c334bf0f81ff99feefd9ad6aa5517d40e14b78fc2e4e4f
+INT8="$MODEL_DIR/model-int8.onnx"
+INT8_SHA256=279df19be9c21d54c0d7ffd181cc7381cb038f65de73eca6bb06d870d435917c
+# The graphs' bytes depend on these versions; other versions fail the digests above.
+PY_TOOLS=(onnx==1.23.2 numpy==2.4.6 safetensors==0.8.0 protobuf==7.36.2 "onnxruntime==$ORT_VERSION"
+    tokenizers==0.23.3)
 
 ok() { echo "$1  $2" | sha256sum -c --status - 2>/dev/null; }
 
-if ok "$ORT_LIB_SHA256" "$ORT_LIB" && ok "$GRAPH_SHA256" "$GRAPH"; then
-    echo "setup-onnx: ONNX Runtime $ORT_VERSION and the MiniLM graph already present (nothing to do)"
+if ok "$ORT_LIB_SHA256" "$ORT_LIB" && ok "$GRAPH_SHA256" "$GRAPH" && ok "$INT8_SHA256" "$INT8"; then
+    echo "setup-onnx: ONNX Runtime $ORT_VERSION and the MiniLM graphs already present (nothing to do)"
     exit 0
 fi
 if [[ "$(uname -sm)" != "Linux x86_64" ]]; then
@@ -58,20 +65,31 @@ PY
     rm -rf "$ORT_DIR" && mv "$tmp" "$ORT_DIR"
 fi
 
-if ! ok "$GRAPH_SHA256" "$GRAPH"; then
+if ! ok "$GRAPH_SHA256" "$GRAPH" || ! ok "$INT8_SHA256" "$INT8"; then
     VENV="${RECOLLECT_VENV:-$CACHE/venv}"
     # shellcheck source=scripts/venv.sh
     source "$SCRIPT_DIR/venv.sh"
     ensure_venv "$VENV" setup-onnx
-    "$VENV/bin/python" -c "import onnx, numpy, safetensors" 2>/dev/null ||
-        "$VENV/bin/pip" install -q onnx==1.23.2 numpy==2.4.6 safetensors==0.8.0
-    "$VENV/bin/python" "$SCRIPT_DIR/make-onnx.py" "$MODEL_DIR" "$GRAPH.tmp"
-    ok "$GRAPH_SHA256" "$GRAPH.tmp" || {
-        echo "setup-onnx: the graph make-onnx.py wrote does not match its pinned sha256" \
-            "(other onnx/numpy versions in $VENV?)" >&2
-        rm -f "$GRAPH.tmp"
+    # The pinned wheel is in the cache already; pip takes it from there.
+    "$VENV/bin/pip" install -q --find-links "$WHEELS" "${PY_TOOLS[@]}"
+fi
+# build SCRIPT ARGS... : writes $OUT.tmp with SCRIPT and moves it in place if it has DIGEST.
+build() {
+    local out="$1" digest="$2"
+    shift 2
+    "$VENV/bin/python" "$@" "$out.tmp" >/dev/null
+    ok "$digest" "$out.tmp" || {
+        echo "setup-onnx: the graph $1 wrote does not match its pinned sha256" \
+            "(other tool versions in $VENV than ${PY_TOOLS[*]}?)" >&2
+        rm -f "$out.tmp"
         exit 1
     }
-    mv "$GRAPH.tmp" "$GRAPH"
+    mv "$out.tmp" "$out"
+}
+if ! ok "$GRAPH_SHA256" "$GRAPH"; then
+    build "$GRAPH" "$GRAPH_SHA256" "$SCRIPT_DIR/make-onnx.py" "$MODEL_DIR"
 fi
-echo "setup-onnx: ONNX Runtime $ORT_VERSION in $ORT_DIR, MiniLM graph in $GRAPH"
+if ! ok "$INT8_SHA256" "$INT8"; then
+    build "$INT8" "$INT8_SHA256" "$SCRIPT_DIR/make-onnx-int8.py" "$MODEL_DIR" "$GRAPH"
+fi
+echo "setup-onnx: ONNX Runtime $ORT_VERSION in $ORT_DIR, MiniLM graphs (f32, int8) in $MODEL_DIR"

@@ -33,9 +33,17 @@ selected="${RECOLLECT_EMBED_MODEL:-${RECOLLECT__EMBEDDER__MODEL:-all-MiniLM-L6-v
 if [[ "$selected" != all-MiniLM-L6-v2 ]]; then
   bash scripts/setup-model.sh "$selected"
 fi
-# ONNX Runtime and MiniLM's graph when embedder.runtime = "onnx" is chosen (the tests use both).
-if [[ "${RECOLLECT__EMBEDDER__RUNTIME:-}" == onnx || "${1:-}" == --test ]]; then
-  bash scripts/setup-onnx.sh
+# ONNX Runtime and MiniLM's graphs (embedder.runtime "auto", the default, uses them where they
+# are). Without them MiniLM runs on candle with the same vectors, only slower, so serving goes on
+# when they cannot be set up; the tests and an explicit runtime = "onnx" need them.
+if [[ "$(uname -sm)" == "Linux x86_64" ]]; then
+  if [[ "${RECOLLECT__EMBEDDER__RUNTIME:-}" == onnx || "$selected" == *-int8 || "${1:-}" == --test ]]; then
+    bash scripts/setup-onnx.sh
+  elif ! bash scripts/setup-onnx.sh; then
+    echo "setup: ONNX Runtime could not be set up (above); recollect runs MiniLM on candle" >&2
+  fi
+elif [[ "${RECOLLECT__EMBEDDER__RUNTIME:-}" == onnx || "${1:-}" == --test ]]; then
+  echo "setup: ONNX Runtime's pinned wheel is for Linux x86_64; skipping it (MiniLM runs on candle)" >&2
 fi
 # `make run` stops here: serving needs the toolchain and the model. The test toolchain (broker,
 # graph and vector servers, deploy-artefact tools) comes with `make test` (setup.sh --test).

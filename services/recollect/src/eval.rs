@@ -499,8 +499,9 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
         )],
     };
     println!(
-        "configuration: embedder={} extractor=rules k={kmax} conversations={} questions={} recall={}",
+        "configuration: embedder={} runtime={} extractor=rules k={kmax} conversations={} questions={} recall={}",
         app.embedder.model_name(),
+        app.embedder.runtime(),
         samples.len(),
         questions.len(),
         serde_json::to_string(&base_cfg)?
@@ -563,6 +564,7 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
     if let Some(path) = &json {
         let doc = serde_json::json!({
             "embedder": app.embedder.model_name(),
+            "embedder_runtime": app.embedder.runtime(),
             "conversations": samples.len(),
             "questions": questions.len(),
             "k": ks,

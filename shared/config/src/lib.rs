@@ -124,8 +124,9 @@ pub enum EmbedderKind {
 
 /// The models `embedder.model` accepts (the names of `recollect_embed::MODELS`, which a test in
 /// `recollect-runtime` keeps equal to this list; this crate does not link the model code).
-pub const EMBEDDER_MODELS: [&str; 4] = [
+pub const EMBEDDER_MODELS: [&str; 5] = [
     "all-MiniLM-L6-v2",
+    "all-MiniLM-L6-v2-int8",
     "multilingual-e5-small-q4",
     "multilingual-e5-small-enpt-q4",
     "bge-small-en-v1.5",
@@ -140,7 +141,8 @@ pub struct EmbedderSettings {
     /// ~/.cache/recollect/models/<model>.
     pub model_dir: String,
     pub batch_size: usize,
-    /// What runs the encoder: candle, or ONNX Runtime (all-MiniLM-L6-v2 only).
+    /// What runs the encoder: candle, ONNX Runtime (all-MiniLM-L6-v2 and its int8 form only; the
+    /// int8 form runs on ONNX Runtime only), or auto: ONNX Runtime where it is installed.
     pub runtime: EmbedderRuntime,
     /// The ONNX Runtime library; empty: where `scripts/setup-onnx.sh` puts it.
     pub onnx_runtime: String,
@@ -149,6 +151,9 @@ pub struct EmbedderSettings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EmbedderRuntime {
+    /// ONNX Runtime when the model has a graph and the library and graph are installed, else
+    /// candle (their vectors are the same, so a store may be served by either).
+    Auto,
     Candle,
     Onnx,
 }
@@ -608,14 +613,27 @@ impl Settings {
                 ),
             );
         }
+        let on_onnx = &EMBEDDER_MODELS[..2];
         if self.embedder.runtime == EmbedderRuntime::Onnx
-            && self.embedder.model != EMBEDDER_MODELS[0]
+            && !on_onnx.contains(&self.embedder.model.as_str())
         {
             return invalid(
                 "embedder.runtime",
                 format!(
                     "\"onnx\" runs {} only; {} runs on \"candle\"",
-                    EMBEDDER_MODELS[0], self.embedder.model
+                    on_onnx.join(" and "),
+                    self.embedder.model
+                ),
+            );
+        }
+        if self.embedder.runtime == EmbedderRuntime::Candle
+            && self.embedder.model == EMBEDDER_MODELS[1]
+        {
+            return invalid(
+                "embedder.model",
+                format!(
+                    "{} runs on ONNX Runtime only; set embedder.runtime = \"onnx\" or \"auto\"",
+                    EMBEDDER_MODELS[1]
                 ),
             );
         }
@@ -1047,12 +1065,24 @@ mod tests {
     #[test]
     fn the_onnx_runtime_runs_minilm_only() {
         let mut s = Settings::defaults();
-        assert_eq!(s.embedder.runtime, EmbedderRuntime::Candle);
+        assert_eq!(s.embedder.runtime, EmbedderRuntime::Auto);
+        s.embedder.model = "all-MiniLM-L6-v2-int8".into();
+        s.validate().unwrap();
+        s.embedder.model = "multilingual-e5-small-q4".into();
+        s.validate().unwrap();
+        s.embedder.model = "all-MiniLM-L6-v2".into();
         s.embedder.runtime = EmbedderRuntime::Onnx;
+        s.validate().unwrap();
+        s.embedder.model = "all-MiniLM-L6-v2-int8".into();
         s.validate().unwrap();
         s.embedder.model = "multilingual-e5-small-q4".into();
         let e = s.validate().unwrap_err().to_string();
         assert!(e.contains("embedder.runtime"), "{e}");
+        // The int8 graph has no candle form.
+        s.embedder.runtime = EmbedderRuntime::Candle;
+        s.embedder.model = "all-MiniLM-L6-v2-int8".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("embedder.model") && e.contains("onnx"), "{e}");
     }
 
     #[test]
@@ -1065,6 +1095,11 @@ mod tests {
         );
         for m in EMBEDDER_MODELS {
             s.embedder.model = m.into();
+            s.embedder.runtime = if m.ends_with("-int8") {
+                EmbedderRuntime::Onnx
+            } else {
+                EmbedderRuntime::Candle
+            };
             s.validate().unwrap();
         }
         s.embedder.model = "bge-small".into();

@@ -279,6 +279,10 @@ impl Embedder for BertEmbedder {
         self.dim
     }
 
+    fn runtime(&self) -> &str {
+        "candle"
+    }
+
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
         self.embed_with(self.spec.document_prefix, texts)
     }

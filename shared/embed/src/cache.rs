@@ -191,6 +191,10 @@ impl<E: Embedder> Embedder for CachedEmbedder<E> {
         self.inner.dim()
     }
 
+    fn runtime(&self) -> &str {
+        self.inner.runtime()
+    }
+
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
         self.cached(&self.cache, texts, |t| self.inner.embed(t))
     }

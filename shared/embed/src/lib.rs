@@ -32,7 +32,7 @@ pub use error::EmbedError;
 pub use hash::{HashEmbedder, HASH_DIM};
 pub use models::{
     model_names, model_spec, ModelSpec, Pooling, BGE_SMALL_EN_V15, DEFAULT_MODEL, E5_SMALL_ENPT_Q4,
-    E5_SMALL_Q4, MINILM, MODELS,
+    E5_SMALL_Q4, MINILM, MINILM_INT8, MODELS,
 };
 pub use onnx::{default_onnx_runtime_path, OnnxEmbedder, ONNX_MODEL_FILE, ONNX_RUNTIME_VERSION};
 
@@ -48,6 +48,10 @@ pub trait Embedder: Send + Sync {
     fn model_name(&self) -> &str;
     /// The length of every vector returned.
     fn dim(&self) -> usize;
+    /// What runs the model ("candle", "onnx"); for logs and reports.
+    fn runtime(&self) -> &str {
+        "builtin"
+    }
     /// L2-normalised embeddings, one per text, in order: texts to be found (turns, keywords).
     /// CPU-bound: async callers use spawn_blocking.
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError>;
@@ -70,6 +74,9 @@ impl<E: Embedder + ?Sized> Embedder for Arc<E> {
     fn dim(&self) -> usize {
         (**self).dim()
     }
+    fn runtime(&self) -> &str {
+        (**self).runtime()
+    }
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
         (**self).embed(texts)
     }
@@ -87,6 +94,9 @@ impl<E: Embedder + ?Sized> Embedder for Box<E> {
     }
     fn dim(&self) -> usize {
         (**self).dim()
+    }
+    fn runtime(&self) -> &str {
+        (**self).runtime()
     }
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
         (**self).embed(texts)

