@@ -9,7 +9,7 @@ LOCOMO ?= ../shared/data/locomo-dev.json
 # eval and bench, so a cold machine compiles the dependencies once. `--release` is for images.
 CARGO_FLAGS := --locked
 
-.PHONY: setup setup-test install build run test lint fmt eval eval-ablations bench bench-micro e2e-kafka check-deploy fuzz clients test-clients
+.PHONY: setup setup-test install build run test lint fmt eval eval-ablations bench bench-peers bench-micro e2e-kafka check-deploy fuzz clients test-clients
 
 setup:
 	@bash scripts/setup.sh
@@ -89,6 +89,15 @@ bench: build
 	mkdir -p $(REPORTS)
 	$(BIN) bench --turns $(BENCH_SIZES)$(if $(BENCH_1M),$(comma)1000000) --queries $(BENCH_QUERIES) --json $(REPORTS)/bench.json
 	bash scripts/plot.sh bench $(REPORTS)/bench.json $(REPORTS)/bench-latency-cdf.svg
+
+# The same synthetic workload (PEER_TURNS turns, PEER_QUERIES recalls scoped to one conversation)
+# through mem0 OSS (infer=False, its local Qdrant store, the same MiniLM through ONNX Runtime) and
+# through Recollect's HTTP API, one after the other on this machine: ingest turns/s, recall
+# p50/p99 and the ratios; PEER_CANDLE=0 skips the candle row (scripts/bench-peers.sh). Not in `make test`.
+PEER_TURNS ?= 10000
+PEER_QUERIES ?= 1000
+bench-peers: build
+	PEER_TURNS=$(PEER_TURNS) PEER_QUERIES=$(PEER_QUERIES) REPORTS=$(REPORTS) BIN=$(BIN) bash scripts/bench-peers.sh
 
 # Criterion micro-benchmarks of the hot pieces (tests/benches/hot_paths.rs), in the same dev
 # profile as everything else (our hot crates at opt-level 3): the binary that the workspace build made.

@@ -48,6 +48,11 @@ pub struct BenchArgs {
     /// Also write every figure as JSON, with the latency distribution of each size (for plots).
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Write the first size's workload as JSONL (turns, single-conversation queries, a few
+    /// reference vectors of the configured model) and exit: `make bench-peers` runs it through
+    /// Recollect's HTTP API and through a peer system.
+    #[arg(long)]
+    pub workload_out: Option<std::path::PathBuf>,
 }
 
 /// xorshift64*: reproducible synthetic data without a dependency.
@@ -236,6 +241,10 @@ struct Precomputed {
 impl Embedder for Precomputed {
     fn model_name(&self) -> &str {
         self.model.model_name()
+    }
+
+    fn runtime(&self) -> &str {
+        self.model.runtime()
     }
 
     fn dim(&self) -> usize {
@@ -487,6 +496,101 @@ fn query(r: &mut Rng, q: usize, conversations: usize, tenants: usize) -> (usize,
     )
 }
 
+/// `--workload-out`: the first size's conversations (layout, speakers, timestamps as in the
+/// size phase, but every turn new text from the generator, as in the end-to-end sample, so no
+/// text repeats) and the size phase's query sequence without the queries that span several
+/// conversations (a peer scopes a search to one) or repeat an earlier question (so every recall
+/// embeds a new question, as in the size phase). Each query lists as `relevant` the turns of its
+/// conversation that mention the activity or place it asks about.
+fn write_workload(path: &Path, a: &BenchArgs, model: &dyn Embedder) -> anyhow::Result<()> {
+    use std::io::Write;
+    let size = a.turns.first().copied().unwrap_or(10_000);
+    let conversations = a.conversations.min(size / 10).max(1);
+    let mut out = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+    );
+    let mut line = |v: serde_json::Value| -> anyhow::Result<()> {
+        serde_json::to_writer(&mut out, &v)?;
+        Ok(out.write_all(b"\n")?)
+    };
+    line(
+        serde_json::json!({"type": "meta", "turns": size, "conversations": conversations,
+        "embedder": model.model_name()}),
+    )?;
+    let (per_conv, mut left) = (size.div_ceil(conversations), size);
+    let mut r = Rng(0x5eed_0000_0000_0001);
+    let mut turns: Vec<Vec<(String, String)>> = Vec::with_capacity(conversations);
+    let mut fields = Vec::new();
+    for c in 0..conversations {
+        let n = per_conv.min(left);
+        left -= n;
+        let (p, (s1, s2)) = (c % PAIRS, pair(c % PAIRS));
+        let mut conv = Vec::with_capacity(n);
+        for i in 0..n {
+            let (u, asst) = turn_text(&mut r, s1, s2);
+            let t = turn_input(i, c, &u, &asst, p);
+            line(
+                serde_json::json!({"type": "turn", "conversation_id": format!("conv-{c}"),
+                "turn_id": t.turn_id, "user": u, "assistant": asst, "user_speaker": s1,
+                "assistant_speaker": s2, "timestamp": t.timestamp}),
+            )?;
+            if fields.len() < 6 {
+                fields.push(field_text(Some(s1), &u));
+            }
+            conv.push((u, asst));
+        }
+        turns.push(conv);
+    }
+    let (mut r, mut q, mut written, mut questions) = (Rng(0xabad_1dea), 0, 0, Vec::new());
+    let mut seen = std::collections::HashSet::new();
+    while written < a.queries && q < a.queries.saturating_mul(10) {
+        let (c, req) = query(&mut r, q, conversations, a.tenants.max(1));
+        q += 1;
+        if req
+            .conversation_ids
+            .as_ref()
+            .is_none_or(|ids| ids.len() != 1)
+            || !seen.insert(req.query.clone())
+        {
+            continue;
+        }
+        let asked: Vec<&str> = ACTIVITIES
+            .iter()
+            .chain(PLACES)
+            .copied()
+            .filter(|p| req.query.contains(p))
+            .collect();
+        let relevant: Vec<String> = (turns[c].iter().enumerate())
+            .filter(|(_, (u, asst))| {
+                !asked.is_empty() && asked.iter().any(|p| u.contains(p) || asst.contains(p))
+            })
+            .map(|(i, _)| i.to_string())
+            .collect();
+        line(serde_json::json!({"type": "query", "query": req.query,
+            "conversation_ids": req.conversation_ids, "k": req.k, "relevant": relevant}))?;
+        if questions.len() < 6 {
+            questions.push(req.query.clone());
+        }
+        written += 1;
+    }
+    // The configured model's vectors of a few texts, for a peer to check it embeds the same.
+    let refs: Vec<&str> = fields.iter().map(String::as_str).collect();
+    let qrefs: Vec<&str> = questions.iter().map(String::as_str).collect();
+    for (text, v) in refs.iter().zip(model.embed(&refs)?) {
+        line(serde_json::json!({"type": "reference_vector", "text": text, "vector": v}))?;
+    }
+    for (text, v) in qrefs.iter().zip(model.embed_queries(&qrefs)?) {
+        line(serde_json::json!({"type": "reference_vector", "text": text, "vector": v}))?;
+    }
+    out.flush()?;
+    println!(
+        "workload: {size} turns in {conversations} conversations, {written} distinct \
+         single-conversation queries (of the first {q} of the size phase) written to {}",
+        path.display()
+    );
+    Ok(())
+}
+
 pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -495,14 +599,18 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
     let model = crate::app::load_embedder(&settings)?;
     let model_load_s = t.elapsed().as_secs_f64();
     println!(
-        "machine: {cores} cores; embedder {} (loaded in {model_load_s:.2} s); sizes {:?}; \
+        "machine: {cores} cores; embedder {} on {} (loaded in {model_load_s:.2} s); sizes {:?}; \
          {} conversations over {} tenants; {} queries per size",
         model.model_name(),
+        model.runtime(),
         a.turns,
         a.conversations,
         a.tenants,
         a.queries
     );
+    if let Some(path) = &a.workload_out {
+        return write_workload(path, &a, model.as_ref());
+    }
     let tenants: Vec<TenantId> = (0..a.tenants.max(1))
         .map(|t| TenantId(format!("tenant-{t}")))
         .collect();
@@ -780,6 +888,7 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
         let doc = serde_json::json!({
             "cores": cores,
             "embedder": model.model_name(),
+            "embedder_runtime": model.runtime(),
             "model_load_s": model_load_s,
             "query_embedding_p50_ms": query_embed_p50,
             "end_to_end_with_model_turns_per_s": e2e_model,
