@@ -26,17 +26,15 @@ REPORTS="${REPORTS:-reports}"
 VENV="${PEERS_VENV:-$CACHE/venv-peers}"
 MODEL_DIR="$CACHE/models/all-MiniLM-L6-v2"
 WHEELS="${RECOLLECT_WHEEL_CACHE:-$CACHE/wheels}"
-ORT_WHEEL="onnxruntime-1.32.0-cp311-cp311-manylinux_2_28_x86_64.whl"
-ORT_WHEEL_SHA256=5a34fc4dfeb5a7b4a74c95dcba1e773d722abda720b474edf1b0c419dc6d163d
 
 [[ -x "$BIN" ]] || { echo "bench-peers: $BIN not found; run make build" >&2; exit 1; }
 # The model, ONNX Runtime and MiniLM's graph (Recollect's onnx runtime and the peer's embedder).
 bash "$SCRIPT_DIR/setup-onnx.sh" >/dev/null
 
 # The peer's venv: mem0ai and everything it pulls in, pinned exactly (what `pip install mem0ai`
-# resolved to on 2026-11-25), plus onnxruntime from the same sha256-checked wheel as setup-onnx.sh
-# and tokenizers. No torch, no spaCy, no fastembed: mem0's default install.
-PINS="mem0ai==2.2.1 tokenizers==0.23.3 annotated-types==0.8.0 anyio==4.16.0 backoff==2.2.1
+# resolved to on 2026-11-25), plus onnxruntime (the wheel setup-onnx.sh keeps in $WHEELS) and
+# tokenizers. No torch, no spaCy, no fastembed: mem0's default install.
+PINS="mem0ai==2.2.1 onnxruntime==1.32.0 tokenizers==0.23.3 annotated-types==0.8.0 anyio==4.16.0 backoff==2.2.1
 certifi==2026.10.19.post1 charset-normalizer==3.5.3 click==8.5.1 distro==1.9.0 filelock==4.3.1
 flatbuffers==25.12.19 fsspec==2026.9.0 grpcio==1.85.3 h11==0.16.0 h2==4.4.1 hf-xet==1.8.0
 hpack==4.2.0 httpcore==1.0.9 httpcore2==2.16.2 httpx==0.28.1 httpx2==2.16.2 huggingface-hub==2.4.0
@@ -46,20 +44,13 @@ pytz==2026.6 pyyaml==6.0.4 qdrant-client==1.20.0 requests==2.34.2 sniffio==1.3.1
 sqlalchemy==2.1.9 tqdm==4.70.1 truststore==0.10.5 typing-extensions==4.16.0
 typing-inspection==0.4.5 urllib3==2.8.0"
 STAMP="$VENV/.bench-peers-pins"
-want="$(echo "$PINS $ORT_WHEEL_SHA256" | sha256sum | cut -d' ' -f1)"
+want="$(echo "$PINS" | sha256sum | cut -d' ' -f1)"
 if [[ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]]; then
     # shellcheck source=scripts/venv.sh
     source "$SCRIPT_DIR/venv.sh"
     ensure_venv "$VENV" bench-peers
-    mkdir -p "$WHEELS"
-    ok() { echo "$ORT_WHEEL_SHA256  $WHEELS/$ORT_WHEEL" | sha256sum -c --status - 2>/dev/null; }
-    if ! ok; then
-        python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
-            --platform manylinux_2_28_x86_64 -d "$WHEELS" "onnxruntime==1.32.0"
-        ok || { echo "bench-peers: $WHEELS/$ORT_WHEEL does not match its pinned sha256" >&2; exit 1; }
-    fi
     # shellcheck disable=SC2086
-    "$VENV/bin/pip" install -q --disable-pip-version-check "$WHEELS/$ORT_WHEEL" $PINS
+    "$VENV/bin/pip" install -q --disable-pip-version-check --find-links "$WHEELS" $PINS
     echo "$want" >"$STAMP"
     echo "bench-peers: installed mem0ai 2.2.1 and its pinned dependencies into $VENV"
 fi

@@ -409,6 +409,30 @@ fn turn_input(i: usize, c: usize, user: &str, assistant: &str, p: usize) -> Turn
     }
 }
 
+/// The synthetic conversations: `turns` spread over `conversations` (`conv-<index>`, the last
+/// ones shorter), each with its speaker pair's texts from `text(pair)`, in order.
+fn synthetic_conversations(
+    conversations: usize,
+    turns: usize,
+    mut text: impl FnMut(usize) -> (String, String),
+) -> Vec<Vec<TurnInput>> {
+    let per_conv = turns.div_ceil(conversations);
+    let mut left = turns;
+    (0..conversations)
+        .map(|c| {
+            let n = per_conv.min(left);
+            left -= n;
+            let p = c % PAIRS;
+            (0..n)
+                .map(|i| {
+                    let (u, a) = text(p);
+                    turn_input(i, c, &u, &a, p)
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// Stores `turns` through the gateway (batches of 250, as a client would send them), then
 /// waits until every turn is enriched and recallable. Returns (durable s, end-to-end s).
 async fn ingest(
@@ -416,21 +440,13 @@ async fn ingest(
     tenants: &[TenantId],
     conversations: usize,
     turns: usize,
-    mut text: impl FnMut(usize) -> (String, String),
+    text: impl FnMut(usize) -> (String, String),
 ) -> anyhow::Result<(f64, f64)> {
     let started = Instant::now();
-    let per_conv = turns.div_ceil(conversations);
-    let mut left = turns;
-    for c in 0..conversations {
-        let n = per_conv.min(left);
-        left -= n;
-        let p = c % PAIRS;
-        let batch: Vec<TurnInput> = (0..n)
-            .map(|i| {
-                let (u, a) = text(p);
-                turn_input(i, c, &u, &a, p)
-            })
-            .collect();
+    for (c, batch) in synthetic_conversations(conversations, turns, text)
+        .into_iter()
+        .enumerate()
+    {
         for chunk in batch.chunks(250) {
             app.gateway
                 .store(
@@ -517,29 +533,24 @@ fn write_workload(path: &Path, a: &BenchArgs, model: &dyn Embedder) -> anyhow::R
         serde_json::json!({"type": "meta", "turns": size, "conversations": conversations,
         "embedder": model.model_name()}),
     )?;
-    let (per_conv, mut left) = (size.div_ceil(conversations), size);
     let mut r = Rng(0x5eed_0000_0000_0001);
-    let mut turns: Vec<Vec<(String, String)>> = Vec::with_capacity(conversations);
+    let turns = synthetic_conversations(conversations, size, |p| {
+        let (s1, s2) = pair(p);
+        turn_text(&mut r, s1, s2)
+    });
     let mut fields = Vec::new();
-    for c in 0..conversations {
-        let n = per_conv.min(left);
-        left -= n;
-        let (p, (s1, s2)) = (c % PAIRS, pair(c % PAIRS));
-        let mut conv = Vec::with_capacity(n);
-        for i in 0..n {
-            let (u, asst) = turn_text(&mut r, s1, s2);
-            let t = turn_input(i, c, &u, &asst, p);
+    for (c, conv) in turns.iter().enumerate() {
+        for t in conv {
             line(
                 serde_json::json!({"type": "turn", "conversation_id": format!("conv-{c}"),
-                "turn_id": t.turn_id, "user": u, "assistant": asst, "user_speaker": s1,
-                "assistant_speaker": s2, "timestamp": t.timestamp}),
+                "turn_id": t.turn_id, "user": t.user, "assistant": t.assistant,
+                "user_speaker": t.user_speaker, "assistant_speaker": t.assistant_speaker,
+                "timestamp": t.timestamp}),
             )?;
             if fields.len() < 6 {
-                fields.push(field_text(Some(s1), &u));
+                fields.push(field_text(t.user_speaker.as_deref(), &t.user));
             }
-            conv.push((u, asst));
         }
-        turns.push(conv);
     }
     let (mut r, mut q, mut written, mut questions) = (Rng(0xabad_1dea), 0, 0, Vec::new());
     let mut seen = std::collections::HashSet::new();
@@ -561,8 +572,11 @@ fn write_workload(path: &Path, a: &BenchArgs, model: &dyn Embedder) -> anyhow::R
             .filter(|p| req.query.contains(p))
             .collect();
         let relevant: Vec<String> = (turns[c].iter().enumerate())
-            .filter(|(_, (u, asst))| {
-                !asked.is_empty() && asked.iter().any(|p| u.contains(p) || asst.contains(p))
+            .filter(|(_, t)| {
+                let assistant = t.assistant.as_deref().unwrap_or_default();
+                asked
+                    .iter()
+                    .any(|p| t.user.contains(p) || assistant.contains(p))
             })
             .map(|(i, _)| i.to_string())
             .collect();

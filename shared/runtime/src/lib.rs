@@ -211,30 +211,22 @@ pub fn load_embedder(settings: &Settings) -> Result<Arc<dyn Embedder>, RuntimeEr
             } else {
                 settings.embedder.onnx_runtime.clone().into()
             };
+            let auto = settings.embedder.runtime == EmbedderRuntime::Auto;
             let on_onnx = match settings.embedder.runtime {
                 EmbedderRuntime::Onnx => true,
                 EmbedderRuntime::Candle => false,
-                // Candle's vectors equal ONNX Runtime's, so falling back changes no result.
-                EmbedderRuntime::Auto => spec.onnx_graph.is_some_and(|graph| {
-                    !spec.on_candle || (lib.is_file() && dir.join(graph).is_file())
-                }),
+                EmbedderRuntime::Auto => spec.onnx_graph.is_some(),
             };
-            if settings.embedder.runtime == EmbedderRuntime::Auto {
-                tracing::info!(
-                    model = name,
-                    runtime = if on_onnx { "onnx" } else { "candle" },
-                    onnx_runtime = %lib.display(),
-                    "embedder.runtime = \"auto\" chose"
-                );
-            }
             let onnx = if on_onnx {
                 match OnnxEmbedder::load_model(&dir, &lib, spec) {
                     Ok(e) => Some(e),
-                    // "auto" with the same model on candle: serve, say why it is slower.
-                    Err(e)
-                        if settings.embedder.runtime == EmbedderRuntime::Auto && spec.on_candle =>
-                    {
-                        tracing::warn!(model = name, error = %e, "ONNX Runtime failed to load; running the model on candle");
+                    // Candle's vectors equal ONNX Runtime's, so falling back changes no result.
+                    Err(e) if auto && spec.on_candle => {
+                        tracing::info!(
+                            model = name,
+                            reason = %e,
+                            "ONNX Runtime not available; embedder.runtime = auto runs the model on candle"
+                        );
                         None
                     }
                     Err(e) => {
