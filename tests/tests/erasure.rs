@@ -152,7 +152,13 @@ fn erased_conversations_and_tenants_leave_no_residue() {
     assert_eq!(kept_raw["turns"], TURNS as u64, "{kept_raw:?}");
     assert_eq!(kept_raw["pending"], 0, "{kept_raw:?}");
     assert_eq!(kept_graph["turn_nodes"], TURNS as u64, "{kept_graph:?}");
-    for table in ["links", "vocabulary", "fragments", "conversation_state"] {
+    for table in [
+        "turn_index",
+        "links",
+        "postings",
+        "fragments",
+        "conversation_state",
+    ] {
         assert!(
             kept_graph[table] > 0,
             "kept conversation lost its {table}: {kept_graph:?}"

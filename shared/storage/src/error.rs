@@ -112,7 +112,8 @@ backend_from!(
     redb::TransactionError,
     redb::TableError,
     redb::StorageError,
-    redb::CommitError
+    redb::CommitError,
+    redb::CompactionError
 );
 
 impl From<serde_json::Error> for StoreError {

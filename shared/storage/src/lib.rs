@@ -13,6 +13,8 @@
 //! them, while crates that only use the traits (recall, the runtime) link none of their clients.
 //! `testsuite` exposes the contract suite every backend passes.
 
+#[cfg(feature = "embedded")]
+mod codec;
 #[cfg(feature = "testsuite")]
 pub mod contract;
 pub mod error;

@@ -9,10 +9,11 @@ use chrono::Utc;
 use recollect_model::{MemoryId, TenantId, Turn, TurnInput};
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 
+use crate::codec;
 use crate::keys;
 use crate::StoreError;
 
-/// memory id → Turn (JSON)
+/// memory id → Turn ([`turn_bytes`]; plain JSON in older stores)
 const TURNS: TableDefinition<u128, &[u8]> = TableDefinition::new("turns");
 /// tenant\0conversation\0 + position (big endian) → memory id
 const CONV_INDEX: TableDefinition<&[u8], u128> = TableDefinition::new("conversation_index");
@@ -20,8 +21,22 @@ const CONV_INDEX: TableDefinition<&[u8], u128> = TableDefinition::new("conversat
 const CONV_NEXT: TableDefinition<&[u8], u64> = TableDefinition::new("conversation_next");
 /// memory id → () for turns not yet stored by the graph-writer
 const PENDING: TableDefinition<u128, ()> = TableDefinition::new("pending");
-/// memory id (BE) + version (BE) → Turn (JSON): versions an edit replaced, `expired_at` set
+/// memory id (BE) + version (BE) → Turn ([`turn_bytes`]): versions an edit replaced, `expired_at` set
 const VERSIONS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("turn_versions");
+
+/// A turn as stored: [`codec::pack`]'s compressed JSON (the store's largest table).
+fn turn_bytes(t: &Turn) -> Result<Vec<u8>, StoreError> {
+    let mut t = t.clone();
+    codec::without_id(&mut t);
+    codec::pack("turn", &t)
+}
+
+/// Reads a stored turn (compressed, or the plain JSON older stores wrote).
+fn turn_of(b: &[u8]) -> Result<Turn, StoreError> {
+    let mut t: Turn = codec::unpack("turn", b)?;
+    codec::with_id(&mut t);
+    Ok(t)
+}
 
 fn version_key(id: MemoryId, version: u32) -> [u8; 20] {
     let mut k = [0u8; 20];
@@ -47,7 +62,7 @@ fn versions_in(
     let r = version_range(id);
     let mut out = Vec::new();
     for e in t.range(r.start.as_slice()..=r.end.as_slice())? {
-        out.push(serde_json::from_slice(e?.1.value())?);
+        out.push(turn_of(e?.1.value())?);
     }
     Ok(out)
 }
@@ -108,7 +123,7 @@ impl RawStore {
                     .unwrap_or_else(|| position.to_string());
                 let id = MemoryId::derive(tenant, conversation, &turn_id);
                 if let Some(existing) = turns.get(id.as_u128())? {
-                    let turn: Turn = serde_json::from_slice(existing.value())?;
+                    let turn: Turn = turn_of(existing.value())?;
                     // A retry of the store that made any version (an edit may have followed).
                     let retry = turn.same_content(input)
                         || versions_in(&w.open_table(VERSIONS)?, id)?
@@ -140,7 +155,7 @@ impl RawStore {
                     first_recorded_at: None,
                     expired_at: None,
                 };
-                turns.insert(id.as_u128(), serde_json::to_vec(&turn)?.as_slice())?;
+                turns.insert(id.as_u128(), turn_bytes(&turn)?.as_slice())?;
                 let mut ik = conv_key.clone();
                 ik.extend_from_slice(&position.to_be_bytes());
                 index.insert(ik.as_slice(), id.as_u128())?;
@@ -167,7 +182,7 @@ impl RawStore {
         let next = {
             let mut turns = w.open_table(TURNS)?;
             let current: Turn = match turns.get(id.as_u128())? {
-                Some(v) => serde_json::from_slice(v.value())?,
+                Some(v) => turn_of(v.value())?,
                 None => return Ok(None),
             };
             if current.tenant != *tenant {
@@ -183,9 +198,9 @@ impl RawStore {
             old.expired_at = Some(next.recorded_at);
             w.open_table(VERSIONS)?.insert(
                 version_key(id, old.version).as_slice(),
-                serde_json::to_vec(&old)?.as_slice(),
+                turn_bytes(&old)?.as_slice(),
             )?;
-            turns.insert(id.as_u128(), serde_json::to_vec(&next)?.as_slice())?;
+            turns.insert(id.as_u128(), turn_bytes(&next)?.as_slice())?;
             w.open_table(PENDING)?.insert(id.as_u128(), ())?;
             next
         };
@@ -203,7 +218,7 @@ impl RawStore {
         let Some(current) = r.open_table(TURNS)?.get(id.as_u128())? else {
             return Ok(vec![]);
         };
-        let current: Turn = serde_json::from_slice(current.value())?;
+        let current: Turn = turn_of(current.value())?;
         if current.tenant != *tenant {
             return Ok(vec![]);
         }
@@ -216,7 +231,7 @@ impl RawStore {
         let r = self.db.begin_read()?;
         let t = r.open_table(TURNS)?;
         match t.get(id.as_u128())? {
-            Some(v) => Ok(Some(serde_json::from_slice(v.value())?)),
+            Some(v) => Ok(Some(turn_of(v.value())?)),
             None => Ok(None),
         }
     }
@@ -230,7 +245,7 @@ impl RawStore {
         for e in p.iter()? {
             let (id, _) = e?;
             if let Some(v) = t.get(id.value())? {
-                out.push(serde_json::from_slice::<Turn>(v.value())?);
+                out.push(turn_of(v.value())?);
             }
         }
         out.sort_by(|a, b| {
@@ -284,7 +299,7 @@ impl RawStore {
             let t = w.open_table(TURNS)?;
             for (id, recorded_at) in turns {
                 let current = match t.get(id.as_u128())? {
-                    Some(v) => Some(serde_json::from_slice::<Turn>(v.value())?.recorded_at),
+                    Some(v) => Some(turn_of(v.value())?.recorded_at),
                     None => None,
                 };
                 if current.is_none_or(|c| c <= *recorded_at) {
@@ -353,7 +368,7 @@ impl RawStore {
         for e in idx.range(prefix.as_slice()..end.as_slice())? {
             let (_, id) = e?;
             if let Some(v) = t.get(id.value())? {
-                out.push(serde_json::from_slice(v.value())?);
+                out.push(turn_of(v.value())?);
             }
         }
         Ok(out)
@@ -399,7 +414,7 @@ impl RawStore {
         {
             let mut turns = w.open_table(TURNS)?;
             let turn: Turn = match turns.get(id.as_u128())? {
-                Some(v) => serde_json::from_slice(v.value())?,
+                Some(v) => turn_of(v.value())?,
                 None => return Ok(false),
             };
             if turn.tenant != *tenant {
@@ -440,7 +455,7 @@ impl RawStore {
         let (mut turns, mut pending) = (0, 0);
         for e in turns_t.iter()? {
             let (id, v) = e?;
-            let t: Turn = serde_json::from_slice(v.value())?;
+            let t: Turn = turn_of(v.value())?;
             if owned(
                 t.tenant.as_str().as_bytes(),
                 Some(t.conversation_id.as_bytes()),
@@ -453,7 +468,7 @@ impl RawStore {
         }
         let mut versions = 0;
         for e in r.open_table(VERSIONS)?.iter()? {
-            let t: Turn = serde_json::from_slice(e?.1.value())?;
+            let t: Turn = turn_of(e?.1.value())?;
             versions += u64::from(owned(
                 t.tenant.as_str().as_bytes(),
                 Some(t.conversation_id.as_bytes()),
@@ -504,10 +519,10 @@ impl RawStore {
         };
         let mut n = 0;
         for e in r.open_table(TURNS)?.iter()? {
-            n += hit(e?.1.value());
+            n += hit(&codec::json_of("turn", e?.1.value())?);
         }
         for e in r.open_table(VERSIONS)?.iter()? {
-            n += hit(e?.1.value());
+            n += hit(&codec::json_of("turn", e?.1.value())?);
         }
         Ok(n)
     }

@@ -10,6 +10,8 @@ use chrono::{DateTime, Utc};
 use recollect_model::{Extraction, Fragment, MemoryId, TenantId, Turn};
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 
+use crate::codec;
+use crate::graph::postings::{self, Posting};
 use crate::graph::{
     ConversationState, EdgeTimes, Erasures, Graph, GraphRead, LinkedTurn, NodeKind, Scope,
     TurnErasure, TurnRecord, VersionWrite,
@@ -19,21 +21,24 @@ use crate::StoreError;
 
 /// memory id → TurnRecord ([`record_bytes`])
 const TURNS: TableDefinition<u128, &[u8]> = TableDefinition::new("turn_nodes");
-/// tenant\0conversation\0 + position (BE) → memory id
-const CONV_TURNS: TableDefinition<&[u8], u128> = TableDefinition::new("conversation_turns");
-/// tag + tenant\0conversation\0name\0 + memory id (BE) → EdgeTimes ([`edge_bytes`])
-const LINKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("links");
+/// tenant\0conversation\0 → the conversation's number, which the turn index and the postings
+/// name it by (8 bytes instead of its spelled-out key in every row)
+const CONV_IDS: TableDefinition<&[u8], u64> = TableDefinition::new("conversation_ids");
+/// conversation number → tenant\0conversation\0 (audits, and the next number: last + 1)
+const CONV_KEYS: TableDefinition<u64, &[u8]> = TableDefinition::new("conversation_keys");
+/// conversation number (BE) + position (BE) → [`TurnEntry`]: the conversation's turns in order
+const TURN_INDEX: TableDefinition<&[u8; 16], &[u8; 32]> = TableDefinition::new("turn_index");
+/// The links, as packed posting lists: see [`postings`]
+const POSTINGS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("postings");
 /// tag + tenant\0conversation\0name\0 + memory id (BE) + expired at (ns, BE) → EdgeTimes
-/// ([`edge_bytes`]): links an edit took away, kept for recall as of an earlier time. Apart from LINKS so
+/// ([`edge_bytes`]): links an edit took away, kept for recall as of an earlier time. Apart from POSTINGS so
 /// that recall of the present never reads them.
 const EXPIRED_LINKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("expired_links");
-/// tag + tenant\0conversation\0name\0 → number of turns linked (df)
-const VOCAB: TableDefinition<&[u8], u64> = TableDefinition::new("vocabulary");
 /// tenant\0conversation\0 → ConversationState (JSON)
 const CONV_STATE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("conversation_state");
 /// tenant\0conversation\0 → turns stored
 const CONV_COUNT: TableDefinition<&[u8], u64> = TableDefinition::new("conversation_count");
-/// tenant\0fragment id\0 → Fragment (JSON)
+/// tenant\0fragment id\0 → Fragment ([`fragment_bytes`])
 const FRAGMENTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("fragments");
 /// tenant\0conversation\0fragment id\0 → ()
 const CONV_FRAGMENTS: TableDefinition<&[u8], ()> = TableDefinition::new("conversation_fragments");
@@ -95,56 +100,35 @@ fn nanos(t: DateTime<Utc>) -> i64 {
     t.timestamp_nanos_opt().unwrap_or(i64::MAX)
 }
 
-/// zstd's level for turn records: level 3 (its default) compresses a record to about a third
-/// in tens of microseconds; higher levels gain little on records this small.
-const RECORD_ZSTD_LEVEL: i32 = 3;
-
-/// A turn record as stored: its JSON, compressed with zstd. The record (texts, extraction,
-/// earlier versions) is the graph's largest table once edges are binary, and JSON's repeated
-/// field names and the texts compress well.
+/// A turn record as stored: [`codec::pack`]'s compressed JSON. The record (texts, extraction,
+/// earlier versions) is the graph's largest table once edges are packed.
 fn record_bytes(rec: &TurnRecord) -> Result<Vec<u8>, StoreError> {
-    let json = serde_json::to_vec(rec)?;
-    zstd::bulk::compress(&json, RECORD_ZSTD_LEVEL)
-        .map_err(|e| StoreError::backend("compressing a turn record", e))
-}
-
-/// Largest record [`record_json`] will inflate: a record is at most two 64 KiB texts per version,
-/// so a frame that says more is damaged.
-const MAX_RECORD_JSON: usize = 64 << 20;
-
-thread_local! {
-    /// One decompression context per thread: recall reads hundreds of records, and a context
-    /// made per record costs more than decompressing it.
-    static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-/// The JSON of a stored turn record: [`record_bytes`], or the plain JSON older stores wrote.
-fn record_json(b: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, StoreError> {
-    if b.first() == Some(&b'{') {
-        return Ok(std::borrow::Cow::Borrowed(b));
+    let mut rec = rec.clone();
+    codec::without_id(&mut rec.turn);
+    for v in &mut rec.history {
+        codec::without_id(&mut v.turn);
     }
-    let corrupt = |e| StoreError::corrupt("turn record", e);
-    // `record_bytes` compresses in one shot, so every frame records its size.
-    let size = zstd::bulk::Decompressor::upper_bound(b)
-        .filter(|&n| n <= MAX_RECORD_JSON)
-        .ok_or_else(|| StoreError::corrupt_msg("turn record: not a sized zstd frame"))?;
-    DECOMPRESSOR.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        let decompressor = match &mut *slot {
-            Some(d) => d,
-            empty => empty.insert(zstd::bulk::Decompressor::new().map_err(corrupt)?),
-        };
-        decompressor
-            .decompress(b, size)
-            .map(std::borrow::Cow::Owned)
-            .map_err(corrupt)
-    })
+    codec::pack("turn record", &rec)
+}
+
+/// A fragment as stored: [`codec::pack`]'s compressed JSON (its member ids and summary).
+fn fragment_bytes(f: &Fragment) -> Result<Vec<u8>, StoreError> {
+    codec::pack("fragment", f)
+}
+
+/// Reads a stored fragment (compressed, or the plain JSON older stores wrote).
+fn fragment_of(b: &[u8]) -> Result<Fragment, StoreError> {
+    codec::unpack("fragment", b)
 }
 
 /// Reads a stored turn record.
 fn record_of(b: &[u8]) -> Result<TurnRecord, StoreError> {
-    Ok(serde_json::from_slice(&record_json(b)?)?)
+    let mut rec: TurnRecord = codec::unpack("turn record", b)?;
+    codec::with_id(&mut rec.turn);
+    for v in &mut rec.history {
+        codec::with_id(&mut v.turn);
+    }
+    Ok(rec)
 }
 
 /// First byte of an edge's times in the binary layout; JSON, which stores before it wrote,
@@ -237,6 +221,49 @@ fn markers_in(
     Ok(e)
 }
 
+/// The memory ids of a conversation's turns, in order.
+fn conversation_ids(w: &redb::WriteTransaction, key: &[u8]) -> Result<Vec<u128>, StoreError> {
+    let Some(num) = w.open_table(CONV_IDS)?.get(key)?.map(|v| v.value()) else {
+        return Ok(vec![]);
+    };
+    let index = w.open_table(TURN_INDEX)?;
+    let r = turn_range(num);
+    let ids = index
+        .range::<&[u8; 16]>(r.start()..=r.end())?
+        .map(|e| e.map(|(_, v)| TurnEntry::of(v.value()).id))
+        .collect::<Result<_, _>>()?;
+    Ok(ids)
+}
+
+/// Removes a conversation's turn index, links and expired links.
+fn forget_conversation_links(
+    w: &redb::WriteTransaction,
+    tenant: &str,
+    conversation: &str,
+) -> Result<(), StoreError> {
+    let key = keys::join(&[tenant, conversation]);
+    if let Some(num) = w
+        .open_table(CONV_IDS)?
+        .get(key.as_slice())?
+        .map(|v| v.value())
+    {
+        let r = turn_range(num);
+        w.open_table(TURN_INDEX)?
+            .retain_in::<&[u8; 16], _>(r.start()..=r.end(), |_, _| false)?;
+        let p = postings::conversation_prefix(num);
+        let end = keys::prefix_end(&p);
+        w.open_table(POSTINGS)?
+            .retain_in(p.as_slice()..end.as_slice(), |_, _| false)?;
+    }
+    let mut expired = w.open_table(EXPIRED_LINKS)?;
+    for kind in NodeKind::ALL {
+        let p = conv_prefix(kind, tenant, conversation);
+        let end = keys::prefix_end(&p);
+        expired.retain_in(p.as_slice()..end.as_slice(), |_, _| false)?;
+    }
+    Ok(())
+}
+
 #[derive(Clone)]
 pub struct EmbeddedGraph {
     db: Arc<Database>,
@@ -254,18 +281,118 @@ fn conv_prefix(kind: NodeKind, tenant: &str, conversation: &str) -> Vec<u8> {
     k
 }
 
+/// A conversation's number, if it has one (it has stored turns).
+fn conversation_number(
+    ids: &impl ReadableTable<&'static [u8], u64>,
+    tenant: &str,
+    conversation: &str,
+) -> Result<Option<u64>, StoreError> {
+    Ok(ids
+        .get(keys::join(&[tenant, conversation]).as_slice())?
+        .map(|v| v.value()))
+}
+
+/// A conversation's number, given one (the last one + 1) on its first turn.
+fn number_conversation(
+    ids: &mut redb::Table<&'static [u8], u64>,
+    numbers: &mut redb::Table<u64, &'static [u8]>,
+    tenant: &str,
+    conversation: &str,
+) -> Result<u64, StoreError> {
+    let key = keys::join(&[tenant, conversation]);
+    if let Some(n) = ids.get(key.as_slice())? {
+        return Ok(n.value());
+    }
+    let n = numbers.last()?.map(|(k, _)| k.value() + 1).unwrap_or(1);
+    ids.insert(key.as_slice(), n)?;
+    numbers.insert(n, key.as_slice())?;
+    Ok(n)
+}
+
+/// Forgets a conversation's number (its turns are all gone).
+fn unnumber_conversation(w: &redb::WriteTransaction, key: &[u8]) -> Result<(), StoreError> {
+    if let Some(n) = w.open_table(CONV_IDS)?.remove(key)? {
+        w.open_table(CONV_KEYS)?.remove(n.value())?;
+    }
+    Ok(())
+}
+
+fn turn_key(conversation: u64, position: u64) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&conversation.to_be_bytes());
+    k[8..].copy_from_slice(&position.to_be_bytes());
+    k
+}
+
+/// Every turn index key of a conversation.
+fn turn_range(conversation: u64) -> std::ops::RangeInclusive<[u8; 16]> {
+    turn_key(conversation, 0)..=turn_key(conversation, u64::MAX)
+}
+
+/// A turn in its conversation's order: its memory id, and the times its links carry unless a
+/// posting says otherwise (valid_from: its event time; recorded_at: when the graph first
+/// wrote it), in ns since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TurnEntry {
+    id: u128,
+    valid_from: i64,
+    recorded_at: i64,
+}
+
+impl TurnEntry {
+    fn bytes(&self) -> [u8; 32] {
+        let mut b = [0u8; 32];
+        b[..16].copy_from_slice(&self.id.to_be_bytes());
+        b[16..24].copy_from_slice(&self.valid_from.to_be_bytes());
+        b[24..].copy_from_slice(&self.recorded_at.to_be_bytes());
+        b
+    }
+
+    fn of(b: &[u8; 32]) -> Self {
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&b[..16]);
+        let mut t = [0u8; 8];
+        t.copy_from_slice(&b[16..24]);
+        let valid_from = i64::from_be_bytes(t);
+        t.copy_from_slice(&b[24..]);
+        Self {
+            id: u128::from_be_bytes(id),
+            valid_from,
+            recorded_at: i64::from_be_bytes(t),
+        }
+    }
+
+    fn times(&self) -> (i64, i64) {
+        (self.valid_from, self.recorded_at)
+    }
+
+    /// A link's times: its own, or else the turn's.
+    fn edge(&self, p: &Posting) -> EdgeTimes {
+        let (valid_from, recorded_at) = p.times.unwrap_or(self.times());
+        EdgeTimes {
+            valid_from: DateTime::from_timestamp_nanos(valid_from),
+            valid_to: None,
+            recorded_at: DateTime::from_timestamp_nanos(recorded_at),
+            expired_at: None,
+        }
+    }
+}
+
 impl EmbeddedGraph {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)?;
         }
-        let db = Database::create(path)?;
+        let mut db = Database::create(path)?;
         let w = db.begin_write()?;
+        let started = std::time::Instant::now();
+        let upgraded = legacy::upgrade(&w)?;
         w.open_table(TURNS)?;
-        w.open_table(CONV_TURNS)?;
-        w.open_table(LINKS)?;
+        w.open_table(CONV_IDS)?;
+        w.open_table(CONV_KEYS)?;
+        w.open_table(TURN_INDEX)?;
+        w.open_table(POSTINGS)?;
         w.open_table(EXPIRED_LINKS)?;
-        w.open_table(VOCAB)?;
         w.open_table(CONV_STATE)?;
         w.open_table(CONV_COUNT)?;
         w.open_table(FRAGMENTS)?;
@@ -275,6 +402,16 @@ impl EmbeddedGraph {
         w.open_table(PARTICIPANT_CONVS)?;
         w.open_table(CONV_PARTICIPANTS)?;
         w.commit()?;
+        if let Some(links) = upgraded {
+            // The older tables' pages are free now; give them back to the file system once.
+            db.compact()?;
+            tracing::info!(
+                path = %path.display(),
+                links,
+                seconds = started.elapsed().as_secs_f64(),
+                "graph: links rewritten as packed postings"
+            );
+        }
         Ok(Self { db: Arc::new(db) })
     }
 
@@ -335,10 +472,11 @@ impl EmbeddedGraph {
         let w = db.begin_write()?;
         {
             let mut nodes = w.open_table(TURNS)?;
-            let mut conv = w.open_table(CONV_TURNS)?;
-            let mut links = w.open_table(LINKS)?;
+            let mut conv_ids = w.open_table(CONV_IDS)?;
+            let mut conv_keys = w.open_table(CONV_KEYS)?;
+            let mut index = w.open_table(TURN_INDEX)?;
+            let mut links = w.open_table(POSTINGS)?;
             let mut expired = w.open_table(EXPIRED_LINKS)?;
-            let mut vocab = w.open_table(VOCAB)?;
             let mut count = w.open_table(CONV_COUNT)?;
             let mut by_part = w.open_table(PARTICIPANT_CONVS)?;
             let mut by_conv = w.open_table(CONV_PARTICIPANTS)?;
@@ -393,9 +531,25 @@ impl EmbeddedGraph {
                 };
                 let turn = &record.turn;
                 nodes.insert(id, record_bytes(&record)?.as_slice())?;
-                let mut ck = keys::join(&[tenant, cid]);
-                ck.extend_from_slice(&turn.position.to_be_bytes());
-                conv.insert(ck.as_slice(), id)?;
+                let num = number_conversation(&mut conv_ids, &mut conv_keys, tenant, cid)?;
+                let valid_from = nanos(x.event_time.unwrap_or(turn.timestamp));
+                let recorded_at = nanos(edited_at.unwrap_or(now));
+                // The turn's entry keeps the times of its first write: links added later (a
+                // re-derivation, an edit) carry their own when they differ.
+                let tk = turn_key(num, turn.position);
+                let stored = index.get(&tk)?.map(|v| TurnEntry::of(v.value()));
+                let entry = match stored {
+                    Some(e) if e.id == id => e,
+                    _ => {
+                        let e = TurnEntry {
+                            id,
+                            valid_from,
+                            recorded_at,
+                        };
+                        index.insert(&tk, &e.bytes())?;
+                        e
+                    }
+                };
                 if old.is_none() {
                     let k = keys::join(&[tenant, cid]);
                     let n = count.get(k.as_slice())?.map(|v| v.value()).unwrap_or(0);
@@ -405,7 +559,9 @@ impl EmbeddedGraph {
                     by_part.insert(keys::join(&[tenant, &p, cid]).as_slice(), ())?;
                     by_conv.insert(keys::join(&[tenant, cid, &p]).as_slice(), ())?;
                 }
-                let valid_from = x.event_time.unwrap_or(turn.timestamp);
+                let old_position = old.as_ref().map_or(turn.position, |o| o.turn.position);
+                let own = (valid_from, recorded_at);
+                let times = (own != entry.times()).then_some(own);
                 for kind in NodeKind::ALL {
                     let new_names: BTreeSet<String> = kind.names(x).into_iter().collect();
                     let old_names: BTreeSet<String> = old
@@ -414,42 +570,26 @@ impl EmbeddedGraph {
                         .unwrap_or_default();
                     // A re-derived extraction replaces its own links; an edit expires them.
                     for name in old_names.difference(&new_names) {
-                        let mut lk = link_prefix(kind, tenant, cid, name);
-                        let vk = lk.clone();
-                        lk.extend_from_slice(&id.to_be_bytes());
-                        let Some(times) = links.remove(lk.as_slice())? else {
+                        let prefix = postings::name_prefix(num, kind, name);
+                        let Some(p) = postings::remove(&mut links, &prefix, old_position)? else {
                             continue;
                         };
                         if let Some(at) = edited_at {
-                            let mut times = edge_times(times.value())?;
+                            let mut times = entry.edge(&p);
                             times.expired_at = Some(at);
-                            let mut ek = lk.clone();
+                            let mut ek = link_prefix(kind, tenant, cid, name);
+                            ek.extend_from_slice(&id.to_be_bytes());
                             ek.extend_from_slice(&nanos(at).to_be_bytes());
                             expired.insert(ek.as_slice(), edge_bytes(&times).as_slice())?;
                         }
-                        let n = vocab.get(vk.as_slice())?.map(|v| v.value()).unwrap_or(1);
-                        if n <= 1 {
-                            vocab.remove(vk.as_slice())?;
-                        } else {
-                            vocab.insert(vk.as_slice(), n - 1)?;
-                        }
                     }
                     for name in &new_names {
-                        let mut lk = link_prefix(kind, tenant, cid, name);
-                        let vk = lk.clone();
-                        lk.extend_from_slice(&id.to_be_bytes());
-                        if links.get(lk.as_slice())?.is_some() {
-                            continue;
-                        }
-                        let times = EdgeTimes {
-                            valid_from,
-                            valid_to: None,
-                            recorded_at: edited_at.unwrap_or(now),
-                            expired_at: None,
+                        let prefix = postings::name_prefix(num, kind, name);
+                        let p = Posting {
+                            position: turn.position,
+                            times,
                         };
-                        links.insert(lk.as_slice(), edge_bytes(&times).as_slice())?;
-                        let n = vocab.get(vk.as_slice())?.map(|v| v.value()).unwrap_or(0);
-                        vocab.insert(vk.as_slice(), n + 1)?;
+                        postings::insert(&mut links, &prefix, p)?;
                     }
                 }
             }
@@ -496,19 +636,25 @@ impl GraphRead for EmbeddedGraph {
         from: u64,
         to: u64,
     ) -> Result<Vec<TurnRecord>, StoreError> {
-        let prefix = keys::join(&[tenant.as_str(), conversation]);
+        let key = keys::join(&[tenant.as_str(), conversation]);
         self.blocking(move |db| {
             let r = db.begin_read()?;
-            let idx = r.open_table(CONV_TURNS)?;
+            let Some(num) = r
+                .open_table(CONV_IDS)?
+                .get(key.as_slice())?
+                .map(|v| v.value())
+            else {
+                return Ok(vec![]);
+            };
+            let idx = r.open_table(TURN_INDEX)?;
             let t = r.open_table(TURNS)?;
-            let mut lo = prefix.clone();
-            lo.extend_from_slice(&from.to_be_bytes());
-            let mut hi = prefix.clone();
-            hi.extend_from_slice(&to.to_be_bytes());
             let mut out = Vec::new();
-            for e in idx.range(lo.as_slice()..hi.as_slice())? {
-                let (_, id) = e?;
-                if let Some(v) = t.get(id.value())? {
+            if from >= to {
+                return Ok(out);
+            }
+            for e in idx.range::<&[u8; 16]>(&turn_key(num, from)..&turn_key(num, to))? {
+                let (_, v) = e?;
+                if let Some(v) = t.get(TurnEntry::of(v.value()).id)? {
                     out.push(record_of(v.value())?);
                 }
             }
@@ -573,16 +719,24 @@ impl GraphRead for EmbeddedGraph {
         self.blocking(move |db| {
             let convs = Self::scope_conversations(db, tenant.as_str(), &scope)?;
             let r = db.begin_read()?;
-            let v = r.open_table(VOCAB)?;
+            let ids = r.open_table(CONV_IDS)?;
+            let links = r.open_table(POSTINGS)?;
             let mut out = BTreeSet::new();
             for c in convs {
-                let p = conv_prefix(kind, tenant.as_str(), &c);
+                let Some(num) = conversation_number(&ids, tenant.as_str(), &c)? else {
+                    continue;
+                };
+                let p = postings::kind_prefix(num, kind);
                 let end = keys::prefix_end(&p);
-                for e in v.range(p.as_slice()..end.as_slice())? {
+                // A name's blocks are adjacent: one name per run of keys.
+                let mut last: Option<Vec<u8>> = None;
+                for e in links.range(p.as_slice()..end.as_slice())? {
                     let (k, _) = e?;
-                    let name = &k.value()[p.len()..];
-                    let name = name.strip_suffix(&[0]).unwrap_or(name);
-                    out.insert(String::from_utf8_lossy(name).into_owned());
+                    let (_, _, name, _) = postings::parse_key(k.value())?;
+                    if last.as_deref() != Some(name) {
+                        out.insert(String::from_utf8_lossy(name).into_owned());
+                        last = Some(name.to_vec());
+                    }
                 }
             }
             Ok(out.into_iter().collect())
@@ -605,33 +759,38 @@ impl GraphRead for EmbeddedGraph {
         self.blocking(move |db| {
             let convs = Self::scope_conversations(db, tenant.as_str(), &scope)?;
             let r = db.begin_read()?;
-            let links = r.open_table(LINKS)?;
+            let ids = r.open_table(CONV_IDS)?;
+            let links = r.open_table(POSTINGS)?;
+            let index = r.open_table(TURN_INDEX)?;
             let expired = r.open_table(EXPIRED_LINKS)?;
             let mut out = Vec::new();
             for c in &convs {
+                let Some(num) = conversation_number(&ids, tenant.as_str(), c)? else {
+                    continue;
+                };
                 for name in &names {
-                    let p = link_prefix(kind, tenant.as_str(), c, name);
-                    let end = keys::prefix_end(&p);
-                    for e in links.range(p.as_slice()..end.as_slice())? {
-                        let (k, v) = e?;
-                        let idb = &k.value()[p.len()..];
-                        let Ok(idb) = <[u8; 16]>::try_from(idb) else {
+                    for p in postings::read(&links, &postings::name_prefix(num, kind, name))? {
+                        let Some(entry) = index
+                            .get(&turn_key(num, p.position))?
+                            .map(|v| TurnEntry::of(v.value()))
+                        else {
                             continue;
                         };
-                        if recorded_by.is_some() || valid_at.is_some() {
-                            let times = edge_times(v.value())?;
-                            if !times.visible(recorded_by, valid_at) {
-                                continue;
-                            }
+                        if (recorded_by.is_some() || valid_at.is_some())
+                            && !entry.edge(&p).visible(recorded_by, valid_at)
+                        {
+                            continue;
                         }
                         out.push(LinkedTurn {
                             name: name.clone(),
-                            memory_id: MemoryId(idb),
+                            memory_id: MemoryId::from_u128(entry.id),
                             conversation_id: c.clone(),
                         });
                     }
                     // As of an earlier time: the links edits have since taken away, too.
                     let Some(rb) = recorded_by else { continue };
+                    let p = link_prefix(kind, tenant.as_str(), c, name);
+                    let end = keys::prefix_end(&p);
                     for e in expired.range(p.as_slice()..end.as_slice())? {
                         let (k, v) = e?;
                         let Some(Ok(idb)) = k
@@ -670,7 +829,8 @@ impl GraphRead for EmbeddedGraph {
         self.blocking(move |db| {
             let convs = Self::scope_conversations(db, tenant.as_str(), &scope)?;
             let r = db.begin_read()?;
-            let v = r.open_table(VOCAB)?;
+            let ids = r.open_table(CONV_IDS)?;
+            let links = r.open_table(POSTINGS)?;
             let cnt = r.open_table(CONV_COUNT)?;
             let mut total = 0;
             let mut df = vec![0u64; names.len()];
@@ -679,9 +839,11 @@ impl GraphRead for EmbeddedGraph {
                     .get(keys::join(&[tenant.as_str(), c]).as_slice())?
                     .map(|x| x.value())
                     .unwrap_or(0);
+                let Some(num) = conversation_number(&ids, tenant.as_str(), c)? else {
+                    continue;
+                };
                 for (i, n) in names.iter().enumerate() {
-                    let k = link_prefix(kind, tenant.as_str(), c, n);
-                    df[i] += v.get(k.as_slice())?.map(|x| x.value()).unwrap_or(0);
+                    df[i] += postings::frequency(&links, &postings::name_prefix(num, kind, n))?;
                 }
             }
             Ok((total, df))
@@ -702,7 +864,7 @@ impl GraphRead for EmbeddedGraph {
             let mut out = Vec::new();
             for id in ids {
                 if let Some(v) = t.get(keys::join(&[tenant.as_str(), &id]).as_slice())? {
-                    out.push(serde_json::from_slice(v.value())?);
+                    out.push(fragment_of(v.value())?);
                 }
             }
             Ok(out)
@@ -746,7 +908,7 @@ impl Graph for EmbeddedGraph {
                     }
                     ft.insert(
                         keys::join(&[t, &f.id]).as_slice(),
-                        serde_json::to_vec(f)?.as_slice(),
+                        fragment_bytes(f)?.as_slice(),
                     )?;
                     cf.insert(keys::join(&[t, &f.conversation_id, &f.id]).as_slice(), ())?;
                     for m in &f.members {
@@ -853,12 +1015,8 @@ impl Graph for EmbeddedGraph {
                     ft.remove(keys::join(&[&tenant, &f]).as_slice())?;
                 }
                 cf.retain_in(cp.as_slice()..cend.as_slice(), |_, _| false)?;
-                let idx = w.open_table(CONV_TURNS)?;
                 let mut nodes = w.open_table(TURNS)?;
-                let ids: Vec<u128> = idx
-                    .range(cp.as_slice()..cend.as_slice())?
-                    .map(|e| e.map(|(_, v)| v.value()))
-                    .collect::<Result<_, _>>()?;
+                let ids = conversation_ids(&w, &cp)?;
                 for id in ids {
                     let rec: Option<TurnRecord> = match nodes.get(id)? {
                         Some(v) => Some(record_of(v.value())?),
@@ -986,27 +1144,14 @@ impl Graph for EmbeddedGraph {
             let w = db.begin_write()?;
             let n;
             {
-                let mut idx = w.open_table(CONV_TURNS)?;
                 let mut nodes = w.open_table(TURNS)?;
-                let ids: Vec<u128> = idx
-                    .range(cp.as_slice()..cend.as_slice())?
-                    .map(|e| e.map(|(_, v)| v.value()))
-                    .collect::<Result<_, _>>()?;
+                let ids = conversation_ids(&w, &cp)?;
                 n = ids.len() as u64;
                 for id in ids {
                     nodes.remove(id)?;
                 }
-                idx.retain_in(cp.as_slice()..cend.as_slice(), |_, _| false)?;
-                let mut links = w.open_table(LINKS)?;
-                let mut expired = w.open_table(EXPIRED_LINKS)?;
-                let mut vocab = w.open_table(VOCAB)?;
-                for kind in NodeKind::ALL {
-                    let p = conv_prefix(kind, &tenant, &conversation);
-                    let end = keys::prefix_end(&p);
-                    links.retain_in(p.as_slice()..end.as_slice(), |_, _| false)?;
-                    expired.retain_in(p.as_slice()..end.as_slice(), |_, _| false)?;
-                    vocab.retain_in(p.as_slice()..end.as_slice(), |_, _| false)?;
-                }
+                forget_conversation_links(&w, &tenant, &conversation)?;
+                unnumber_conversation(&w, &cp)?;
                 w.open_table(CONV_STATE)?.remove(cp.as_slice())?;
                 w.open_table(CONV_COUNT)?.remove(cp.as_slice())?;
                 let mut cf = w.open_table(CONV_FRAGMENTS)?;
@@ -1049,49 +1194,45 @@ impl EmbeddedGraph {
         let cp = keys::join(&[tenant, conversation]);
         let cend = keys::prefix_end(&cp);
         let mut nodes = w.open_table(TURNS)?;
-        let mut idx = w.open_table(CONV_TURNS)?;
-        let mut links = w.open_table(LINKS)?;
-        let mut expired = w.open_table(EXPIRED_LINKS)?;
-        let mut vocab = w.open_table(VOCAB)?;
         let mut removed: BTreeSet<u128> = BTreeSet::new();
         let mut erased: Vec<TurnRecord> = Vec::new();
-        let entries: Vec<(Vec<u8>, u128)> = idx
-            .range(cp.as_slice()..cend.as_slice())?
-            .map(|e| e.map(|(k, v)| (k.value().to_vec(), v.value())))
-            .collect::<Result<_, _>>()?;
-        for (key, id) in entries {
-            let rec: Option<TurnRecord> = match nodes.get(id)? {
-                Some(v) => Some(record_of(v.value())?),
-                None => None,
-            };
-            if rec.as_ref().is_some_and(|r| !m.covers_turn(&r.turn)) {
-                continue;
-            }
-            idx.remove(key.as_slice())?;
-            let Some(rec) = rec else { continue };
-            nodes.remove(id)?;
-            removed.insert(id);
-            erased.push(rec.clone());
-            for kind in NodeKind::ALL {
-                for v in &rec.history {
-                    for name in kind.names(&v.extraction) {
-                        let mut lk = link_prefix(kind, tenant, conversation, &name);
-                        lk.extend_from_slice(&id.to_be_bytes());
-                        let end = keys::prefix_end(&lk);
-                        expired.retain_in(lk.as_slice()..end.as_slice(), |_, _| false)?;
-                    }
+        let num = conversation_number(&w.open_table(CONV_IDS)?, tenant, conversation)?;
+        if let Some(num) = num {
+            let mut index = w.open_table(TURN_INDEX)?;
+            let mut links = w.open_table(POSTINGS)?;
+            let mut expired = w.open_table(EXPIRED_LINKS)?;
+            let r = turn_range(num);
+            let entries: Vec<([u8; 16], TurnEntry)> = index
+                .range::<&[u8; 16]>(r.start()..=r.end())?
+                .map(|e| e.map(|(k, v)| (*k.value(), TurnEntry::of(v.value()))))
+                .collect::<Result<_, _>>()?;
+            for (key, entry) in entries {
+                let id = entry.id;
+                let rec: Option<TurnRecord> = match nodes.get(id)? {
+                    Some(v) => Some(record_of(v.value())?),
+                    None => None,
+                };
+                if rec.as_ref().is_some_and(|r| !m.covers_turn(&r.turn)) {
+                    continue;
                 }
-                for name in kind.names(&rec.extraction) {
-                    let mut lk = link_prefix(kind, tenant, conversation, &name);
-                    let vk = lk.clone();
-                    lk.extend_from_slice(&id.to_be_bytes());
-                    if links.remove(lk.as_slice())?.is_some() {
-                        let n = vocab.get(vk.as_slice())?.map(|v| v.value()).unwrap_or(1);
-                        if n <= 1 {
-                            vocab.remove(vk.as_slice())?;
-                        } else {
-                            vocab.insert(vk.as_slice(), n - 1)?;
+                index.remove(&key)?;
+                let Some(rec) = rec else { continue };
+                nodes.remove(id)?;
+                removed.insert(id);
+                erased.push(rec.clone());
+                let position = u64::from_be_bytes(key[8..].try_into().unwrap_or_default());
+                for kind in NodeKind::ALL {
+                    for v in &rec.history {
+                        for name in kind.names(&v.extraction) {
+                            let mut lk = link_prefix(kind, tenant, conversation, &name);
+                            lk.extend_from_slice(&id.to_be_bytes());
+                            let end = keys::prefix_end(&lk);
+                            expired.retain_in(lk.as_slice()..end.as_slice(), |_, _| false)?;
                         }
+                    }
+                    for name in kind.names(&rec.extraction) {
+                        let prefix = postings::name_prefix(num, kind, &name);
+                        postings::remove(&mut links, &prefix, position)?;
                     }
                 }
             }
@@ -1104,6 +1245,8 @@ impl EmbeddedGraph {
             .saturating_sub(removed.len() as u64);
         if left == 0 {
             count.remove(cp.as_slice())?;
+            forget_conversation_links(w, tenant, conversation)?;
+            unnumber_conversation(w, &cp)?;
             // A partly erased conversation keeps its participants: the index may then name a
             // conversation with no turn of theirs left, which the turn filter still excludes.
             forget_participants(w, tenant, conversation)?;
@@ -1126,7 +1269,7 @@ impl EmbeddedGraph {
             };
             let fk = keys::join(&[tenant, &fid]);
             let f: Option<Fragment> = match ft.get(fk.as_slice())? {
-                Some(v) => Some(serde_json::from_slice(v.value())?),
+                Some(v) => Some(fragment_of(v.value())?),
                 None => None,
             };
             let mut erased = f.is_none();
@@ -1182,10 +1325,23 @@ impl EmbeddedGraph {
         let r = self.db.begin_read()?;
         let cp = keys::join(&[tenant.as_str(), conversation]);
         let cend = keys::prefix_end(&cp);
-        let mut n = r
-            .open_table(CONV_TURNS)?
-            .range(cp.as_slice()..cend.as_slice())?
-            .count() as u64;
+        let mut n = 0;
+        if let Some(num) =
+            conversation_number(&r.open_table(CONV_IDS)?, tenant.as_str(), conversation)?
+        {
+            n += 1;
+            let tr = turn_range(num);
+            n += r
+                .open_table(TURN_INDEX)?
+                .range::<&[u8; 16]>(tr.start()..=tr.end())?
+                .count() as u64;
+            let p = postings::conversation_prefix(num);
+            let end = keys::prefix_end(&p);
+            n += r
+                .open_table(POSTINGS)?
+                .range(p.as_slice()..end.as_slice())?
+                .count() as u64;
+        }
         n += r
             .open_table(CONV_FRAGMENTS)?
             .range(cp.as_slice()..cend.as_slice())?
@@ -1196,15 +1352,11 @@ impl EmbeddedGraph {
             .open_table(CONV_PARTICIPANTS)?
             .range(cp.as_slice()..cend.as_slice())?
             .count() as u64;
-        let links = r.open_table(LINKS)?;
         let expired = r.open_table(EXPIRED_LINKS)?;
-        let vocab = r.open_table(VOCAB)?;
         for kind in NodeKind::ALL {
             let p = conv_prefix(kind, tenant.as_str(), conversation);
             let end = keys::prefix_end(&p);
-            n += links.range(p.as_slice()..end.as_slice())?.count() as u64;
             n += expired.range(p.as_slice()..end.as_slice())?.count() as u64;
-            n += vocab.range(p.as_slice()..end.as_slice())?.count() as u64;
         }
         for e in r.open_table(TURNS)?.iter()? {
             let (_, v) = e?;
@@ -1215,7 +1367,7 @@ impl EmbeddedGraph {
         }
         for e in r.open_table(FRAGMENTS)?.iter()? {
             let (_, v) = e?;
-            let f: Fragment = serde_json::from_slice(v.value())?;
+            let f = fragment_of(v.value())?;
             if f.tenant == *tenant && f.conversation_id == conversation {
                 n += 1;
             }
@@ -1228,9 +1380,8 @@ impl EmbeddedGraph {
         let r = self.db.begin_read()?;
         let mut m = HashMap::new();
         m.insert("turn_nodes", r.open_table(TURNS)?.len()?);
-        m.insert("links", r.open_table(LINKS)?.len()?);
+        m.insert("postings", r.open_table(POSTINGS)?.len()?);
         m.insert("expired_links", r.open_table(EXPIRED_LINKS)?.len()?);
-        m.insert("vocabulary", r.open_table(VOCAB)?.len()?);
         m.insert("fragments", r.open_table(FRAGMENTS)?.len()?);
         m.insert("conversation_state", r.open_table(CONV_STATE)?.len()?);
         Ok(m)
@@ -1277,7 +1428,7 @@ impl EmbeddedGraph {
         n = 0;
         for e in r.open_table(FRAGMENTS)?.iter()? {
             let (_, v) = e?;
-            let f: Fragment = serde_json::from_slice(v.value())?;
+            let f = fragment_of(v.value())?;
             if owned(
                 f.tenant.as_str().as_bytes(),
                 Some(f.conversation_id.as_bytes()),
@@ -1298,10 +1449,35 @@ impl EmbeddedGraph {
                 m.insert($name, n);
             }};
         }
-        count_keys!(CONV_TURNS, "conversation_turns", false);
-        count_keys!(LINKS, "links", true);
         count_keys!(EXPIRED_LINKS, "expired_links", true);
-        count_keys!(VOCAB, "vocabulary", true);
+        // Rows keyed by conversation number: owned when the number's key is.
+        let mut owned_numbers = BTreeSet::new();
+        for e in r.open_table(CONV_KEYS)?.iter()? {
+            let (k, v) = e?;
+            if by_key(v.value(), false) {
+                owned_numbers.insert(k.value());
+            }
+        }
+        m.insert("conversation_ids", owned_numbers.len() as u64);
+        let mut n = 0;
+        for e in r.open_table(TURN_INDEX)?.iter()? {
+            let (k, _) = e?;
+            n += u64::from(owned_numbers.contains(&u64::from_be_bytes(
+                k.value()[..8].try_into().unwrap_or_default(),
+            )));
+        }
+        m.insert("turn_index", n);
+        let (mut links, mut postings) = (0, 0);
+        for e in r.open_table(POSTINGS)?.iter()? {
+            let (k, v) = e?;
+            if owned_numbers.contains(&postings::parse_key(k.value())?.0) {
+                links += 1;
+                postings += postings::count(v.value())?;
+            }
+        }
+        // Links: blocks of the owned conversations; postings: the edges they hold.
+        m.insert("links", links);
+        m.insert("postings", postings);
         count_keys!(CONV_STATE, "conversation_state", false);
         count_keys!(CONV_COUNT, "conversation_count", false);
         count_keys!(CONV_FRAGMENTS, "conversation_fragments", false);
@@ -1316,7 +1492,7 @@ impl EmbeddedGraph {
         // Records are compressed: what they hold is searched, not their bytes.
         for e in r.open_table(TURNS)?.iter()? {
             let (_, v) = e?;
-            n += u64::from(has(&record_json(v.value())?));
+            n += u64::from(has(&codec::json_of("turn record", v.value())?));
         }
         macro_rules! scan {
             ($table:expr) => {{
@@ -1326,19 +1502,159 @@ impl EmbeddedGraph {
                 }
             }};
         }
-        scan!(CONV_TURNS);
-        scan!(LINKS);
+        scan!(POSTINGS);
         scan!(EXPIRED_LINKS);
-        scan!(VOCAB);
+        scan!(CONV_IDS);
+        for e in r.open_table(CONV_KEYS)?.iter()? {
+            n += u64::from(has(e?.1.value()));
+        }
         scan!(CONV_COUNT);
         scan!(CONV_FRAGMENTS);
-        for table in [CONV_STATE, FRAGMENTS] {
-            for e in r.open_table(table)?.iter()? {
-                let (k, v) = e?;
-                n += u64::from(has(k.value()) || has(v.value()));
-            }
+        for e in r.open_table(CONV_STATE)?.iter()? {
+            let (k, v) = e?;
+            n += u64::from(has(k.value()) || has(v.value()));
+        }
+        for e in r.open_table(FRAGMENTS)?.iter()? {
+            let (k, v) = e?;
+            n += u64::from(has(k.value()) || has(&codec::json_of("fragment", v.value())?));
         }
         Ok(n)
+    }
+}
+
+/// The layout stores wrote before packed postings: one row per edge (tenant, conversation and
+/// name spelled out in its key, 18+ bytes of times), a vocabulary row per node, and the
+/// conversation index keyed by tenant and conversation. [`upgrade`] rewrites it once, on open.
+mod legacy {
+    use redb::{TableHandle, WriteTransaction};
+
+    use super::*;
+
+    /// tenant\0conversation\0 + position (BE) → memory id
+    const CONV_TURNS: TableDefinition<&[u8], u128> = TableDefinition::new("conversation_turns");
+    /// tag + tenant\0conversation\0name\0 + memory id (BE) → EdgeTimes ([`edge_bytes`])
+    pub(super) const LINKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("links");
+    /// tag + tenant\0conversation\0name\0 → number of turns linked
+    pub(super) const VOCAB: TableDefinition<&[u8], u64> = TableDefinition::new("vocabulary");
+
+    fn text(b: &[u8]) -> &str {
+        std::str::from_utf8(b).unwrap_or_default()
+    }
+
+    /// Moves the older layout's rows into the turn index and the postings, in the caller's
+    /// transaction (all or nothing), and drops its tables. The links moved; None when the
+    /// store had none of the older tables.
+    pub(super) fn upgrade(w: &WriteTransaction) -> Result<Option<u64>, StoreError> {
+        let tables: BTreeSet<String> = w.list_tables()?.map(|h| h.name().to_string()).collect();
+        if ![LINKS.name(), VOCAB.name(), CONV_TURNS.name()]
+            .iter()
+            .any(|t| tables.contains(*t))
+        {
+            return Ok(None);
+        }
+        let corrupt = |what: &str| StoreError::corrupt_msg(format!("older graph layout: {what}"));
+        let mut moved = 0u64;
+        {
+            let mut conv_ids = w.open_table(CONV_IDS)?;
+            let mut conv_keys = w.open_table(CONV_KEYS)?;
+            let mut index = w.open_table(TURN_INDEX)?;
+            let mut links = w.open_table(POSTINGS)?;
+            let nodes = w.open_table(TURNS)?;
+            // memory id → (conversation number, position)
+            let mut place: HashMap<u128, (u64, u64)> = HashMap::new();
+            for e in w.open_table(CONV_TURNS)?.iter()? {
+                let (k, v) = e?;
+                let k = k.value();
+                let split = k
+                    .len()
+                    .checked_sub(8)
+                    .ok_or_else(|| corrupt("turn index key"))?;
+                let (conv, pos) = k.split_at(split);
+                let parts = keys::split(conv);
+                let [tenant, conversation] = parts[..] else {
+                    return Err(corrupt("turn index key"));
+                };
+                let num = number_conversation(
+                    &mut conv_ids,
+                    &mut conv_keys,
+                    text(tenant),
+                    text(conversation),
+                )?;
+                let pos = u64::from_be_bytes(pos.try_into().map_err(|_| corrupt("position"))?);
+                place.insert(v.value(), (num, pos));
+            }
+            // A turn's times are those of the first of its links met; links that differ keep theirs.
+            let mut base: HashMap<u128, (i64, i64)> = HashMap::new();
+            let mut node: Option<(Vec<u8>, Vec<Posting>)> = None;
+            let flush = |links: &mut redb::Table<&'static [u8], &'static [u8]>,
+                         node: Option<(Vec<u8>, Vec<Posting>)>|
+             -> Result<(), StoreError> {
+                if let Some((prefix, mut list)) = node {
+                    list.sort_by_key(|p| p.position);
+                    list.dedup_by_key(|p| p.position);
+                    postings::write_all(links, &prefix, &list)?;
+                }
+                Ok(())
+            };
+            for e in w.open_table(LINKS)?.iter()? {
+                let (k, v) = e?;
+                let k = k.value();
+                let split = k.len().checked_sub(16).ok_or_else(|| corrupt("link key"))?;
+                let (head, id) = k.split_at(split);
+                let id = u128::from_be_bytes(id.try_into().map_err(|_| corrupt("link key"))?);
+                let (&tag, rest) = head.split_first().ok_or_else(|| corrupt("link key"))?;
+                let kind = NodeKind::ALL
+                    .into_iter()
+                    .find(|k| k.tag() == tag)
+                    .ok_or_else(|| corrupt("link kind"))?;
+                let [_, _, name] = keys::split(rest)[..] else {
+                    return Err(corrupt("link key"));
+                };
+                // A link whose turn is gone leads nowhere: recall skipped it, so does this.
+                let Some(&(num, position)) = place.get(&id) else {
+                    continue;
+                };
+                let t = edge_times(v.value())?;
+                let own = (nanos(t.valid_from), nanos(t.recorded_at));
+                let turn = *base.entry(id).or_insert(own);
+                let prefix = postings::name_prefix(num, kind, text(name));
+                if node.as_ref().is_none_or(|(p, _)| *p != prefix) {
+                    flush(&mut links, node.take())?;
+                    node = Some((prefix, Vec::new()));
+                }
+                if let Some((_, list)) = node.as_mut() {
+                    list.push(Posting {
+                        position,
+                        times: (own != turn).then_some(own),
+                    });
+                }
+                moved += 1;
+            }
+            flush(&mut links, node.take())?;
+            for (id, (num, position)) in place {
+                let (valid_from, recorded_at) = match base.get(&id) {
+                    Some(b) => *b,
+                    None => match nodes.get(id)? {
+                        Some(v) => {
+                            let rec = record_of(v.value())?;
+                            let from = rec.extraction.event_time.unwrap_or(rec.turn.timestamp);
+                            (nanos(from), nanos(rec.turn.recorded_at))
+                        }
+                        None => continue,
+                    },
+                };
+                let entry = TurnEntry {
+                    id,
+                    valid_from,
+                    recorded_at,
+                };
+                index.insert(&turn_key(num, position), &entry.bytes())?;
+            }
+        }
+        w.delete_table(LINKS)?;
+        w.delete_table(VOCAB)?;
+        w.delete_table(CONV_TURNS)?;
+        Ok(Some(moved))
     }
 }
 
@@ -1406,14 +1722,210 @@ mod tests {
         }
     }
 
-    #[test]
-    fn turn_records_are_read_compressed_and_as_the_json_older_stores_wrote() {
-        let json = br#"{"turn":{"user":"hello there, hello there, hello there"}}"#;
-        let packed = zstd::bulk::compress(json, RECORD_ZSTD_LEVEL).unwrap();
-        assert_ne!(packed.first(), Some(&b'{'));
-        assert_eq!(&*record_json(&packed).unwrap(), &json[..]);
-        assert_eq!(&*record_json(json).unwrap(), &json[..]);
-        let e = record_json(b"\x28\xb5\x2f\xfd garbage").unwrap_err();
-        assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
+    fn legacy_turn(pos: u64, words: &[&str]) -> (Turn, Extraction) {
+        let tenant = TenantId("t".into());
+        let turn = Turn {
+            memory_id: MemoryId::derive(&tenant, "c", &pos.to_string()),
+            tenant,
+            conversation_id: "c".into(),
+            turn_id: pos.to_string(),
+            position: pos,
+            user: format!("turn {pos}"),
+            assistant: String::new(),
+            user_speaker: None,
+            assistant_speaker: None,
+            timestamp: at(1_600_000_000 + pos as i64 * 60),
+            recorded_at: at(1_700_000_000),
+            metadata: Default::default(),
+            user_id: None,
+            agent_id: None,
+            version: 1,
+            first_recorded_at: None,
+            expired_at: None,
+        };
+        let x = Extraction {
+            keywords: words
+                .iter()
+                .map(|w| recollect_model::Keyword {
+                    key: w.to_string(),
+                    text: w.to_string(),
+                })
+                .collect(),
+            entities: vec!["Ana".into()],
+            ..Default::default()
+        };
+        (turn, x)
+    }
+
+    /// A store written in the layout before packed postings (one row per edge, a vocabulary,
+    /// the conversation index by tenant and conversation) opens with every link, its times
+    /// and every turn in place, and without the older tables.
+    #[tokio::test]
+    async fn a_store_of_the_older_layout_is_upgraded_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.redb");
+        let turns: Vec<(Turn, Extraction)> = (0..300)
+            .map(|p| {
+                legacy_turn(
+                    p,
+                    if p % 2 == 0 {
+                        &["dog", "walk"]
+                    } else {
+                        &["cat"]
+                    },
+                )
+            })
+            .collect();
+        // Turn 7's "cat" link was added later (a re-derivation): its own recorded_at.
+        let late = at(1_800_000_000);
+        {
+            let db = Database::create(&path).unwrap();
+            let w = db.begin_write().unwrap();
+            {
+                let mut nodes = w.open_table(TURNS).unwrap();
+                let mut conv = w
+                    .open_table(TableDefinition::<&[u8], u128>::new("conversation_turns"))
+                    .unwrap();
+                let mut links = w.open_table(legacy::LINKS).unwrap();
+                let mut vocab = w.open_table(legacy::VOCAB).unwrap();
+                for (turn, x) in &turns {
+                    let id = turn.memory_id.as_u128();
+                    let rec = TurnRecord {
+                        turn: turn.clone(),
+                        extraction: x.clone(),
+                        fragments: vec![],
+                        history: vec![],
+                    };
+                    nodes
+                        .insert(id, record_bytes(&rec).unwrap().as_slice())
+                        .unwrap();
+                    let mut ck = keys::join(&["t", "c"]);
+                    ck.extend_from_slice(&turn.position.to_be_bytes());
+                    conv.insert(ck.as_slice(), id).unwrap();
+                    for kind in NodeKind::ALL {
+                        for name in kind.names(x) {
+                            let mut lk = link_prefix(kind, "t", "c", &name);
+                            let vk = lk.clone();
+                            lk.extend_from_slice(&id.to_be_bytes());
+                            let recorded_at = if turn.position == 7 {
+                                late
+                            } else {
+                                at(1_700_000_000)
+                            };
+                            let times = EdgeTimes {
+                                valid_from: turn.timestamp,
+                                valid_to: None,
+                                recorded_at,
+                                expired_at: None,
+                            };
+                            // The very first stores wrote JSON times.
+                            let v = if turn.position == 3 {
+                                serde_json::to_vec(&times).unwrap()
+                            } else {
+                                edge_bytes(&times)
+                            };
+                            links.insert(lk.as_slice(), v.as_slice()).unwrap();
+                            let n = vocab
+                                .get(vk.as_slice())
+                                .unwrap()
+                                .map(|v| v.value())
+                                .unwrap_or(0);
+                            vocab.insert(vk.as_slice(), n + 1).unwrap();
+                        }
+                    }
+                }
+            }
+            w.commit().unwrap();
+        }
+        let g = EmbeddedGraph::open(&path).unwrap();
+        let t = TenantId("t".into());
+        let scope = Scope::of(&["c"]);
+        let ids = |v: Vec<LinkedTurn>| -> BTreeSet<MemoryId> {
+            v.into_iter().map(|l| l.memory_id).collect()
+        };
+        let want = |odd: bool| -> BTreeSet<MemoryId> {
+            turns
+                .iter()
+                .filter(|(t, _)| (t.position % 2 == 1) == odd)
+                .map(|(t, _)| t.memory_id)
+                .collect()
+        };
+        let dog = g
+            .linked_turns(&t, &scope, NodeKind::Keyword, &["dog".into()], None, None)
+            .await
+            .unwrap();
+        assert_eq!(ids(dog), want(false));
+        let cat = g
+            .linked_turns(&t, &scope, NodeKind::Keyword, &["cat".into()], None, None)
+            .await
+            .unwrap();
+        assert_eq!(ids(cat), want(true));
+        // As recorded before turn 7's late link: every cat but turn 7.
+        let before = g
+            .linked_turns(
+                &t,
+                &scope,
+                NodeKind::Keyword,
+                &["cat".into()],
+                Some(at(1_750_000_000)),
+                None,
+            )
+            .await
+            .unwrap();
+        let mut early = want(true);
+        early.remove(&turns[7].0.memory_id);
+        assert_eq!(ids(before), early);
+        // Held in the world before turn 100's time: turns 0..=100.
+        let valid = g
+            .linked_turns(
+                &t,
+                &scope,
+                NodeKind::Entity,
+                &["ana".into()],
+                None,
+                Some(turns[100].0.timestamp),
+            )
+            .await
+            .unwrap();
+        assert_eq!(valid.len(), 101);
+        assert_eq!(
+            g.vocabulary(&t, &scope, NodeKind::Keyword).await.unwrap(),
+            vec!["cat".to_string(), "dog".into(), "walk".into()]
+        );
+        let (total, df) = g
+            .document_frequencies(
+                &t,
+                &scope,
+                NodeKind::Keyword,
+                &["dog".into(), "cat".into(), "none".into()],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (total, df),
+            (0, vec![150, 150, 0]),
+            "the count table was not part of the test layout"
+        );
+        let window = g.conversation_turns(&t, "c", 10, 20).await.unwrap();
+        let positions: Vec<u64> = window.iter().map(|r| r.turn.position).collect();
+        assert_eq!(positions, (10..20).collect::<Vec<_>>());
+        let r = g.db.begin_read().unwrap();
+        let tables: BTreeSet<String> = r
+            .list_tables()
+            .unwrap()
+            .map(|h| redb::TableHandle::name(&h).to_string())
+            .collect();
+        for old in ["links", "vocabulary", "conversation_turns"] {
+            assert!(!tables.contains(old), "{old} is still there: {tables:?}");
+        }
+        drop(r);
+        drop(g);
+        // A second open finds nothing to upgrade and the same links.
+        let g = EmbeddedGraph::open(&path).unwrap();
+        let dog = g
+            .linked_turns(&t, &scope, NodeKind::Keyword, &["dog".into()], None, None)
+            .await
+            .unwrap();
+        assert_eq!(ids(dog), want(false));
     }
 }

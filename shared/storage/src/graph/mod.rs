@@ -7,6 +7,8 @@
 pub mod embedded;
 #[cfg(feature = "neo4j")]
 pub mod neo4j;
+#[cfg(feature = "embedded")]
+mod postings;
 #[cfg(feature = "remote")]
 pub mod remote;
 
