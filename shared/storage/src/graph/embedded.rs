@@ -1724,25 +1724,13 @@ mod tests {
 
     fn legacy_turn(pos: u64, words: &[&str]) -> (Turn, Extraction) {
         let tenant = TenantId("t".into());
-        let turn = Turn {
-            memory_id: MemoryId::derive(&tenant, "c", &pos.to_string()),
-            tenant,
-            conversation_id: "c".into(),
-            turn_id: pos.to_string(),
-            position: pos,
-            user: format!("turn {pos}"),
-            assistant: String::new(),
-            user_speaker: None,
-            assistant_speaker: None,
-            timestamp: at(1_600_000_000 + pos as i64 * 60),
-            recorded_at: at(1_700_000_000),
-            metadata: Default::default(),
-            user_id: None,
-            agent_id: None,
-            version: 1,
-            first_recorded_at: None,
-            expired_at: None,
-        };
+        let mut turn: Turn = serde_json::from_value(serde_json::json!({
+            "tenant": "t", "conversation_id": "c", "turn_id": pos.to_string(), "position": pos,
+            "user": format!("turn {pos}"), "timestamp": at(1_600_000_000 + pos as i64 * 60),
+            "recorded_at": at(1_700_000_000),
+        }))
+        .unwrap();
+        turn.memory_id = MemoryId::derive(&tenant, "c", &pos.to_string());
         let x = Extraction {
             keywords: words
                 .iter()
