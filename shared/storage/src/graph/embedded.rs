@@ -222,8 +222,12 @@ fn markers_in(
 }
 
 /// The memory ids of a conversation's turns, in order.
-fn conversation_ids(w: &redb::WriteTransaction, key: &[u8]) -> Result<Vec<u128>, StoreError> {
-    let Some(num) = w.open_table(CONV_IDS)?.get(key)?.map(|v| v.value()) else {
+fn conversation_ids(
+    w: &redb::WriteTransaction,
+    tenant: &str,
+    conversation: &str,
+) -> Result<Vec<u128>, StoreError> {
+    let Some(num) = conversation_number(&w.open_table(CONV_IDS)?, tenant, conversation)? else {
         return Ok(vec![]);
     };
     let index = w.open_table(TURN_INDEX)?;
@@ -241,12 +245,7 @@ fn forget_conversation_links(
     tenant: &str,
     conversation: &str,
 ) -> Result<(), StoreError> {
-    let key = keys::join(&[tenant, conversation]);
-    if let Some(num) = w
-        .open_table(CONV_IDS)?
-        .get(key.as_slice())?
-        .map(|v| v.value())
-    {
+    if let Some(num) = conversation_number(&w.open_table(CONV_IDS)?, tenant, conversation)? {
         let r = turn_range(num);
         w.open_table(TURN_INDEX)?
             .retain_in::<&[u8; 16], _>(r.start()..=r.end(), |_, _| false)?;
@@ -636,14 +635,11 @@ impl GraphRead for EmbeddedGraph {
         from: u64,
         to: u64,
     ) -> Result<Vec<TurnRecord>, StoreError> {
-        let key = keys::join(&[tenant.as_str(), conversation]);
+        let (tenant, conversation) = (tenant.clone(), conversation.to_string());
         self.blocking(move |db| {
             let r = db.begin_read()?;
-            let Some(num) = r
-                .open_table(CONV_IDS)?
-                .get(key.as_slice())?
-                .map(|v| v.value())
-            else {
+            let ids = r.open_table(CONV_IDS)?;
+            let Some(num) = conversation_number(&ids, tenant.as_str(), &conversation)? else {
                 return Ok(vec![]);
             };
             let idx = r.open_table(TURN_INDEX)?;
@@ -1016,7 +1012,7 @@ impl Graph for EmbeddedGraph {
                 }
                 cf.retain_in(cp.as_slice()..cend.as_slice(), |_, _| false)?;
                 let mut nodes = w.open_table(TURNS)?;
-                let ids = conversation_ids(&w, &cp)?;
+                let ids = conversation_ids(&w, &tenant, &conversation)?;
                 for id in ids {
                     let rec: Option<TurnRecord> = match nodes.get(id)? {
                         Some(v) => Some(record_of(v.value())?),
@@ -1145,7 +1141,7 @@ impl Graph for EmbeddedGraph {
             let n;
             {
                 let mut nodes = w.open_table(TURNS)?;
-                let ids = conversation_ids(&w, &cp)?;
+                let ids = conversation_ids(&w, &tenant, &conversation)?;
                 n = ids.len() as u64;
                 for id in ids {
                     nodes.remove(id)?;
