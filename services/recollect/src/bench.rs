@@ -2,7 +2,7 @@
 //! varied vocabulary), ingests them end to end through the embedded pipeline, then measures
 //! recall latency with a realistic mix of queries. Prints figures; asserts nothing.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -776,6 +776,7 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
         // New questions: the query cache is emptied before each, so every recall embeds its
         // question and keywords with the model, as a chat platform's (rarely repeated) questions do.
         let mut lat = Vec::with_capacity(a.queries);
+        let metrics0 = recall_sums(&recollect_telemetry::render());
         let cpu0 = cpu_seconds();
         let mut r = Rng(0xabad_1dea);
         let bar = crate::progress::bar(a.queries as u64, &format!("{size}: recall"));
@@ -789,6 +790,8 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
         }
         bar.finish_and_clear();
         let cpu = (cpu_seconds() - cpu0) / a.queries.max(1) as f64 * 1000.0;
+        let after = recall_sums(&recollect_telemetry::render());
+        println!("{size}: {}", recall_breakdown(&metrics0, &after));
         lat.sort_by(f64::total_cmp);
         // Repeated questions (embeddings cached): everything but the model, on a subset.
         let repeats = a.queries.min(2000);
@@ -923,4 +926,88 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
         println!("figures written to {}", path.display());
     }
     Ok(())
+}
+
+/// `(metric, path) → (sum, count)` of the recall histograms in the registry's text.
+pub(crate) fn recall_sums(text: &str) -> BTreeMap<(String, String), (f64, f64)> {
+    let mut out: BTreeMap<(String, String), (f64, f64)> = BTreeMap::new();
+    for line in text.lines() {
+        for metric in [
+            "recollect_recall_duration_seconds",
+            "recollect_recall_candidates_turns",
+        ] {
+            let Some(rest) = line.strip_prefix(metric) else {
+                continue;
+            };
+            let (is_sum, rest) = match (rest.strip_prefix("_sum{"), rest.strip_prefix("_count{")) {
+                (Some(r), _) => (true, r),
+                (_, Some(r)) => (false, r),
+                _ => continue,
+            };
+            let Some((labels, value)) = rest.split_once("} ") else {
+                continue;
+            };
+            let Some(path) = labels
+                .split(',')
+                .find_map(|l| l.strip_prefix("path=\""))
+                .map(|p| p.trim_end_matches('"'))
+            else {
+                continue;
+            };
+            let Ok(v) = value.trim().parse::<f64>() else {
+                continue;
+            };
+            let e = out
+                .entry((metric.to_string(), path.to_string()))
+                .or_default();
+            if is_sum {
+                e.0 = v;
+            } else {
+                e.1 = v;
+            }
+        }
+    }
+    out
+}
+
+/// Where the phase's recalls spent their time, and how many candidates each path gave: the
+/// means over the phase, from the same histograms a deployment exports.
+pub(crate) fn recall_breakdown(
+    before: &BTreeMap<(String, String), (f64, f64)>,
+    after: &BTreeMap<(String, String), (f64, f64)>,
+) -> String {
+    let mean = |metric: &str, path: &str| {
+        let key = (metric.to_string(), path.to_string());
+        let (s1, c1) = after.get(&key).copied().unwrap_or_default();
+        let (s0, c0) = before.get(&key).copied().unwrap_or_default();
+        (c1 > c0).then(|| (s1 - s0) / (c1 - c0))
+    };
+    let list = |metric: &str, paths: &[&str], scale: f64, unit: &str| {
+        paths
+            .iter()
+            .filter_map(|p| mean(metric, p).map(|m| format!("{p} {:.1}{unit}", m * scale)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "recall phases, mean: {}; inside retrieve, overlapping: {}; candidate turns, mean: {}",
+        list(
+            "recollect_recall_duration_seconds",
+            &["analyse", "retrieve", "rank"],
+            1000.0,
+            " ms"
+        ),
+        list(
+            "recollect_recall_duration_seconds",
+            &["path_b", "path_c", "dense", "lexical"],
+            1000.0,
+            " ms"
+        ),
+        list(
+            "recollect_recall_candidates_turns",
+            &["reached", "path_b", "path_c", "dense", "lexical"],
+            1.0,
+            ""
+        )
+    )
 }

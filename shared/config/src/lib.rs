@@ -1027,6 +1027,7 @@ mod tests {
         assert_eq!(bits(r.factual_weights), bits((0.30, 0.50)));
         assert_eq!(bits(r.reasoning_weights), bits((0.60, 0.75)));
         assert_eq!(r.retrieve_depth, 100);
+        assert_eq!(r.path_depth, 100);
         assert_eq!(r.lexical_weight.to_bits(), 0.3f32.to_bits());
         assert_eq!(r.neighbour_weight.to_bits(), 0.35f32.to_bits());
         assert_eq!(r.time_weight.to_bits(), 0.2f32.to_bits());
@@ -1125,7 +1126,7 @@ mod tests {
     #[test]
     fn recall_values_are_validated_by_key() {
         type Mutation = fn(&mut RecallConfig);
-        let cases: [(Mutation, &str); 9] = [
+        let cases: [(Mutation, &str); 10] = [
             (|r| r.keyword_neighbours = 0, "recall.keyword_neighbours"),
             (|r| r.keyword_min_cosine = 1.5, "recall.keyword_min_cosine"),
             (|r| r.fragments_expanded = 5000, "recall.fragments_expanded"),
@@ -1135,6 +1136,7 @@ mod tests {
                 "recall.reasoning_weights",
             ),
             (|r| r.retrieve_depth = 0, "recall.retrieve_depth"),
+            (|r| r.path_depth = 0, "recall.path_depth"),
             (|r| r.lexical_weight = f32::NAN, "recall.lexical_weight"),
             (
                 |r| r.neighbour_weight = f32::INFINITY,

@@ -17,6 +17,8 @@ pub struct RecallConfig {
     pub keyword_min_cosine: f32,
     /// Path C (paper: 10): fragments expanded into candidates.
     pub fragments_expanded: usize,
+    /// Path B's candidates, and the reached turns Path C starts from, at most (ours).
+    pub path_depth: usize,
     /// Phase 3 adaptive keyword weight (w_base, w_cap) for factual queries (paper: 0.30, 0.50).
     pub factual_weights: (f32, f32),
     /// The same for reasoning queries (paper: 0.60, 0.75).
@@ -66,6 +68,9 @@ impl RecallConfig {
                     "must be [w_base, w_cap] with 0 <= w_base <= w_cap <= 1",
                 );
             }
+        }
+        if !(1..=100_000).contains(&self.path_depth) {
+            return invalid("recall.path_depth", "must be in 1..=100000");
         }
         if !(1..=10_000).contains(&self.retrieve_depth) {
             return invalid("recall.retrieve_depth", "must be in 1..=10000");

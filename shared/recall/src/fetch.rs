@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use chrono::{DateTime, Utc};
 use recollect_model::{MemoryId, TenantId, TimeRef, Turn};
 use recollect_storage::vector::FieldVectors;
-use recollect_storage::{GraphRead, Scope, VectorIndex};
+use recollect_storage::{GraphRead, Scope, TurnRecord, VectorIndex};
 
 use crate::{PathB, PathC, RecallError};
 
@@ -61,20 +61,22 @@ pub struct Candidates {
     pub lexical_max: f32,
 }
 
-/// Reads the candidates of `retrieved` from the graph and the vector index.
+/// Reads the candidates of `retrieved` from the graph and the vector index. The turn records
+/// Path C already read are taken from it (`retrieved.c.records` is left empty), not read again.
 pub async fn fetch(
     graph: &dyn GraphRead,
     vectors: &dyn VectorIndex,
     tenant: &TenantId,
     scope: &Scope,
-    retrieved: &Retrieved,
+    retrieved: &mut Retrieved,
 ) -> Result<Candidates, RecallError> {
+    let mut known = std::mem::take(&mut retrieved.c.records);
     let Retrieved {
         b,
         c,
         dense,
         lexical,
-    } = retrieved;
+    } = &*retrieved;
     let lexical_max = lexical.values().copied().fold(0.0f32, f32::max);
     let mut ids: HashSet<MemoryId> = HashSet::new();
     ids.extend(b.result.iter().copied());
@@ -88,11 +90,19 @@ pub async fn fetch(
         });
     }
     let ids: Vec<MemoryId> = ids.into_iter().collect();
-    let (records, field_vectors) = tokio::join!(
-        graph.turns(tenant, &ids),
+    let unread: Vec<MemoryId> = ids
+        .iter()
+        .filter(|id| !known.contains_key(id))
+        .copied()
+        .collect();
+    let (read, field_vectors) = tokio::join!(
+        graph.turns(tenant, &unread),
         vectors.field_vectors(tenant, &ids)
     );
-    let (mut records, mut field_vectors) = (records?, field_vectors?);
+    let (read, mut field_vectors) = (read?, field_vectors?);
+    known.extend(read.into_iter().map(|rec| (rec.turn.memory_id, rec)));
+    // In the candidates' order (unknown ids skipped), as one read of them all would give.
+    let mut records: Vec<TurnRecord> = ids.iter().filter_map(|id| known.remove(id)).collect();
     // As of an earlier time: each turn as it was then (never one recorded later), with that
     // version's vectors.
     if let Some(at) = scope.as_of {
@@ -221,9 +231,9 @@ mod tests {
     #[tokio::test]
     async fn fetch_reads_every_candidate_with_what_each_retriever_said() {
         let dir = tempfile::tempdir().unwrap();
-        let (graph, vectors, [t1, t2], retrieved) = seeded(dir.path()).await;
+        let (graph, vectors, [t1, t2], mut retrieved) = seeded(dir.path()).await;
         let tenant = t1.tenant.clone();
-        let got = fetch(&graph, &vectors, &tenant, &Scope::all(), &retrieved)
+        let got = fetch(&graph, &vectors, &tenant, &Scope::all(), &mut retrieved)
             .await
             .unwrap();
         assert_eq!(
@@ -278,11 +288,11 @@ mod tests {
     #[tokio::test]
     async fn fetch_applies_the_scopes_turn_filter_and_time() {
         let dir = tempfile::tempdir().unwrap();
-        let (graph, vectors, [t1, t2], retrieved) = seeded(dir.path()).await;
+        let (graph, vectors, [t1, t2], mut retrieved) = seeded(dir.path()).await;
         let tenant = t1.tenant.clone();
         let mut scope = Scope::all();
         scope.filter.speakers = vec!["Cy".into()];
-        let got = fetch(&graph, &vectors, &tenant, &scope, &retrieved)
+        let got = fetch(&graph, &vectors, &tenant, &scope, &mut retrieved)
             .await
             .unwrap();
         let ids: Vec<MemoryId> = got.items.iter().map(|c| c.turn.memory_id).collect();
@@ -292,7 +302,7 @@ mod tests {
             as_of: Some(Utc.with_ymd_and_hms(2023, 12, 1, 0, 0, 0).unwrap()),
             ..Scope::all()
         };
-        let got = fetch(&graph, &vectors, &tenant, &before, &retrieved)
+        let got = fetch(&graph, &vectors, &tenant, &before, &mut retrieved)
             .await
             .unwrap();
         assert!(got.items.is_empty());
@@ -302,7 +312,7 @@ mod tests {
             &vectors,
             &tenant,
             &Scope::all(),
-            &Retrieved::default(),
+            &mut Retrieved::default(),
         )
         .await
         .unwrap();
@@ -335,9 +345,10 @@ mod tests {
             .await
             .unwrap();
         let of = |scope: Scope| {
-            let (graph, vectors, tenant, retrieved) = (&graph, &vectors, &tenant, &retrieved);
+            let (graph, vectors, tenant) = (&graph, &vectors, &tenant);
+            let mut retrieved = retrieved.clone();
             async move {
-                let got = fetch(graph, vectors, tenant, &scope, retrieved)
+                let got = fetch(graph, vectors, tenant, &scope, &mut retrieved)
                     .await
                     .unwrap();
                 got.items
@@ -358,5 +369,35 @@ mod tests {
         assert_eq!(then.turn.user, t1.user);
         assert_eq!(then.keywords, vec!["dog".to_string()]);
         assert_eq!(then.vectors.unwrap().user, vec![1.0, 0.0, 0.0, 0.0]);
+    }
+
+    #[tokio::test]
+    async fn records_path_c_read_are_taken_not_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (graph, vectors, [t1, t2], mut retrieved) = seeded(dir.path()).await;
+        let tenant = t1.tenant.clone();
+        // A record Path C read, marked so that a second read from the graph would show.
+        let mut read = graph.turns(&tenant, &[t2.memory_id]).await.unwrap();
+        read[0].turn.user = "as Path C read it".into();
+        retrieved
+            .c
+            .records
+            .insert(t2.memory_id, read.pop().unwrap());
+        let got = fetch(&graph, &vectors, &tenant, &Scope::all(), &mut retrieved)
+            .await
+            .unwrap();
+        assert!(retrieved.c.records.is_empty(), "taken");
+        let user_of = |id| {
+            got.items
+                .iter()
+                .find(|c| c.turn.memory_id == id)
+                .map(|c| c.turn.user.clone())
+        };
+        assert_eq!(user_of(t2.memory_id).as_deref(), Some("as Path C read it"));
+        assert_eq!(
+            user_of(t1.memory_id),
+            Some(t1.user.clone()),
+            "the rest read"
+        );
     }
 }

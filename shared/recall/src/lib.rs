@@ -406,50 +406,56 @@ impl Recall {
         }
         .emit();
 
-        // Phase 2: Path B beside the dense and lexical retrievers, then Path C from B's lookups.
+        // Phase 2: Path B then Path C (from B's lookups), beside the dense and lexical
+        // retrievers: four retrievers, each timed on its own, overlapping.
         let cfg = &self.config;
         let depth = cfg.retrieve_depth.max(k);
         let phase = Instant::now();
-        let (b, dense) = tokio::join!(
-            path_b::run(self, tenant, &scope, &qa, &qv, ablation),
-            async {
-                if ablation.without(Component::Dense) {
-                    Ok(HashMap::new())
-                } else {
-                    self.dense(tenant, &scope, &qv.query, depth).await
-                }
-            },
-        );
-        let (b, dense) = (b?, dense?);
-        RecallPhaseCompleted {
-            phase: RecallPhase::PathBAndDense,
-            elapsed: phase.elapsed(),
-        }
-        .emit();
-        let phase = Instant::now();
-        // BM25 after Path B, so the query can be widened with its keyword neighbours.
-        let lexical = if ablation.without(Component::Lexical) {
-            HashMap::new()
-        } else {
-            self.lexical(tenant, &scope, &req.query, depth).await?
+        let timed = |p: RecallPhase, at: Instant| {
+            RecallPhaseCompleted {
+                phase: p,
+                elapsed: at.elapsed(),
+            }
+            .emit()
         };
-        RecallPhaseCompleted {
-            phase: RecallPhase::Lexical,
-            elapsed: phase.elapsed(),
-        }
-        .emit();
-        let phase = Instant::now();
-        let c = if ablation.without(Component::PathC) {
-            PathC::default()
-        } else {
-            path_c::run(self, tenant, &scope, &b).await?
+        let graph_paths = async {
+            let at = Instant::now();
+            let b = path_b::run(self, tenant, &scope, &qa, &qv, ablation).await?;
+            timed(RecallPhase::PathB, at);
+            let at = Instant::now();
+            let c = if ablation.without(Component::PathC) {
+                PathC::default()
+            } else {
+                path_c::run(self, tenant, &scope, &b).await?
+            };
+            timed(RecallPhase::PathC, at);
+            Ok::<_, RecallError>((b, c))
         };
-        RecallPhaseCompleted {
-            phase: RecallPhase::PathC,
-            elapsed: phase.elapsed(),
-        }
-        .emit();
+        let dense = async {
+            let at = Instant::now();
+            let out = if ablation.without(Component::Dense) {
+                HashMap::new()
+            } else {
+                self.dense(tenant, &scope, &qv.query, depth).await?
+            };
+            timed(RecallPhase::Dense, at);
+            Ok::<_, RecallError>(out)
+        };
+        let lexical = async {
+            let at = Instant::now();
+            let out = if ablation.without(Component::Lexical) {
+                HashMap::new()
+            } else {
+                self.lexical(tenant, &scope, &req.query, depth).await?
+            };
+            timed(RecallPhase::Lexical, at);
+            Ok::<_, RecallError>(out)
+        };
+        let (bc, dense, lexical) = tokio::join!(graph_paths, dense, lexical);
+        let ((b, c), dense, lexical) = (bc?, dense?, lexical?);
+        timed(RecallPhase::Retrieve, phase);
         RecallCandidatesFound {
+            reached: b.reached.len(),
             path_b: b.result.len(),
             path_c: c.turns.len(),
             dense: dense.len(),
@@ -459,7 +465,8 @@ impl Recall {
 
         // Phase 3: fetch the candidates (every store read), then two pure steps: KeyMem's
         // source-aware scoring, and the fusion with the lexical and time evidence.
-        let retrieved = Retrieved {
+        let phase = Instant::now();
+        let mut retrieved = Retrieved {
             b,
             c,
             dense,
@@ -470,7 +477,7 @@ impl Recall {
             self.vectors.as_ref(),
             tenant,
             &scope,
-            &retrieved,
+            &mut retrieved,
         )
         .await?;
         let query = KeyMemQuery {
@@ -481,6 +488,11 @@ impl Recall {
         };
         let scores = keymem::score(&candidates.items, &query, ablation);
         let out = fuse::fuse(candidates, &scores, (&qa).into(), cfg, k);
+        RecallPhaseCompleted {
+            phase: RecallPhase::Rank,
+            elapsed: phase.elapsed(),
+        }
+        .emit();
         tracing::Span::current().record("results", out.len());
         RecallCompleted {
             results: out.len(),

@@ -8,9 +8,9 @@ use chrono::NaiveDate;
 use futures::future::try_join_all;
 use recollect_extract::QueryAnalysis;
 use recollect_model::{MemoryId, TenantId};
-use recollect_storage::{NodeKind, Scope};
+use recollect_storage::{LinkedTurn, NodeKind, Scope};
 
-use crate::softtfidf::{idf, Neighbours};
+use crate::softtfidf::{self, idf, Neighbours};
 use crate::{Ablation, Component, QueryVectors, Recall, RecallError};
 
 #[derive(Debug, Default, Clone)]
@@ -23,9 +23,12 @@ pub struct PathB {
     pub ent: HashSet<MemoryId>,
     pub time: HashSet<MemoryId>,
     pub loc: HashSet<MemoryId>,
-    /// Every turn any lookup reached (Path C starts from these).
-    pub union: HashSet<MemoryId>,
-    /// Path B's candidates, after the intersection filter.
+    /// Every turn any lookup reached, best first: by how many of the four lookups reached it,
+    /// then by its SoftTF-IDF against the query keywords (from the keyword links alone, no
+    /// record read). Path C starts from the first `path_depth` of these.
+    pub reached: Vec<MemoryId>,
+    /// Path B's candidates, after the intersection filter: at most `path_depth`, the best by
+    /// the same order.
     pub result: HashSet<MemoryId>,
 }
 
@@ -52,16 +55,17 @@ async fn linked(
     scope: &Scope,
     kind: NodeKind,
     names: &[String],
-) -> Result<HashSet<MemoryId>, RecallError> {
+) -> Result<Vec<LinkedTurn>, RecallError> {
     if names.is_empty() {
-        return Ok(HashSet::new());
+        return Ok(Vec::new());
     }
     Ok(r.graph
         .linked_turns(tenant, scope, kind, names, scope.as_of, None)
-        .await?
-        .into_iter()
-        .map(|l| l.memory_id)
-        .collect())
+        .await?)
+}
+
+fn turns_of(links: Vec<LinkedTurn>) -> HashSet<MemoryId> {
+    links.into_iter().map(|l| l.memory_id).collect()
 }
 
 async fn contained(
@@ -80,7 +84,7 @@ async fn contained(
         .into_iter()
         .filter(|n| wanted.iter().any(|w| contains_either(n, w)))
         .collect();
-    linked(r, tenant, scope, kind, &names).await
+    Ok(turns_of(linked(r, tenant, scope, kind, &names).await?))
 }
 
 pub async fn run(
@@ -120,13 +124,23 @@ pub async fn run(
         .zip(dfs.iter().map(|&d| idf(total, d)))
         .collect();
 
-    let kw = linked(r, tenant, scope, NodeKind::Keyword, &names).await?;
+    // Each turn's keyword links are its keywords: its s_kw is known here, before any record
+    // is read, and orders the turns when there are more than a path's depth.
+    let mut kw_names: HashMap<MemoryId, Vec<String>> = HashMap::new();
+    for l in linked(r, tenant, scope, NodeKind::Keyword, &names).await? {
+        kw_names.entry(l.memory_id).or_default().push(l.name);
+    }
+    let kw_score: HashMap<MemoryId, f32> = kw_names
+        .iter()
+        .map(|(id, names)| (*id, softtfidf::score(&neighbours, names, &idf_map)))
+        .collect();
+    let kw: HashSet<MemoryId> = kw_names.into_keys().collect();
     let (ent, time, loc) = if ablation.without(Component::Graph) {
         Default::default()
     } else {
         let time_fut = async {
             let Some(h) = &qa.time_hint else {
-                return Ok(HashSet::new());
+                return Ok::<_, RecallError>(HashSet::new());
             };
             let vocab = r
                 .graph
@@ -140,7 +154,9 @@ pub async fn run(
                     parse_time_key(k).is_some_and(|(s, e)| s <= h.end && e >= h.start)
                 })
                 .collect();
-            linked(r, tenant, scope, NodeKind::TimePoint, &names).await
+            Ok(turns_of(
+                linked(r, tenant, scope, NodeKind::TimePoint, &names).await?,
+            ))
         };
         let (e, t, l) = tokio::join!(
             contained(r, tenant, scope, NodeKind::Entity, &qa.entities),
@@ -151,19 +167,19 @@ pub async fn run(
     };
 
     let sets = [&kw, &ent, &time, &loc];
-    let union: HashSet<MemoryId> = sets.iter().flat_map(|s| s.iter().copied()).collect();
+    let reached = rank(&sets, &kw_score);
     let non_empty: Vec<&HashSet<MemoryId>> =
         sets.iter().copied().filter(|s| !s.is_empty()).collect();
     let result = if ablation.without(Component::PathB) {
         HashSet::new()
-    } else if non_empty.len() >= 2 {
-        non_empty[0]
+    } else {
+        // With two or more lookups answering, only the turns all of them reached.
+        reached
             .iter()
             .copied()
-            .filter(|id| non_empty[1..].iter().all(|s| s.contains(id)))
+            .filter(|id| non_empty.len() < 2 || non_empty.iter().all(|s| s.contains(id)))
+            .take(cfg.path_depth)
             .collect()
-    } else {
-        union.clone()
     };
     Ok(PathB {
         neighbours,
@@ -172,9 +188,24 @@ pub async fn run(
         ent,
         time,
         loc,
-        union,
+        reached,
         result,
     })
+}
+
+/// Every turn of `sets`, best first: reached by more lookups, then a higher s_kw, then the
+/// smaller id (so equal turns keep one order from run to run).
+fn rank(sets: &[&HashSet<MemoryId>], kw_score: &HashMap<MemoryId, f32>) -> Vec<MemoryId> {
+    let mut hits: HashMap<MemoryId, usize> = HashMap::new();
+    for id in sets.iter().flat_map(|s| s.iter()) {
+        *hits.entry(*id).or_default() += 1;
+    }
+    let mut ranked: Vec<(usize, f32, MemoryId)> = hits
+        .into_iter()
+        .map(|(id, n)| (n, kw_score.get(&id).copied().unwrap_or(0.0), id))
+        .collect();
+    ranked.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)).then(a.2.cmp(&b.2)));
+    ranked.into_iter().map(|(_, _, id)| id).collect()
 }
 
 #[cfg(test)]
@@ -194,5 +225,24 @@ mod tests {
             ))
         );
         assert!(parse_time_key("May").is_none());
+    }
+
+    #[test]
+    fn reached_turns_rank_by_lookups_matched_then_keyword_score() {
+        let t = TenantId::default_tenant();
+        let id = |n: &str| MemoryId::derive(&t, "c", n);
+        let (a, b, c, d) = (id("a"), id("b"), id("c"), id("d"));
+        let kw = HashSet::from([a, b, c]);
+        let ent = HashSet::from([c, d]);
+        let none = HashSet::new();
+        let scores = HashMap::from([(a, 0.2), (b, 0.9), (c, 0.1)]);
+        let ranked = rank(&[&kw, &ent, &none, &none], &scores);
+        // c is reached by two lookups; then b and a by keyword score; d (entity only, no
+        // keyword score) last.
+        assert_eq!(ranked, vec![c, b, a, d]);
+        let ties = rank(&[&HashSet::from([a, b, c, d])], &HashMap::new());
+        let mut sorted = vec![a, b, c, d];
+        sorted.sort();
+        assert_eq!(ties, sorted, "equal turns in one order, run to run");
     }
 }

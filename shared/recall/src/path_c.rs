@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 
 use recollect_model::{MemoryId, TenantId};
-use recollect_storage::Scope;
+use recollect_storage::{Scope, TurnRecord};
 
 use crate::softtfidf;
 use crate::{PathB, Recall, RecallError};
@@ -17,6 +17,9 @@ pub struct PathC {
     pub fragment_score: HashMap<String, f32>,
     /// Best expanded-fragment score per turn (`s_frag`).
     pub turn_score: HashMap<MemoryId, f32>,
+    /// The records of the reached turns it read, as stored (Phase 3 takes them rather than
+    /// reading them again).
+    pub records: HashMap<MemoryId, TurnRecord>,
 }
 
 pub async fn run(
@@ -25,10 +28,17 @@ pub async fn run(
     scope: &Scope,
     b: &PathB,
 ) -> Result<PathC, RecallError> {
-    if b.union.is_empty() || b.neighbours.is_empty() {
+    if b.reached.is_empty() || b.neighbours.is_empty() {
         return Ok(PathC::default());
     }
-    let ids: Vec<MemoryId> = b.union.iter().copied().collect();
+    // The fragments of the best-reached turns: a long conversation's keyword neighbours reach
+    // most of it, and reading every reached turn made Path C grow with the conversation.
+    let ids: Vec<MemoryId> = b
+        .reached
+        .iter()
+        .take(r.config.path_depth)
+        .copied()
+        .collect();
     let records = r.graph.turns(tenant, &ids).await?;
     let mut frag_ids: Vec<String> = records
         .iter()
@@ -53,7 +63,13 @@ pub async fn run(
         .filter(|(s, _)| *s > 0.0)
         .collect();
     scored.sort_by(|a, b| b.0.total_cmp(&a.0));
-    let mut out = PathC::default();
+    let mut out = PathC {
+        records: records
+            .into_iter()
+            .map(|rec| (rec.turn.memory_id, rec))
+            .collect(),
+        ..PathC::default()
+    };
     for &(s, i) in &scored {
         out.fragment_score.insert(fragments[i].id.clone(), s);
     }

@@ -386,19 +386,28 @@ impl InternalEvent for StoreCallFailed<'_> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecallPhase {
     Analyse,
-    /// Path B and the dense retriever run together.
-    PathBAndDense,
-    Lexical,
+    /// Phase 2's retrievers, each on its own (they overlap: Path C follows Path B, beside the
+    /// dense and lexical retrievers).
+    PathB,
     PathC,
+    Dense,
+    Lexical,
+    /// The whole of Phase 2, all four retrievers.
+    Retrieve,
+    /// Phase 3: the candidates' records and vectors read, scored and fused.
+    Rank,
 }
 
 impl RecallPhase {
     pub fn as_str(self) -> &'static str {
         match self {
             RecallPhase::Analyse => "analyse",
-            RecallPhase::PathBAndDense => "path_b_and_dense",
-            RecallPhase::Lexical => "lexical",
+            RecallPhase::PathB => "path_b",
             RecallPhase::PathC => "path_c",
+            RecallPhase::Dense => "dense",
+            RecallPhase::Lexical => "lexical",
+            RecallPhase::Retrieve => "retrieve",
+            RecallPhase::Rank => "rank",
         }
     }
 }
@@ -425,6 +434,8 @@ impl InternalEvent for RecallPhaseCompleted {
 /// Candidate turns each retrieval path contributed to one recall.
 #[derive(Debug, Clone, Copy)]
 pub struct RecallCandidatesFound {
+    /// Every turn Path B's lookups reached, before its intersection filter and its cap.
+    pub reached: usize,
     pub path_b: usize,
     pub path_c: usize,
     pub dense: usize,
@@ -434,6 +445,7 @@ pub struct RecallCandidatesFound {
 impl InternalEvent for RecallCandidatesFound {
     fn emit(self) {
         tracing::trace!(
+            reached = self.reached,
             path_b = self.path_b,
             path_c = self.path_c,
             dense = self.dense,
@@ -441,6 +453,7 @@ impl InternalEvent for RecallCandidatesFound {
             "recall candidates"
         );
         for (path, n) in [
+            ("reached", self.reached),
             ("path_b", self.path_b),
             ("path_c", self.path_c),
             ("dense", self.dense),
@@ -703,6 +716,7 @@ mod tests {
         }
         .emit();
         RecallCandidatesFound {
+            reached: 5,
             path_b: 3,
             path_c: 0,
             dense: 10,

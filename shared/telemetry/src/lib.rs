@@ -124,7 +124,7 @@ pub(crate) static STORE_ERRORS: Lazy<IntCounterVec> = Lazy::new(|| {
 pub(crate) static RECALL_LATENCY: Lazy<HistogramVec> = Lazy::new(|| {
     histogram(
         "recollect_recall_duration_seconds",
-        "recall latency: total, per phase (analyse, path_b_and_dense, lexical, path_c) and as each API serves it (http, grpc)",
+        "recall latency: total, per phase (analyse; retrieve, and its overlapping path_b, path_c, dense, lexical; rank) and as each API serves it (http, grpc)",
         &["path"],
         latency_buckets(),
     )
@@ -301,6 +301,7 @@ mod tests {
         }
         .emit();
         RecallCandidatesFound {
+            reached: 1,
             path_b: 1,
             path_c: 1,
             dense: 1,
