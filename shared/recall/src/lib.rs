@@ -411,49 +411,40 @@ impl Recall {
         let cfg = &self.config;
         let depth = cfg.retrieve_depth.max(k);
         let phase = Instant::now();
-        let timed = |p: RecallPhase, at: Instant| {
-            RecallPhaseCompleted {
-                phase: p,
-                elapsed: at.elapsed(),
-            }
-            .emit()
-        };
         let graph_paths = async {
-            let at = Instant::now();
-            let b = path_b::run(self, tenant, &scope, &qa, &qv, ablation).await?;
-            timed(RecallPhase::PathB, at);
-            let at = Instant::now();
-            let c = if ablation.without(Component::PathC) {
-                PathC::default()
-            } else {
-                path_c::run(self, tenant, &scope, &b).await?
-            };
-            timed(RecallPhase::PathC, at);
+            let b = timed(RecallPhase::PathB, async {
+                path_b::run(self, tenant, &scope, &qa, &qv, ablation).await
+            })
+            .await?;
+            let c = timed(RecallPhase::PathC, async {
+                if ablation.without(Component::PathC) {
+                    Ok(PathC::default())
+                } else {
+                    path_c::run(self, tenant, &scope, &b).await
+                }
+            })
+            .await?;
             Ok::<_, RecallError>((b, c))
         };
-        let dense = async {
-            let at = Instant::now();
-            let out = if ablation.without(Component::Dense) {
-                HashMap::new()
-            } else {
-                self.dense(tenant, &scope, &qv.query, depth).await?
-            };
-            timed(RecallPhase::Dense, at);
-            Ok::<_, RecallError>(out)
-        };
-        let lexical = async {
-            let at = Instant::now();
-            let out = if ablation.without(Component::Lexical) {
-                HashMap::new()
-            } else {
-                self.lexical(tenant, &scope, &req.query, depth).await?
-            };
-            timed(RecallPhase::Lexical, at);
-            Ok::<_, RecallError>(out)
-        };
+        let dense = timed(RecallPhase::Dense, async {
+            if ablation.without(Component::Dense) {
+                return Ok(HashMap::new());
+            }
+            self.dense(tenant, &scope, &qv.query, depth).await
+        });
+        let lexical = timed(RecallPhase::Lexical, async {
+            if ablation.without(Component::Lexical) {
+                return Ok(HashMap::new());
+            }
+            self.lexical(tenant, &scope, &req.query, depth).await
+        });
         let (bc, dense, lexical) = tokio::join!(graph_paths, dense, lexical);
         let ((b, c), dense, lexical) = (bc?, dense?, lexical?);
-        timed(RecallPhase::Retrieve, phase);
+        RecallPhaseCompleted {
+            phase: RecallPhase::Retrieve,
+            elapsed: phase.elapsed(),
+        }
+        .emit();
         RecallCandidatesFound {
             reached: b.reached.len(),
             path_b: b.result.len(),
@@ -501,6 +492,21 @@ impl Recall {
         .emit();
         Ok(out)
     }
+}
+
+/// Runs one of Phase 2's retrievers and records how long it took.
+async fn timed<T>(
+    phase: RecallPhase,
+    retriever: impl std::future::Future<Output = Result<T, RecallError>>,
+) -> Result<T, RecallError> {
+    let at = Instant::now();
+    let out = retriever.await;
+    RecallPhaseCompleted {
+        phase,
+        elapsed: at.elapsed(),
+    }
+    .emit();
+    out
 }
 
 #[cfg(test)]
