@@ -2,7 +2,7 @@
 //! varied vocabulary), ingests them end to end through the embedded pipeline, then measures
 //! recall latency with a realistic mix of queries. Prints figures; asserts nothing.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -776,7 +776,7 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
         // New questions: the query cache is emptied before each, so every recall embeds its
         // question and keywords with the model, as a chat platform's (rarely repeated) questions do.
         let mut lat = Vec::with_capacity(a.queries);
-        let metrics0 = recall_sums(&recollect_telemetry::render());
+        let totals0 = RecallTotals::now();
         let cpu0 = cpu_seconds();
         let mut r = Rng(0xabad_1dea);
         let bar = crate::progress::bar(a.queries as u64, &format!("{size}: recall"));
@@ -790,8 +790,7 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
         }
         bar.finish_and_clear();
         let cpu = (cpu_seconds() - cpu0) / a.queries.max(1) as f64 * 1000.0;
-        let after = recall_sums(&recollect_telemetry::render());
-        println!("{size}: {}", recall_breakdown(&metrics0, &after));
+        println!("{size}: {}", RecallTotals::now().means_since(&totals0));
         lat.sort_by(f64::total_cmp);
         // Repeated questions (embeddings cached): everything but the model, on a subset.
         let repeats = a.queries.min(2000);
@@ -928,86 +927,62 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `(metric, path) → (sum, count)` of the recall histograms in the registry's text.
-pub(crate) fn recall_sums(text: &str) -> BTreeMap<(String, String), (f64, f64)> {
-    let mut out: BTreeMap<(String, String), (f64, f64)> = BTreeMap::new();
-    for line in text.lines() {
-        for metric in [
-            "recollect_recall_duration_seconds",
-            "recollect_recall_candidates_turns",
-        ] {
-            let Some(rest) = line.strip_prefix(metric) else {
-                continue;
-            };
-            let (is_sum, rest) = match (rest.strip_prefix("_sum{"), rest.strip_prefix("_count{")) {
-                (Some(r), _) => (true, r),
-                (_, Some(r)) => (false, r),
-                _ => continue,
-            };
-            let Some((labels, value)) = rest.split_once("} ") else {
-                continue;
-            };
-            let Some(path) = labels
-                .split(',')
-                .find_map(|l| l.strip_prefix("path=\""))
-                .map(|p| p.trim_end_matches('"'))
-            else {
-                continue;
-            };
-            let Ok(v) = value.trim().parse::<f64>() else {
-                continue;
-            };
-            let e = out
-                .entry((metric.to_string(), path.to_string()))
-                .or_default();
-            if is_sum {
-                e.0 = v;
-            } else {
-                e.1 = v;
-            }
-        }
-    }
-    out
+/// Recall's phases in order, the retrievers inside `retrieve` (they overlap), and the paths
+/// that report candidate turns: the labels of the recall histograms.
+const PHASES: [&str; 3] = ["analyse", "retrieve", "rank"];
+const RETRIEVERS: [&str; 4] = ["path_b", "path_c", "dense", "lexical"];
+const CANDIDATE_PATHS: [&str; 5] = ["reached", "path_b", "path_c", "dense", "lexical"];
+
+/// The recall histograms' `(sum, count)` per label at one moment, read before and after a run.
+pub(crate) struct RecallTotals {
+    duration: Vec<(f64, u64)>,
+    candidates: Vec<(f64, u64)>,
 }
 
-/// Where the phase's recalls spent their time, and how many candidates each path gave: the
-/// means over the phase, from the same histograms a deployment exports.
-pub(crate) fn recall_breakdown(
-    before: &BTreeMap<(String, String), (f64, f64)>,
-    after: &BTreeMap<(String, String), (f64, f64)>,
-) -> String {
-    let mean = |metric: &str, path: &str| {
-        let key = (metric.to_string(), path.to_string());
-        let (s1, c1) = after.get(&key).copied().unwrap_or_default();
-        let (s0, c0) = before.get(&key).copied().unwrap_or_default();
-        (c1 > c0).then(|| (s1 - s0) / (c1 - c0))
-    };
-    let list = |metric: &str, paths: &[&str], scale: f64, unit: &str| {
-        paths
+impl RecallTotals {
+    pub(crate) fn now() -> Self {
+        let duration = PHASES
             .iter()
-            .filter_map(|p| mean(metric, p).map(|m| format!("{p} {:.1}{unit}", m * scale)))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    format!(
-        "recall phases, mean: {}; inside retrieve, overlapping: {}; candidate turns, mean: {}",
-        list(
-            "recollect_recall_duration_seconds",
-            &["analyse", "retrieve", "rank"],
-            1000.0,
-            " ms"
-        ),
-        list(
-            "recollect_recall_duration_seconds",
-            &["path_b", "path_c", "dense", "lexical"],
-            1000.0,
-            " ms"
-        ),
-        list(
-            "recollect_recall_candidates_turns",
-            &["reached", "path_b", "path_c", "dense", "lexical"],
-            1.0,
-            ""
+            .chain(&RETRIEVERS)
+            .map(|p| recollect_telemetry::recall_duration_totals(p))
+            .collect();
+        let candidates = CANDIDATE_PATHS
+            .iter()
+            .map(|p| recollect_telemetry::recall_candidates_totals(p))
+            .collect();
+        Self {
+            duration,
+            candidates,
+        }
+    }
+
+    /// Where the recalls since `before` spent their time, and how many candidates each path
+    /// gave: means over those recalls.
+    pub(crate) fn means_since(&self, before: &Self) -> String {
+        let list = |labels: &[&str], now: &[(f64, u64)], then: &[(f64, u64)], scale, unit| {
+            labels
+                .iter()
+                .zip(now.iter().zip(then))
+                .filter(|(_, ((_, c1), (_, c0)))| c1 > c0)
+                .map(|(l, ((s1, c1), (s0, c0)))| {
+                    format!("{l} {:.1}{unit}", (s1 - s0) / (c1 - c0) as f64 * scale)
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let (phases, retrievers) = self.duration.split_at(PHASES.len());
+        let (phases0, retrievers0) = before.duration.split_at(PHASES.len());
+        format!(
+            "recall phases, mean: {}; inside retrieve, overlapping: {}; candidate turns, mean: {}",
+            list(&PHASES, phases, phases0, 1000.0, " ms"),
+            list(&RETRIEVERS, retrievers, retrievers0, 1000.0, " ms"),
+            list(
+                &CANDIDATE_PATHS,
+                &self.candidates,
+                &before.candidates,
+                1.0,
+                ""
+            ),
         )
-    )
+    }
 }

@@ -512,7 +512,7 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
         let mut latencies = Vec::with_capacity(questions.len());
         let mut rankings = Vec::new();
         let bar = crate::progress::bar(questions.len() as u64, &format!("recall ({label})"));
-        let metrics0 = crate::bench::recall_sums(&recollect_telemetry::render());
+        let totals0 = crate::bench::RecallTotals::now();
         for q in &questions {
             bar.inc(1);
             let req = RecallRequest {
@@ -548,8 +548,10 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
             "recall latency: p50 {p50:.1} ms, p99 {p99:.1} ms over {} queries",
             latencies.len()
         );
-        let after = crate::bench::recall_sums(&recollect_telemetry::render());
-        println!("{}", crate::bench::recall_breakdown(&metrics0, &after));
+        println!(
+            "{}",
+            crate::bench::RecallTotals::now().means_since(&totals0)
+        );
         report.insert(
             label.clone(),
             serde_json::json!({

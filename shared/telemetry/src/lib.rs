@@ -225,6 +225,19 @@ pub fn register_all() {
     RECALL_EMPTY.with_label_values(&[] as &[&str]).inc_by(0);
 }
 
+/// `(sum, count)` so far of `recollect_recall_duration_seconds{path}`: a bench or eval reads it
+/// before and after a run to print the run's mean per phase, as a scrape would give it.
+pub fn recall_duration_totals(path: &str) -> (f64, u64) {
+    let h = RECALL_LATENCY.with_label_values(&[path]);
+    (h.get_sample_sum(), h.get_sample_count())
+}
+
+/// `(sum, count)` so far of `recollect_recall_candidates_turns{path}`.
+pub fn recall_candidates_totals(path: &str) -> (f64, u64) {
+    let h = RECALL_CANDIDATES.with_label_values(&[path]);
+    (h.get_sample_sum(), h.get_sample_count())
+}
+
 /// Prometheus text exposition of every registered metric.
 pub fn render() -> String {
     let mut buf = Vec::new();
