@@ -13,7 +13,7 @@ use crate::codec;
 use crate::keys;
 use crate::StoreError;
 
-/// memory id → Turn ([`turn_bytes`]; plain JSON in older stores)
+/// memory id → Turn ([`codec::turn_bytes`]; JSON in older stores)
 const TURNS: TableDefinition<u128, &[u8]> = TableDefinition::new("turns");
 /// tenant\0conversation\0 + position (big endian) → memory id
 const CONV_INDEX: TableDefinition<&[u8], u128> = TableDefinition::new("conversation_index");
@@ -24,19 +24,7 @@ const PENDING: TableDefinition<u128, ()> = TableDefinition::new("pending");
 /// memory id (BE) + version (BE) → Turn ([`turn_bytes`]): versions an edit replaced, `expired_at` set
 const VERSIONS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("turn_versions");
 
-/// A turn as stored: [`codec::pack`]'s compressed JSON (the store's largest table).
-fn turn_bytes(t: &Turn) -> Result<Vec<u8>, StoreError> {
-    let mut t = t.clone();
-    codec::without_id(&mut t);
-    codec::pack("turn", &t)
-}
-
-/// Reads a stored turn (compressed, or the plain JSON older stores wrote).
-fn turn_of(b: &[u8]) -> Result<Turn, StoreError> {
-    let mut t: Turn = codec::unpack("turn", b)?;
-    codec::with_id(&mut t);
-    Ok(t)
-}
+use codec::{turn_bytes, turn_of};
 
 fn version_key(id: MemoryId, version: u32) -> [u8; 20] {
     let mut k = [0u8; 20];
@@ -519,10 +507,10 @@ impl RawStore {
         };
         let mut n = 0;
         for e in r.open_table(TURNS)?.iter()? {
-            n += hit(&codec::json_of("turn", e?.1.value())?);
+            n += hit(&codec::content_of("turn", e?.1.value())?);
         }
         for e in r.open_table(VERSIONS)?.iter()? {
-            n += hit(&codec::json_of("turn", e?.1.value())?);
+            n += hit(&codec::content_of("turn", e?.1.value())?);
         }
         Ok(n)
     }

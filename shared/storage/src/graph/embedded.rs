@@ -19,7 +19,7 @@ use crate::graph::{
 use crate::keys;
 use crate::StoreError;
 
-/// memory id → TurnRecord ([`record_bytes`])
+/// memory id → TurnRecord ([`codec::record_bytes`])
 const TURNS: TableDefinition<u128, &[u8]> = TableDefinition::new("turn_nodes");
 /// tenant\0conversation\0 → the conversation's number, which the turn index and the postings
 /// name it by (8 bytes instead of its spelled-out key in every row)
@@ -38,7 +38,7 @@ const EXPIRED_LINKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("expir
 const CONV_STATE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("conversation_state");
 /// tenant\0conversation\0 → turns stored
 const CONV_COUNT: TableDefinition<&[u8], u64> = TableDefinition::new("conversation_count");
-/// tenant\0fragment id\0 → Fragment ([`fragment_bytes`])
+/// tenant\0fragment id\0 → Fragment ([`codec::fragment_bytes`])
 const FRAGMENTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("fragments");
 /// tenant\0conversation\0fragment id\0 → ()
 const CONV_FRAGMENTS: TableDefinition<&[u8], ()> = TableDefinition::new("conversation_fragments");
@@ -100,36 +100,7 @@ fn nanos(t: DateTime<Utc>) -> i64 {
     t.timestamp_nanos_opt().unwrap_or(i64::MAX)
 }
 
-/// A turn record as stored: [`codec::pack`]'s compressed JSON. The record (texts, extraction,
-/// earlier versions) is the graph's largest table once edges are packed.
-fn record_bytes(rec: &TurnRecord) -> Result<Vec<u8>, StoreError> {
-    let mut rec = rec.clone();
-    codec::without_id(&mut rec.turn);
-    for v in &mut rec.history {
-        codec::without_id(&mut v.turn);
-    }
-    codec::pack("turn record", &rec)
-}
-
-/// A fragment as stored: [`codec::pack`]'s compressed JSON (its member ids and summary).
-fn fragment_bytes(f: &Fragment) -> Result<Vec<u8>, StoreError> {
-    codec::pack("fragment", f)
-}
-
-/// Reads a stored fragment (compressed, or the plain JSON older stores wrote).
-fn fragment_of(b: &[u8]) -> Result<Fragment, StoreError> {
-    codec::unpack("fragment", b)
-}
-
-/// Reads a stored turn record.
-fn record_of(b: &[u8]) -> Result<TurnRecord, StoreError> {
-    let mut rec: TurnRecord = codec::unpack("turn record", b)?;
-    codec::with_id(&mut rec.turn);
-    for v in &mut rec.history {
-        codec::with_id(&mut v.turn);
-    }
-    Ok(rec)
-}
+use codec::{fragment_bytes, fragment_of, record_bytes, record_of};
 
 /// First byte of an edge's times in the binary layout; JSON, which stores before it wrote,
 /// starts with `{`, and is still read.
@@ -1488,7 +1459,7 @@ impl EmbeddedGraph {
         // Records are compressed: what they hold is searched, not their bytes.
         for e in r.open_table(TURNS)?.iter()? {
             let (_, v) = e?;
-            n += u64::from(has(&codec::json_of("turn record", v.value())?));
+            n += u64::from(has(&codec::content_of("turn record", v.value())?));
         }
         macro_rules! scan {
             ($table:expr) => {{
@@ -1512,7 +1483,7 @@ impl EmbeddedGraph {
         }
         for e in r.open_table(FRAGMENTS)?.iter()? {
             let (k, v) = e?;
-            n += u64::from(has(k.value()) || has(&codec::json_of("fragment", v.value())?));
+            n += u64::from(has(k.value()) || has(&codec::content_of("fragment", v.value())?));
         }
         Ok(n)
     }

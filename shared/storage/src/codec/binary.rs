@@ -1,0 +1,608 @@
+//! The binary layout of stored turns and turn records ([`super::BINARY_V2`]): postcard, with
+//! times as integers, ids as 16 bytes, a keyword's key as what it adds to its text, and the
+//! extractor's small vocabularies (granularities, reference kinds) as one byte. Compressed
+//! JSON spent most of a record on what zstd cannot shrink in a value this small: digits of
+//! timestamps and dates, hex of ids, and words that appear once per record ("granularity",
+//! "entity", "rules"); and it parsed every field by name on each of the hundreds of records a
+//! recall reads.
+//!
+//! Part of the stored format: a field is only ever appended at the end of a struct (postcard
+//! has no field names), and then under a new version byte.
+
+use chrono::{DateTime, NaiveDate, Utc};
+use recollect_model::{
+    Extraction, Field, Fragment, Keyword, MemoryId, Reference, TenantId, TimeRef, Turn,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::graph::{TurnRecord, TurnVersion};
+use crate::StoreError;
+
+/// A time to the nanosecond: seconds since the epoch and the nanoseconds past them.
+#[derive(Serialize, Deserialize)]
+struct Stamp(i64, u32);
+
+impl From<DateTime<Utc>> for Stamp {
+    fn from(t: DateTime<Utc>) -> Self {
+        Self(t.timestamp(), t.timestamp_subsec_nanos())
+    }
+}
+
+impl Stamp {
+    fn time(&self) -> Result<DateTime<Utc>, StoreError> {
+        DateTime::from_timestamp(self.0, self.1).ok_or_else(|| {
+            StoreError::corrupt_msg(format!("time {}.{} out of range", self.0, self.1))
+        })
+    }
+}
+
+/// A word from a small vocabulary as its index in `known`, any other as itself.
+#[derive(Serialize, Deserialize)]
+enum Word {
+    Known(u8),
+    Other(String),
+}
+
+impl Word {
+    fn of(s: String, known: &[&str]) -> Self {
+        match known.iter().position(|k| *k == s) {
+            Some(i) => Self::Known(i as u8),
+            None => Self::Other(s),
+        }
+    }
+
+    fn text(self, known: &[&str]) -> Result<String, StoreError> {
+        match self {
+            Self::Known(i) => known
+                .get(usize::from(i))
+                .map(|k| (*k).to_string())
+                .ok_or_else(|| StoreError::corrupt_msg(format!("word {i} not in its vocabulary"))),
+            Self::Other(s) => Ok(s),
+        }
+    }
+}
+
+/// Never reordered: a word's index is stored.
+const GRANULARITIES: &[&str] = &["day", "week", "month", "season", "year"];
+const REFERENCE_KINDS: &[&str] = &["entity", "location", "event", "time"];
+const EXTRACTORS: &[&str] = &["rules"];
+
+/// An id as its 16 bytes when it is one (in its canonical spelling), else as written.
+#[derive(Serialize, Deserialize)]
+enum Id {
+    Uuid([u8; 16]),
+    Other(String),
+}
+
+impl Id {
+    fn of(s: String) -> Self {
+        match MemoryId::parse(&s) {
+            Some(id) if id.to_string() == s => Self::Uuid(id.as_u128().to_be_bytes()),
+            _ => Self::Other(s),
+        }
+    }
+
+    fn text(self) -> String {
+        match self {
+            Self::Uuid(b) => MemoryId::from_u128(u128::from_be_bytes(b)).to_string(),
+            Self::Other(s) => s,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredTurn {
+    /// None when it is the hash of tenant, conversation and turn id (read derives it again).
+    memory_id: Option<[u8; 16]>,
+    tenant: String,
+    conversation_id: String,
+    turn_id: String,
+    position: u64,
+    user: String,
+    assistant: String,
+    user_speaker: Option<String>,
+    assistant_speaker: Option<String>,
+    timestamp: Stamp,
+    recorded_at: Stamp,
+    /// The metadata object as JSON (postcard cannot hold arbitrary JSON); empty when empty.
+    metadata: String,
+    user_id: Option<String>,
+    agent_id: Option<String>,
+    version: u32,
+    first_recorded_at: Option<Stamp>,
+    expired_at: Option<Stamp>,
+}
+
+/// A keyword's key is its text stemmed: stored as how many leading bytes it shares with the
+/// text, then the rest ("volunteering" → "volunt": 6, "").
+#[derive(Serialize, Deserialize)]
+struct StoredKeyword {
+    text: String,
+    shared: u32,
+    rest: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredTime {
+    text: String,
+    /// Days since 0001-01-01 of the start, and the end's days after it.
+    start: i32,
+    days: i32,
+    granularity: Word,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredReference {
+    mention: String,
+    kind: Word,
+    resolved: String,
+    assistant: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredExtraction {
+    keywords: Vec<StoredKeyword>,
+    entities: Vec<String>,
+    locations: Vec<String>,
+    events: Vec<String>,
+    times: Vec<StoredTime>,
+    references: Vec<StoredReference>,
+    event_time: Option<Stamp>,
+    extractor: Word,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredRecord {
+    turn: StoredTurn,
+    extraction: StoredExtraction,
+    fragments: Vec<Id>,
+    history: Vec<(StoredTurn, StoredExtraction)>,
+}
+
+fn stored_turn(t: Turn) -> Result<StoredTurn, StoreError> {
+    let derived = MemoryId::derive(&t.tenant, &t.conversation_id, &t.turn_id);
+    Ok(StoredTurn {
+        memory_id: (t.memory_id != derived).then(|| t.memory_id.as_u128().to_be_bytes()),
+        tenant: t.tenant.0,
+        conversation_id: t.conversation_id,
+        turn_id: t.turn_id,
+        position: t.position,
+        user: t.user,
+        assistant: t.assistant,
+        user_speaker: t.user_speaker,
+        assistant_speaker: t.assistant_speaker,
+        timestamp: t.timestamp.into(),
+        recorded_at: t.recorded_at.into(),
+        metadata: if t.metadata.is_empty() {
+            String::new()
+        } else {
+            serde_json::to_string(&t.metadata)?
+        },
+        user_id: t.user_id,
+        agent_id: t.agent_id,
+        version: t.version,
+        first_recorded_at: t.first_recorded_at.map(Stamp::from),
+        expired_at: t.expired_at.map(Stamp::from),
+    })
+}
+
+fn turn(s: StoredTurn) -> Result<Turn, StoreError> {
+    let tenant = TenantId(s.tenant);
+    let memory_id = match s.memory_id {
+        Some(b) => MemoryId::from_u128(u128::from_be_bytes(b)),
+        None => MemoryId::derive(&tenant, &s.conversation_id, &s.turn_id),
+    };
+    Ok(Turn {
+        memory_id,
+        tenant,
+        conversation_id: s.conversation_id,
+        turn_id: s.turn_id,
+        position: s.position,
+        user: s.user,
+        assistant: s.assistant,
+        user_speaker: s.user_speaker,
+        assistant_speaker: s.assistant_speaker,
+        timestamp: s.timestamp.time()?,
+        recorded_at: s.recorded_at.time()?,
+        metadata: if s.metadata.is_empty() {
+            serde_json::Map::new()
+        } else {
+            serde_json::from_str(&s.metadata)?
+        },
+        user_id: s.user_id,
+        agent_id: s.agent_id,
+        version: s.version,
+        first_recorded_at: s.first_recorded_at.map(|t| t.time()).transpose()?,
+        expired_at: s.expired_at.map(|t| t.time()).transpose()?,
+    })
+}
+
+/// Bytes `a` and `b` share at their start, ending on a character boundary.
+fn shared_prefix(a: &str, b: &str) -> usize {
+    let n = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
+    (0..=n).rev().find(|&i| a.is_char_boundary(i)).unwrap_or(0)
+}
+
+fn days(d: NaiveDate) -> i32 {
+    chrono::Datelike::num_days_from_ce(&d)
+}
+
+fn date(days: i64) -> Result<NaiveDate, StoreError> {
+    i32::try_from(days)
+        .ok()
+        .and_then(NaiveDate::from_num_days_from_ce_opt)
+        .ok_or_else(|| StoreError::corrupt_msg(format!("day {days} out of range")))
+}
+
+fn stored_extraction(e: Extraction) -> StoredExtraction {
+    StoredExtraction {
+        keywords: e
+            .keywords
+            .into_iter()
+            .map(|k| {
+                let shared = shared_prefix(&k.key, &k.text);
+                StoredKeyword {
+                    rest: k.key[shared..].to_string(),
+                    shared: shared as u32,
+                    text: k.text,
+                }
+            })
+            .collect(),
+        entities: e.entities,
+        locations: e.locations,
+        events: e.events,
+        times: e
+            .times
+            .into_iter()
+            .map(|t| StoredTime {
+                start: days(t.start),
+                days: days(t.end) - days(t.start),
+                granularity: Word::of(t.granularity, GRANULARITIES),
+                text: t.text,
+            })
+            .collect(),
+        references: e
+            .references
+            .into_iter()
+            .map(|r| StoredReference {
+                mention: r.mention,
+                kind: Word::of(r.kind, REFERENCE_KINDS),
+                resolved: r.resolved,
+                assistant: r.field == Field::Assistant,
+            })
+            .collect(),
+        event_time: e.event_time.map(Stamp::from),
+        extractor: Word::of(e.extractor, EXTRACTORS),
+    }
+}
+
+fn extraction(s: StoredExtraction) -> Result<Extraction, StoreError> {
+    let keywords = s
+        .keywords
+        .into_iter()
+        .map(|k| {
+            let head = k
+                .text
+                .get(..k.shared as usize)
+                .ok_or_else(|| StoreError::corrupt_msg("keyword key longer than its text"))?;
+            Ok(Keyword {
+                key: format!("{head}{}", k.rest),
+                text: k.text,
+            })
+        })
+        .collect::<Result<_, StoreError>>()?;
+    let times = s
+        .times
+        .into_iter()
+        .map(|t| {
+            Ok(TimeRef {
+                text: t.text,
+                start: date(i64::from(t.start))?,
+                end: date(i64::from(t.start) + i64::from(t.days))?,
+                granularity: t.granularity.text(GRANULARITIES)?,
+            })
+        })
+        .collect::<Result<_, StoreError>>()?;
+    let references = s
+        .references
+        .into_iter()
+        .map(|r| {
+            Ok(Reference {
+                mention: r.mention,
+                kind: r.kind.text(REFERENCE_KINDS)?,
+                resolved: r.resolved,
+                field: if r.assistant {
+                    Field::Assistant
+                } else {
+                    Field::User
+                },
+            })
+        })
+        .collect::<Result<_, StoreError>>()?;
+    Ok(Extraction {
+        keywords,
+        entities: s.entities,
+        locations: s.locations,
+        events: s.events,
+        times,
+        references,
+        event_time: s.event_time.map(|t| t.time()).transpose()?,
+        extractor: s.extractor.text(EXTRACTORS)?,
+    })
+}
+
+fn encoded<T: Serialize>(what: &'static str, v: &T) -> Result<Vec<u8>, StoreError> {
+    postcard::to_stdvec(v).map_err(|e| StoreError::backend(what, e))
+}
+
+fn decoded<'a, T: Deserialize<'a>>(what: &'static str, b: &'a [u8]) -> Result<T, StoreError> {
+    postcard::from_bytes(b).map_err(|e| StoreError::corrupt(what, e))
+}
+
+/// A turn in the binary layout.
+pub fn turn_bytes(t: Turn) -> Result<Vec<u8>, StoreError> {
+    encoded("turn", &stored_turn(t)?)
+}
+
+/// Reads [`turn_bytes`].
+pub fn turn_of(b: &[u8]) -> Result<Turn, StoreError> {
+    turn(decoded("turn", b)?)
+}
+
+/// A turn record in the binary layout.
+pub fn record_bytes(r: TurnRecord) -> Result<Vec<u8>, StoreError> {
+    let rec = StoredRecord {
+        turn: stored_turn(r.turn)?,
+        extraction: stored_extraction(r.extraction),
+        fragments: r.fragments.into_iter().map(Id::of).collect(),
+        history: r
+            .history
+            .into_iter()
+            .map(|v| Ok((stored_turn(v.turn)?, stored_extraction(v.extraction))))
+            .collect::<Result<_, StoreError>>()?,
+    };
+    encoded("turn record", &rec)
+}
+
+/// Reads [`record_bytes`].
+pub fn record_of(b: &[u8]) -> Result<TurnRecord, StoreError> {
+    let s: StoredRecord = decoded("turn record", b)?;
+    Ok(TurnRecord {
+        turn: turn(s.turn)?,
+        extraction: extraction(s.extraction)?,
+        fragments: s.fragments.into_iter().map(Id::text).collect(),
+        history: s
+            .history
+            .into_iter()
+            .map(|(t, e)| {
+                Ok(TurnVersion {
+                    turn: turn(t)?,
+                    extraction: extraction(e)?,
+                })
+            })
+            .collect::<Result<_, StoreError>>()?,
+    })
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredFragment {
+    id: Id,
+    tenant: String,
+    conversation_id: String,
+    description: String,
+    members: Vec<[u8; 16]>,
+    keywords: Vec<String>,
+    created_at: Stamp,
+}
+
+/// A fragment in the binary layout.
+pub fn fragment_bytes(f: Fragment) -> Result<Vec<u8>, StoreError> {
+    let stored = StoredFragment {
+        id: Id::of(f.id),
+        tenant: f.tenant.0,
+        conversation_id: f.conversation_id,
+        description: f.description,
+        members: f
+            .members
+            .iter()
+            .map(|m| m.as_u128().to_be_bytes())
+            .collect(),
+        keywords: f.keywords,
+        created_at: f.created_at.into(),
+    };
+    encoded("fragment", &stored)
+}
+
+/// Reads [`fragment_bytes`].
+pub fn fragment_of(b: &[u8]) -> Result<Fragment, StoreError> {
+    let s: StoredFragment = decoded("fragment", b)?;
+    Ok(Fragment {
+        id: s.id.text(),
+        tenant: TenantId(s.tenant),
+        conversation_id: s.conversation_id,
+        description: s.description,
+        members: s
+            .members
+            .into_iter()
+            .map(|m| MemoryId::from_u128(u128::from_be_bytes(m)))
+            .collect(),
+        keywords: s.keywords,
+        created_at: s.created_at.time()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+    use proptest::prelude::*;
+
+    fn at(secs: i64, nanos: u32) -> DateTime<Utc> {
+        Utc.timestamp_opt(secs, nanos).single().unwrap()
+    }
+
+    fn turn(user: &str, id: Option<MemoryId>) -> Turn {
+        let tenant = TenantId("acme".into());
+        Turn {
+            memory_id: id.unwrap_or_else(|| MemoryId::derive(&tenant, "c-1", "7")),
+            tenant,
+            conversation_id: "c-1".into(),
+            turn_id: "7".into(),
+            position: 7,
+            user: user.into(),
+            assistant: "Qu'est-ce que c'est ? 北京 🎉".into(),
+            user_speaker: Some("Caroline".into()),
+            assistant_speaker: None,
+            timestamp: at(1_683_554_160, 0),
+            recorded_at: at(1_764_115_200, 123_456_000),
+            metadata: serde_json::json!({"source": "app", "n": [1, 2.5, null]})
+                .as_object()
+                .unwrap()
+                .clone(),
+            user_id: Some("u-9".into()),
+            agent_id: None,
+            version: 1,
+            first_recorded_at: None,
+            expired_at: None,
+        }
+    }
+
+    fn extraction() -> Extraction {
+        Extraction {
+            keywords: vec![
+                Keyword {
+                    key: "volunt".into(),
+                    text: "volunteering".into(),
+                },
+                Keyword {
+                    key: "happi".into(),
+                    text: "happy".into(),
+                },
+                // Not a prefix at all, and a multi-byte character where the two part.
+                Keyword {
+                    key: "zz".into(),
+                    text: "abc".into(),
+                },
+                Keyword {
+                    key: "café".into(),
+                    text: "cafés".into(),
+                },
+                Keyword {
+                    key: "caf\u{e8}".into(),
+                    text: "café".into(),
+                },
+            ],
+            entities: vec!["Caroline".into()],
+            locations: vec!["Paris".into()],
+            events: vec!["go park".into()],
+            times: vec![
+                TimeRef {
+                    text: "last week".into(),
+                    start: NaiveDate::from_ymd_opt(2023, 5, 1).unwrap(),
+                    end: NaiveDate::from_ymd_opt(2023, 5, 7).unwrap(),
+                    granularity: "week".into(),
+                },
+                TimeRef {
+                    text: "odd".into(),
+                    start: NaiveDate::from_ymd_opt(2023, 5, 9).unwrap(),
+                    end: NaiveDate::from_ymd_opt(2023, 5, 2).unwrap(),
+                    granularity: "fortnight".into(),
+                },
+            ],
+            references: vec![
+                Reference {
+                    mention: "she".into(),
+                    kind: "entity".into(),
+                    resolved: "Caroline".into(),
+                    field: Field::Assistant,
+                },
+                Reference {
+                    mention: "it".into(),
+                    kind: "thing".into(),
+                    resolved: "x".into(),
+                    field: Field::User,
+                },
+            ],
+            event_time: Some(at(1_682_899_200, 0)),
+            extractor: "llm:gpt-4o-mini".into(),
+        }
+    }
+
+    /// Every field comes back as written, including what the layout shortens (derived ids,
+    /// known words, keys sharing their text's start) and what it cannot (anything else).
+    #[test]
+    fn turns_records_and_fragments_read_back_as_written() {
+        let derived = turn("I went to the park", None);
+        let foreign = turn("", Some(MemoryId::from_u128(42)));
+        for t in [&derived, &foreign] {
+            assert_eq!(&turn_of(&turn_bytes(t.clone()).unwrap()).unwrap(), t);
+        }
+        let mut old = derived.clone();
+        old.expired_at = Some(at(1_764_115_300, 1));
+        let mut now = derived.clone();
+        now.version = 2;
+        now.first_recorded_at = Some(derived.recorded_at);
+        now.position = Turn::UNSEQUENCED;
+        let rec = TurnRecord {
+            turn: now,
+            extraction: extraction(),
+            fragments: vec![
+                MemoryId::from_u128(7).to_string(),
+                "fragment 3".into(),
+                // A uuid spelled in capitals is kept as spelled.
+                MemoryId::from_u128(8).to_string().to_uppercase(),
+            ],
+            history: vec![TurnVersion {
+                turn: old,
+                extraction: Extraction::default(),
+            }],
+        };
+        assert_eq!(record_of(&record_bytes(rec.clone()).unwrap()).unwrap(), rec);
+        let f = Fragment {
+            id: MemoryId::from_u128(9).to_string(),
+            tenant: TenantId("acme".into()),
+            conversation_id: "c-1".into(),
+            description: "park, dogs".into(),
+            members: vec![derived.memory_id, MemoryId::from_u128(1)],
+            keywords: vec!["park".into()],
+            created_at: at(1_764_115_200, 5),
+        };
+        assert_eq!(fragment_of(&fragment_bytes(f.clone()).unwrap()).unwrap(), f);
+    }
+
+    /// Damaged bytes are an error naming what they were, never a panic or a wrong value.
+    #[test]
+    fn damaged_bytes_are_corrupt() {
+        let good = record_bytes(TurnRecord {
+            turn: turn("hello", None),
+            extraction: extraction(),
+            fragments: vec![],
+            history: vec![],
+        })
+        .unwrap();
+        for n in [0, 1, good.len() / 2, good.len() - 1] {
+            let e = record_of(&good[..n]).unwrap_err();
+            assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
+        }
+        let e = turn_of(&[0xff; 40]).unwrap_err();
+        assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
+    }
+
+    proptest! {
+        #[test]
+        fn any_texts_and_keywords_read_back(
+            user in ".{0,40}",
+            key in ".{0,12}",
+            text in ".{0,12}",
+            secs in -62_000_000_000i64..250_000_000_000,
+            nanos in 0u32..1_000_000_000,
+        ) {
+            let mut t = turn(&user, None);
+            t.timestamp = at(secs, nanos);
+            let mut e = Extraction::default();
+            e.keywords.push(Keyword { key, text });
+            let rec = TurnRecord { turn: t, extraction: e, fragments: vec![], history: vec![] };
+            prop_assert_eq!(record_of(&record_bytes(rec.clone()).unwrap()).unwrap(), rec);
+        }
+    }
+}
