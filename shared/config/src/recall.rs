@@ -32,10 +32,6 @@ pub struct RecallConfig {
     /// Bonus for a turn that carries a time expression when the question asks "when", or whose
     /// times fall in the question's time hint.
     pub time_weight: f32,
-    /// For a question that gathers several answers ("what activities…"): each result already
-    /// taken from a session (a conversation's day) multiplies the next one's score by
-    /// `1 − session_spread`, so the list covers more sessions. 0 switches it off.
-    pub session_spread: f32,
 }
 
 /// The compiled-in defaults (default.toml's `[recall]`).
@@ -75,9 +71,6 @@ impl RecallConfig {
         }
         if !(1..=100_000).contains(&self.path_depth) {
             return invalid("recall.path_depth", "must be in 1..=100000");
-        }
-        if !(0.0..=1.0).contains(&self.session_spread) {
-            return invalid("recall.session_spread", "must be in 0..=1");
         }
         if !(1..=10_000).contains(&self.retrieve_depth) {
             return invalid("recall.retrieve_depth", "must be in 1..=10000");

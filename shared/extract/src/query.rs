@@ -31,11 +31,6 @@ pub struct QueryAnalysis {
     pub wants: Option<Want>,
     /// Pronouns resolved against the caller's attention state.
     pub references: Vec<Reference>,
-    /// The question gathers several answers ("What activities does Melanie partake in?",
-    /// "Which cities has Jon visited?", "What has Melanie painted?"): its evidence is spread
-    /// over sessions, so recall spreads its results over them.
-    #[serde(default)]
-    pub several: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -204,98 +199,6 @@ fn detect_want(toks: &[Token<'_>]) -> Option<Want> {
     None
 }
 
-/// Words a plural test must not take for plurals.
-fn looks_plural(w: &str) -> bool {
-    w.len() > 3
-        && w.ends_with('s')
-        && !["ss", "us", "is", "'s"].iter().any(|end| w.ends_with(end))
-        && !matches!(
-            w,
-            "does" | "this" | "always" | "perhaps" | "whereas" | "news" | "series"
-        )
-}
-
-fn is_auxiliary(w: &str) -> bool {
-    matches!(
-        w,
-        "is" | "are"
-            | "was"
-            | "were"
-            | "do"
-            | "does"
-            | "did"
-            | "has"
-            | "have"
-            | "had"
-            | "can"
-            | "could"
-            | "would"
-            | "will"
-            | "should"
-            | "might"
-            | "may"
-    )
-}
-
-/// Whether the question gathers several answers, by rules on its words (no model):
-/// - a word that says so: "both", "ever", "some", "all", "times", "various", "different";
-/// - "what has/have": the perfect gathers occasions ("What has Melanie painted?");
-/// - after "what/which are/were", a plural ("What are Melanie's pets' names?");
-/// - a plural noun in the phrase "what/which" opens ("what activities does", "what kinds of
-///   art", "in what ways is"). The phrase ends at an auxiliary, a name or its fifth word, and a
-///   word in -s counts only before an auxiliary, "of", "that" or the end: a verb in -s is
-///   followed by its object ("Which song motivates Caroline").
-///
-/// Capitalised words (not acronyms) are names, never plurals.
-fn asks_for_several(toks: &[Token<'_>]) -> bool {
-    let words: Vec<(&str, bool)> = toks
-        .iter()
-        .filter(|t| t.kind == TokKind::Word)
-        .map(|t| {
-            // A name, not an acronym ("LGBTQ+ events").
-            let name = t.surface.chars().next().is_some_and(char::is_uppercase)
-                && t.surface.chars().any(char::is_lowercase);
-            (t.lower.as_str(), name)
-        })
-        .collect();
-    if words.iter().any(|(w, _)| {
-        matches!(
-            *w,
-            "both" | "ever" | "some" | "all" | "times" | "various" | "different"
-        )
-    }) {
-        return true;
-    }
-    let Some(i) = words.iter().position(|(w, _)| matches!(*w, "what" | "which")) else {
-        return false;
-    };
-    let rest = &words[i + 1..];
-    match rest.first().map(|(w, _)| *w) {
-        Some("has" | "have") => return true,
-        Some("are" | "were") => {
-            return rest[1..].iter().any(|&(w, capital)| !capital && looks_plural(w));
-        }
-        _ => {}
-    }
-    let ends_phrase = |next: Option<&(&str, bool)>| match next {
-        None => true,
-        Some(&(w, _)) => {
-            is_auxiliary(w)
-                || w.ends_with("n't")
-                || matches!(w, "of" | "that" | "which" | "who" | "and" | "or")
-        }
-    };
-    for (j, &(w, capital)) in rest.iter().enumerate().take(5) {
-        if capital || is_auxiliary(w) {
-            return false;
-        }
-        if looks_plural(w) && ends_phrase(rest.get(j + 1)) {
-            return true;
-        }
-    }
-    false
-}
-
 fn detect_type(toks: &[Token<'_>]) -> QueryType {
     for i in 0..toks.len() {
         let Some(w) = word(toks, i) else { continue };
@@ -380,7 +283,6 @@ pub fn analyse_query(
     let n = toks.len();
     let wants = detect_want(&toks);
     let query_type = detect_type(&toks);
-    let several = asks_for_several(&toks);
 
     // Without a clock, relative expressions are dropped, so any anchor will do.
     let anchor = now.unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
@@ -553,7 +455,6 @@ pub fn analyse_query(
         lexical_terms: lexical,
         wants,
         references,
-        several,
     }
 }
 
@@ -598,35 +499,6 @@ mod tests {
         assert!(!q.lexical_terms.iter().any(|t| t == "when" || t == "did"));
         assert!(q.time_hint.is_none());
         assert!(q.locations.is_empty());
-    }
-
-    #[test]
-    fn questions_that_gather_several_answers() {
-        let several = |q: &str| analyse_query(q, None, None).several;
-        for q in [
-            "What activities does Melanie partake in?",
-            "What LGBTQ+ events has Caroline participated in?",
-            "In what ways is Caroline participating in the LGBTQ community?",
-            "What types of pottery have Melanie and her kids made?",
-            "What has Melanie painted?",
-            "What are Melanie's pets' names?",
-            "Which city have both Jean and John visited?",
-            "How many times has Melanie gone to the beach in 2023?",
-        ] {
-            assert!(several(q), "{q}");
-        }
-        for q in [
-            "What did Caroline research?",
-            "What is Caroline's identity?",
-            "Where did Caroline move from 4 years ago?",
-            "When did Melanie paint a sunrise?",
-            "What does Jon's dance studio offer?",
-            "What did Sarah say to James?",
-            "Which song motivates Caroline to be courageous?",
-            "What inspired John to join the marching event for veterans' rights?",
-        ] {
-            assert!(!several(q), "{q}");
-        }
     }
 
     #[test]

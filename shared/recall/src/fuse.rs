@@ -1,8 +1,7 @@
 //! Fusion and rerank (ours, beside KeyMem's Phase 3), a pure function of the fetched
 //! candidates and their KeyMem scores: the normalised BM25 score is added, so dense similarity
 //! never demotes an exact lexical hit; a time-evidence bonus; a share of the adjacent rounds'
-//! scores; then the top k, spread over sessions when the question gathers several answers,
-//! each saying which paths found it and how its score was made.
+//! scores; then the top k, each saying which paths found it and how its score was made.
 
 use std::collections::HashMap;
 
@@ -14,29 +13,26 @@ use crate::fetch::{Candidate, Candidates, Found};
 use crate::keymem::KeyMemScore;
 use crate::RecallConfig;
 
-/// What fusion needs of the query analysis.
+/// What the time evidence needs of the query analysis.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Question<'a> {
+pub struct TimeQuestion<'a> {
     /// The question asks for a time ("when", "what year", "how long", …).
     pub wants_time: bool,
     pub hint: Option<&'a TimeHint>,
-    /// The question gathers several answers ([`QueryAnalysis::several`]).
-    pub several: bool,
 }
 
-impl<'a> From<&'a QueryAnalysis> for Question<'a> {
+impl<'a> From<&'a QueryAnalysis> for TimeQuestion<'a> {
     fn from(qa: &'a QueryAnalysis) -> Self {
         Self {
             wants_time: qa.wants == Some(Want::Time),
             hint: qa.time_hint.as_ref(),
-            several: qa.several,
         }
     }
 }
 
 /// 1 when the question asks for a time and the turn states one, or the turn's times (or its
 /// date) fall inside the question's time hint; else 0.
-pub fn time_evidence(times: &[TimeRef], date: NaiveDate, q: Question<'_>) -> f32 {
+pub fn time_evidence(times: &[TimeRef], date: NaiveDate, q: TimeQuestion<'_>) -> f32 {
     let says_when = !times.is_empty();
     let in_hint = q.hint.is_some_and(|h| {
         times.iter().any(|t| t.start <= h.end && t.end >= h.start)
@@ -90,58 +86,12 @@ pub fn share_with_neighbours(candidates: &[Candidate], scores: &mut [f32], weigh
     }
 }
 
-/// The first `k` of `ranked` (sorted by score) chosen one at a time, each by its score times
-/// `(1 − spread)^n`, n the results already chosen from its session (its conversation's day):
-/// the evidence of a question that gathers several answers lies in several sessions, and one
-/// session's adjacent rounds, which share their scores, would otherwise fill the list. A
-/// chosen result's score (and `fused`) is the one it was chosen by, so the list stays in score
-/// order.
-fn spread_over_sessions(
-    ranked: Vec<(f32, Candidate, ScoreParts)>,
-    k: usize,
-    spread: f32,
-) -> Vec<(f32, Candidate, ScoreParts)> {
-    let keep = 1.0 - spread;
-    let session = |c: &Candidate| {
-        (
-            c.turn.conversation_id.clone(),
-            c.turn.timestamp.date_naive(),
-        )
-    };
-    let mut chosen_in: HashMap<(String, NaiveDate), i32> = HashMap::new();
-    let mut rest: Vec<Option<_>> = ranked.into_iter().map(Some).collect();
-    let mut out = Vec::with_capacity(k.min(rest.len()));
-    while out.len() < k {
-        // The first best wins a tie, which keeps the sorted order's tie-breaks.
-        let best = rest
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| {
-                let (s, c, _) = r.as_ref()?;
-                let n = chosen_in.get(&session(c)).copied().unwrap_or(0);
-                Some((s * keep.powi(n), i))
-            })
-            .fold(None, |best: Option<(f32, usize)>, (s, i)| match best {
-                Some((b, _)) if b >= s => best,
-                _ => Some((s, i)),
-            });
-        let Some((s, i)) = best else { break };
-        let Some((_, c, mut parts)) = rest[i].take() else {
-            break;
-        };
-        *chosen_in.entry(session(&c)).or_insert(0) += 1;
-        parts.fused = s;
-        out.push((s, c, parts));
-    }
-    out
-}
-
 /// The top `k` of `candidates` by fused score (ties: earlier in the conversation first, then
 /// the candidates' order). `keymem` holds the KeyMem score of each candidate, in order.
 pub fn fuse(
     candidates: Candidates,
     keymem: &[KeyMemScore],
-    question: Question<'_>,
+    question: TimeQuestion<'_>,
     cfg: &RecallConfig,
     k: usize,
 ) -> Vec<RecalledMemory> {
@@ -184,9 +134,6 @@ pub fn fuse(
         b.0.total_cmp(&a.0)
             .then_with(|| a.1.turn.position.cmp(&b.1.turn.position))
     });
-    if question.several && cfg.session_spread > 0.0 {
-        ranked = spread_over_sessions(ranked, k, cfg.session_spread);
-    }
     ranked.truncate(k);
     ranked
         .into_iter()
@@ -255,14 +202,14 @@ mod tests {
 
     #[test]
     fn time_evidence_needs_a_stated_time_or_one_inside_the_hint() {
-        let when = Question {
+        let when = TimeQuestion {
             wants_time: true,
-            ..Question::default()
+            hint: None,
         };
         assert_eq!(time_evidence(&[may(1, 31)], day(8), when), 1.0);
         assert_eq!(time_evidence(&[], day(8), when), 0.0);
         assert_eq!(
-            time_evidence(&[may(1, 31)], day(8), Question::default()),
+            time_evidence(&[may(1, 31)], day(8), TimeQuestion::default()),
             0.0
         );
         let hint = TimeHint {
@@ -270,9 +217,9 @@ mod tests {
             start: day(10),
             end: day(12),
         };
-        let in_range = Question {
+        let in_range = TimeQuestion {
+            wants_time: false,
             hint: Some(&hint),
-            ..Question::default()
         };
         // Overlap of the turn's times with the hint, else the turn's own date.
         assert_eq!(time_evidence(&[may(12, 20)], day(1), in_range), 1.0);
@@ -338,9 +285,9 @@ mod tests {
             items: vec![a1, a2, a9],
             lexical_max: 8.0,
         };
-        let question = Question {
+        let question = TimeQuestion {
             wants_time: true,
-            ..Question::default()
+            hint: None,
         };
         let out = fuse(
             cands,
@@ -376,65 +323,12 @@ mod tests {
         let out = fuse(
             cands,
             &[keymem(0.5), keymem(0.5)],
-            Question::default(),
+            TimeQuestion::default(),
             &no_sharing,
             10,
         );
         let ids: Vec<&str> = out.iter().map(|m| m.turn_id.as_str()).collect();
         assert_eq!(ids, vec!["3", "5"]);
         assert_eq!(out[0].score_parts.lexical, 0.0);
-    }
-
-    /// A question that gathers several answers takes the next result from another session
-    /// (a conversation's day) when one session's rounds would otherwise fill the list.
-    #[test]
-    fn a_question_for_several_answers_spreads_over_sessions() {
-        let next_day = |mut c: Candidate| {
-            c.turn.timestamp += chrono::Duration::days(1);
-            c
-        };
-        // Day 1: rounds 1, 2, 3 (0.9, 0.8, 0.7); day 2: round 40 (0.6).
-        let items = || {
-            vec![
-                candidate(1),
-                candidate(2),
-                candidate(3),
-                next_day(candidate(40)),
-            ]
-        };
-        let scores = [keymem(0.9), keymem(0.8), keymem(0.7), keymem(0.6)];
-        let spread = RecallConfig {
-            neighbour_weight: 0.0,
-            session_spread: 0.5,
-            ..cfg()
-        };
-        let run = |several: bool, cfg: &RecallConfig| {
-            let cands = Candidates {
-                items: items(),
-                lexical_max: 0.0,
-            };
-            let q = Question {
-                several,
-                ..Question::default()
-            };
-            fuse(cands, &scores, q, cfg, 3)
-        };
-        let ids = |out: &[RecalledMemory]| -> Vec<String> {
-            out.iter().map(|m| m.turn_id.clone()).collect()
-        };
-        // Round 2 counts 0.8 · 0.5 = 0.4 once round 1 is in, so day 2's 0.6 comes first;
-        // then round 2 (0.4) before round 3 (0.7 · 0.25).
-        let out = run(true, &spread);
-        assert_eq!(ids(&out), vec!["1", "40", "2"]);
-        close(out[1].score, 0.6);
-        close(out[2].score, 0.4);
-        close(out[2].score_parts.fused, 0.4);
-        // Other questions, or the spread switched off: by score alone.
-        assert_eq!(ids(&run(false, &spread)), vec!["1", "2", "3"]);
-        let off = RecallConfig {
-            session_spread: 0.0,
-            ..spread.clone()
-        };
-        assert_eq!(ids(&run(true, &off)), vec!["1", "2", "3"]);
     }
 }
