@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use recollect_model::{MemoryId, TenantId, Turn, TurnInput};
-use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::{
+    Database, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle, WriteTransaction,
+};
 
 use crate::codec;
 use crate::keys;
@@ -15,8 +17,16 @@ use crate::StoreError;
 
 /// memory id → Turn ([`codec::turn_bytes`]; JSON in older stores)
 const TURNS: TableDefinition<u128, &[u8]> = TableDefinition::new("turns");
-/// tenant\0conversation\0 + position (big endian) → memory id
-const CONV_INDEX: TableDefinition<&[u8], u128> = TableDefinition::new("conversation_index");
+/// conversation number (BE) + position (BE) → memory id: a conversation's turns in order
+const TURN_POSITIONS: TableDefinition<&[u8; 16], u128> = TableDefinition::new("turn_positions");
+/// tenant\0conversation\0 → the conversation's number, which [`TURN_POSITIONS`] names it by (8
+/// bytes instead of its tenant and id spelled out in every turn's key)
+const CONV_NUMBERS: TableDefinition<&[u8], u64> = TableDefinition::new("conversation_numbers");
+/// conversation number → tenant\0conversation\0 (audits; the next number is the last + 1)
+const CONV_NAMES: TableDefinition<u64, &[u8]> = TableDefinition::new("conversation_names");
+/// What stores before conversation numbers kept instead of [`TURN_POSITIONS`]: tenant\0
+/// conversation\0 + position (BE) → memory id. Rewritten on open ([`renumber`]).
+const LEGACY_CONV_INDEX: TableDefinition<&[u8], u128> = TableDefinition::new("conversation_index");
 /// tenant\0conversation\0 → next position
 const CONV_NEXT: TableDefinition<&[u8], u64> = TableDefinition::new("conversation_next");
 /// memory id → () for turns not yet stored by the graph-writer
@@ -25,6 +35,73 @@ const PENDING: TableDefinition<u128, ()> = TableDefinition::new("pending");
 const VERSIONS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("turn_versions");
 
 use codec::{turn_bytes, turn_of};
+
+fn position_key(number: u64, position: u64) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&number.to_be_bytes());
+    k[8..].copy_from_slice(&position.to_be_bytes());
+    k
+}
+
+/// The first and last keys a turn of conversation `number` can have.
+fn positions_of(number: u64) -> ([u8; 16], [u8; 16]) {
+    (position_key(number, 0), position_key(number, u64::MAX))
+}
+
+/// The number of the conversation `conv_key` (tenant\0conversation\0), if it has one.
+fn number_of(
+    numbers: &impl ReadableTable<&'static [u8], u64>,
+    conv_key: &[u8],
+) -> Result<Option<u64>, StoreError> {
+    Ok(numbers.get(conv_key)?.map(|v| v.value()))
+}
+
+/// The number of the conversation `conv_key`, given one if it has none.
+fn number_for(w: &WriteTransaction, conv_key: &[u8]) -> Result<u64, StoreError> {
+    let mut numbers = w.open_table(CONV_NUMBERS)?;
+    if let Some(n) = number_of(&numbers, conv_key)? {
+        return Ok(n);
+    }
+    let mut names = w.open_table(CONV_NAMES)?;
+    let n = names.last()?.map_or(0, |(k, _)| k.value() + 1);
+    numbers.insert(conv_key, n)?;
+    names.insert(n, conv_key)?;
+    Ok(n)
+}
+
+/// Rewrites a store's conversation index from before conversation numbers
+/// ([`LEGACY_CONV_INDEX`]) into [`TURN_POSITIONS`], in the caller's transaction; the number
+/// of turns moved, or None when there was nothing to rewrite.
+fn renumber(w: &WriteTransaction) -> Result<Option<u64>, StoreError> {
+    let legacy = w
+        .list_tables()?
+        .any(|h| h.name() == LEGACY_CONV_INDEX.name());
+    if !legacy {
+        return Ok(None);
+    }
+    let rows: Vec<(Vec<u8>, u128)> = w
+        .open_table(LEGACY_CONV_INDEX)?
+        .iter()?
+        .map(|e| e.map(|(k, v)| (k.value().to_vec(), v.value())))
+        .collect::<Result<_, _>>()?;
+    let mut moved = 0;
+    for (key, id) in rows {
+        let Some(split) = key.len().checked_sub(8) else {
+            return Err(StoreError::corrupt_msg(
+                "conversation index key shorter than a position",
+            ));
+        };
+        let (conv_key, pos) = key.split_at(split);
+        let mut position = [0u8; 8];
+        position.copy_from_slice(pos);
+        let n = number_for(w, conv_key)?;
+        w.open_table(TURN_POSITIONS)?
+            .insert(&position_key(n, u64::from_be_bytes(position)), id)?;
+        moved += 1;
+    }
+    w.delete_table(LEGACY_CONV_INDEX)?;
+    Ok(Some(moved))
+}
 
 fn version_key(id: MemoryId, version: u32) -> [u8; 20] {
     let mut k = [0u8; 20];
@@ -76,11 +153,22 @@ impl RawStore {
         let db = Database::create(path)?;
         let w = db.begin_write()?;
         w.open_table(TURNS)?;
-        w.open_table(CONV_INDEX)?;
+        w.open_table(TURN_POSITIONS)?;
+        w.open_table(CONV_NUMBERS)?;
+        w.open_table(CONV_NAMES)?;
         w.open_table(CONV_NEXT)?;
         w.open_table(PENDING)?;
         w.open_table(VERSIONS)?;
+        let started = std::time::Instant::now();
+        let renumbered = renumber(&w)?;
         w.commit()?;
+        if let Some(turns) = renumbered {
+            tracing::info!(
+                turns,
+                secs = started.elapsed().as_secs_f64(),
+                "raw store: conversation index rewritten by conversation number"
+            );
+        }
         Ok(Self { db: Arc::new(db) })
     }
 
@@ -96,8 +184,9 @@ impl RawStore {
         let w = self.db.begin_write()?;
         let mut out = Vec::with_capacity(inputs.len());
         {
+            let number = number_for(&w, &conv_key)?;
             let mut turns = w.open_table(TURNS)?;
-            let mut index = w.open_table(CONV_INDEX)?;
+            let mut index = w.open_table(TURN_POSITIONS)?;
             let mut next = w.open_table(CONV_NEXT)?;
             let mut pending = w.open_table(PENDING)?;
             let mut position = next
@@ -144,9 +233,7 @@ impl RawStore {
                     expired_at: None,
                 };
                 turns.insert(id.as_u128(), turn_bytes(&turn)?.as_slice())?;
-                let mut ik = conv_key.clone();
-                ik.extend_from_slice(&position.to_be_bytes());
-                index.insert(ik.as_slice(), id.as_u128())?;
+                index.insert(&position_key(number, position), id.as_u128())?;
                 pending.insert(id.as_u128(), ())?;
                 position += 1;
                 out.push(Appended { turn, new: true });
@@ -252,13 +339,17 @@ impl RawStore {
         let w = self.db.begin_write()?;
         let mut n = 0;
         {
-            let idx = w.open_table(CONV_INDEX)?;
+            let numbers = w.open_table(CONV_NUMBERS)?;
+            let idx = w.open_table(TURN_POSITIONS)?;
             let mut pending = w.open_table(PENDING)?;
             let prefix = keys::join(&[tenant.as_str()]);
             let end = keys::prefix_end(&prefix);
-            for e in idx.range(prefix.as_slice()..end.as_slice())? {
-                pending.insert(e?.1.value(), ())?;
-                n += 1;
+            for conv in numbers.range(prefix.as_slice()..end.as_slice())? {
+                let (lo, hi) = positions_of(conv?.1.value());
+                for e in idx.range::<&[u8; 16]>(&lo..=&hi)? {
+                    pending.insert(e?.1.value(), ())?;
+                    n += 1;
+                }
             }
         }
         w.commit()?;
@@ -348,12 +439,15 @@ impl RawStore {
         conversation: &str,
     ) -> Result<Vec<Turn>, StoreError> {
         let r = self.db.begin_read()?;
-        let idx = r.open_table(CONV_INDEX)?;
+        let conv_key = keys::join(&[tenant.as_str(), conversation]);
+        let Some(number) = number_of(&r.open_table(CONV_NUMBERS)?, &conv_key)? else {
+            return Ok(vec![]);
+        };
+        let idx = r.open_table(TURN_POSITIONS)?;
         let t = r.open_table(TURNS)?;
-        let prefix = keys::join(&[tenant.as_str(), conversation]);
-        let end = keys::prefix_end(&prefix);
         let mut out = Vec::new();
-        for e in idx.range(prefix.as_slice()..end.as_slice())? {
+        let (lo, hi) = positions_of(number);
+        for e in idx.range::<&[u8; 16]>(&lo..=&hi)? {
             let (_, id) = e?;
             if let Some(v) = t.get(id.value())? {
                 out.push(turn_of(v.value())?);
@@ -368,18 +462,23 @@ impl RawStore {
         tenant: &TenantId,
         conversation: &str,
     ) -> Result<u64, StoreError> {
-        let prefix = keys::join(&[tenant.as_str(), conversation]);
-        let end = keys::prefix_end(&prefix);
+        let conv_key = keys::join(&[tenant.as_str(), conversation]);
         let w = self.db.begin_write()?;
         let mut n = 0;
         {
-            let mut idx = w.open_table(CONV_INDEX)?;
+            let mut numbers = w.open_table(CONV_NUMBERS)?;
+            // None: a conversation whose every turn was deleted before numbers existed.
+            let number = number_of(&numbers, &conv_key)?;
+            let mut idx = w.open_table(TURN_POSITIONS)?;
             let mut turns = w.open_table(TURNS)?;
             let mut pending = w.open_table(PENDING)?;
-            let ids: Vec<u128> = idx
-                .range(prefix.as_slice()..end.as_slice())?
-                .map(|e| e.map(|(_, v)| v.value()))
-                .collect::<Result<_, _>>()?;
+            let ids: Vec<u128> = match number.map(positions_of) {
+                Some((lo, hi)) => idx
+                    .range::<&[u8; 16]>(&lo..=&hi)?
+                    .map(|e| e.map(|(_, v)| v.value()))
+                    .collect::<Result<_, _>>()?,
+                None => vec![],
+            };
             let mut versions = w.open_table(VERSIONS)?;
             for id in ids {
                 turns.remove(id)?;
@@ -388,8 +487,14 @@ impl RawStore {
                 versions.retain_in(r.start.as_slice()..=r.end.as_slice(), |_, _| false)?;
                 n += 1;
             }
-            idx.retain_in(prefix.as_slice()..end.as_slice(), |_, _| false)?;
-            w.open_table(CONV_NEXT)?.remove(prefix.as_slice())?;
+            if let Some(n) = number {
+                let (lo, hi) = positions_of(n);
+                idx.retain_in::<&[u8; 16], _>(&lo..=&hi, |_, _| false)?;
+                // Its name goes with it: an erased conversation leaves no trace.
+                numbers.remove(conv_key.as_slice())?;
+                w.open_table(CONV_NAMES)?.remove(n)?;
+            }
+            w.open_table(CONV_NEXT)?.remove(conv_key.as_slice())?;
         }
         w.commit()?;
         Ok(n)
@@ -413,9 +518,11 @@ impl RawStore {
             let r = version_range(id);
             w.open_table(VERSIONS)?
                 .retain_in(r.start.as_slice()..=r.end.as_slice(), |_, _| false)?;
-            let mut ik = keys::join(&[tenant.as_str(), &turn.conversation_id]);
-            ik.extend_from_slice(&turn.position.to_be_bytes());
-            w.open_table(CONV_INDEX)?.remove(ik.as_slice())?;
+            let conv_key = keys::join(&[tenant.as_str(), &turn.conversation_id]);
+            if let Some(number) = number_of(&w.open_table(CONV_NUMBERS)?, &conv_key)? {
+                w.open_table(TURN_POSITIONS)?
+                    .remove(&position_key(number, turn.position))?;
+            }
         }
         w.commit()?;
         Ok(true)
@@ -467,18 +574,32 @@ impl RawStore {
             ("pending", pending),
             ("turn_versions", versions),
         ]);
-        for (name, table) in [("conversation_index", CONV_INDEX)] {
-            let mut n = 0;
-            for e in r.open_table(table)?.iter()? {
-                let (k, _) = e?;
-                let parts = keys::split(k.value());
-                n += u64::from(owned(
-                    parts.first().copied().unwrap_or_default(),
-                    parts.get(1).copied(),
-                ));
+        let positions_t = r.open_table(TURN_POSITIONS)?;
+        let (mut numbers, mut positions) = (0, 0);
+        for e in r.open_table(CONV_NUMBERS)?.iter()? {
+            let (k, number) = e?;
+            let parts = keys::split(k.value());
+            if owned(
+                parts.first().copied().unwrap_or_default(),
+                parts.get(1).copied(),
+            ) {
+                numbers += 1;
+                let (lo, hi) = positions_of(number.value());
+                positions += positions_t.range::<&[u8; 16]>(&lo..=&hi)?.count() as u64;
             }
-            m.insert(name, n);
         }
+        let mut names = 0;
+        for e in r.open_table(CONV_NAMES)?.iter()? {
+            let (_, k) = e?;
+            let parts = keys::split(k.value());
+            names += u64::from(owned(
+                parts.first().copied().unwrap_or_default(),
+                parts.get(1).copied(),
+            ));
+        }
+        m.insert("turn_positions", positions);
+        m.insert("conversation_numbers", numbers);
+        m.insert("conversation_names", names);
         let mut n = 0;
         for e in r.open_table(CONV_NEXT)?.iter()? {
             let (k, _) = e?;
@@ -577,5 +698,87 @@ mod tests {
         assert_eq!(s.delete_conversation(&t, "c").unwrap(), 2);
         assert_eq!(s.count().unwrap(), 0);
         assert!(!s.conversation_exists(&t, "c").unwrap());
+    }
+
+    /// A store written before conversation numbers opens with its index rewritten: the turns
+    /// keep their order, appends go on from the next position, and erasing the conversation
+    /// leaves nothing of it, its name included.
+    #[test]
+    fn an_older_store_is_renumbered_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("raw.redb");
+        let t = TenantId("t".into());
+        {
+            let s = RawStore::open(&path).unwrap();
+            s.append(&t, "c", &[input(None, "zero"), input(None, "one")])
+                .unwrap();
+            s.append(&t, "d", &[input(None, "other")]).unwrap();
+            // Back to the older layout: the index keyed by tenant and conversation.
+            let w = s.db.begin_write().unwrap();
+            {
+                let names = w.open_table(CONV_NAMES).unwrap();
+                let positions = w.open_table(TURN_POSITIONS).unwrap();
+                let mut legacy = w.open_table(LEGACY_CONV_INDEX).unwrap();
+                for e in positions.iter().unwrap() {
+                    let (k, id) = e.unwrap();
+                    let k = k.value();
+                    let number = u64::from_be_bytes(k[..8].try_into().unwrap());
+                    let mut key = names.get(number).unwrap().unwrap().value().to_vec();
+                    key.extend_from_slice(&k[8..]);
+                    legacy.insert(key.as_slice(), id.value()).unwrap();
+                }
+            }
+            for name in [
+                "turn_positions",
+                "conversation_numbers",
+                "conversation_names",
+            ] {
+                let table: TableDefinition<&[u8], &[u8]> = TableDefinition::new(name);
+                w.delete_table(table).unwrap();
+            }
+            w.commit().unwrap();
+        }
+        let s = RawStore::open(&path).unwrap();
+        let tables: Vec<String> =
+            s.db.begin_read()
+                .unwrap()
+                .list_tables()
+                .unwrap()
+                .map(|h| h.name().to_string())
+                .collect();
+        assert!(
+            !tables.contains(&"conversation_index".to_string()),
+            "{tables:?}"
+        );
+        let texts = |conv: &str| -> Vec<String> {
+            s.conversation_turns(&t, conv)
+                .unwrap()
+                .into_iter()
+                .map(|t| t.user)
+                .collect()
+        };
+        assert_eq!(texts("c"), vec!["zero", "one"]);
+        assert_eq!(texts("d"), vec!["other"]);
+        let more = s.append(&t, "c", &[input(None, "two")]).unwrap();
+        assert_eq!(more[0].turn.position, 2);
+        assert_eq!(texts("c"), vec!["zero", "one", "two"]);
+        // A new conversation takes a number of its own.
+        s.append(&t, "e", &[input(None, "new")]).unwrap();
+        assert_eq!(texts("e"), vec!["new"]);
+        assert_eq!(texts("d"), vec!["other"]);
+        assert_eq!(s.mark_pending(&t).unwrap(), 5);
+
+        assert_eq!(s.delete_conversation(&t, "c").unwrap(), 3);
+        let left = s.rows_of(&t, Some("c")).unwrap();
+        assert!(left.values().all(|n| *n == 0), "{left:?}");
+        assert!(texts("c").is_empty());
+        let d = s.rows_of(&t, Some("d")).unwrap();
+        assert_eq!(d["turn_positions"], 1);
+        assert_eq!(d["conversation_names"], 1);
+        // One turn deleted alone leaves its conversation's others in place.
+        let e_id = MemoryId::derive(&t, "e", "0");
+        assert!(s.delete_turn(&t, e_id).unwrap());
+        assert!(texts("e").is_empty());
+        assert_eq!(s.rows_of(&t, Some("e")).unwrap()["turn_positions"], 0);
     }
 }
