@@ -34,7 +34,32 @@ const PENDING: TableDefinition<u128, ()> = TableDefinition::new("pending");
 /// memory id (BE) + version (BE) → Turn ([`turn_bytes`]): versions an edit replaced, `expired_at` set
 const VERSIONS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("turn_versions");
 
-use codec::{turn_bytes, turn_of};
+/// A turn as the raw store keeps it: its conversation named by number when it has one (every
+/// conversation appended since numbers exist), so the turn does not spell out its tenant and id.
+fn turn_bytes(t: &Turn, number: Option<u64>) -> Result<Vec<u8>, StoreError> {
+    match number {
+        Some(n) => codec::numbered_turn_bytes(t, n),
+        None => codec::turn_bytes(t),
+    }
+}
+
+/// Reads a stored turn, naming its conversation from `names` when it is stored by number.
+fn turn_of(names: &impl ReadableTable<u64, &'static [u8]>, b: &[u8]) -> Result<Turn, StoreError> {
+    codec::raw_turn_of(b, |n| {
+        let name = names.get(n)?.ok_or_else(|| {
+            StoreError::corrupt_msg(format!("a turn of conversation {n}, which has no name"))
+        })?;
+        match keys::split(name.value()).as_slice() {
+            [tenant, conversation] => Ok((
+                String::from_utf8_lossy(tenant).into_owned(),
+                String::from_utf8_lossy(conversation).into_owned(),
+            )),
+            _ => Err(StoreError::corrupt_msg(format!(
+                "conversation {n}: its name is not tenant and conversation"
+            ))),
+        }
+    })
+}
 
 fn position_key(number: u64, position: u64) -> [u8; 16] {
     let mut k = [0u8; 16];
@@ -122,12 +147,13 @@ fn version_range(id: MemoryId) -> std::ops::Range<[u8; 20]> {
 /// Earlier versions of `id`, oldest first.
 fn versions_in(
     t: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    names: &impl ReadableTable<u64, &'static [u8]>,
     id: MemoryId,
 ) -> Result<Vec<Turn>, StoreError> {
     let r = version_range(id);
     let mut out = Vec::new();
     for e in t.range(r.start.as_slice()..=r.end.as_slice())? {
-        out.push(turn_of(e?.1.value())?);
+        out.push(turn_of(names, e?.1.value())?);
     }
     Ok(out)
 }
@@ -150,7 +176,7 @@ impl RawStore {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)?;
         }
-        let db = Database::create(path)?;
+        let mut db = Database::create(path)?;
         let w = db.begin_write()?;
         w.open_table(TURNS)?;
         w.open_table(TURN_POSITIONS)?;
@@ -163,10 +189,12 @@ impl RawStore {
         let renumbered = renumber(&w)?;
         w.commit()?;
         if let Some(turns) = renumbered {
+            // The older index's pages are free now; give them back to the file system once.
+            db.compact()?;
             tracing::info!(
                 turns,
                 secs = started.elapsed().as_secs_f64(),
-                "raw store: conversation index rewritten by conversation number"
+                "raw store: conversation index rewritten by conversation number, file compacted"
             );
         }
         Ok(Self { db: Arc::new(db) })
@@ -185,6 +213,7 @@ impl RawStore {
         let mut out = Vec::with_capacity(inputs.len());
         {
             let number = number_for(&w, &conv_key)?;
+            let names = w.open_table(CONV_NAMES)?;
             let mut turns = w.open_table(TURNS)?;
             let mut index = w.open_table(TURN_POSITIONS)?;
             let mut next = w.open_table(CONV_NEXT)?;
@@ -200,10 +229,10 @@ impl RawStore {
                     .unwrap_or_else(|| position.to_string());
                 let id = MemoryId::derive(tenant, conversation, &turn_id);
                 if let Some(existing) = turns.get(id.as_u128())? {
-                    let turn: Turn = turn_of(existing.value())?;
+                    let turn: Turn = turn_of(&names, existing.value())?;
                     // A retry of the store that made any version (an edit may have followed).
                     let retry = turn.same_content(input)
-                        || versions_in(&w.open_table(VERSIONS)?, id)?
+                        || versions_in(&w.open_table(VERSIONS)?, &names, id)?
                             .iter()
                             .any(|v| v.same_content(input));
                     // Dropping the transaction stores nothing of the request.
@@ -232,7 +261,7 @@ impl RawStore {
                     first_recorded_at: None,
                     expired_at: None,
                 };
-                turns.insert(id.as_u128(), turn_bytes(&turn)?.as_slice())?;
+                turns.insert(id.as_u128(), turn_bytes(&turn, Some(number))?.as_slice())?;
                 index.insert(&position_key(number, position), id.as_u128())?;
                 pending.insert(id.as_u128(), ())?;
                 position += 1;
@@ -255,9 +284,10 @@ impl RawStore {
     ) -> Result<Option<Appended>, StoreError> {
         let w = self.db.begin_write()?;
         let next = {
+            let names = w.open_table(CONV_NAMES)?;
             let mut turns = w.open_table(TURNS)?;
             let current: Turn = match turns.get(id.as_u128())? {
-                Some(v) => turn_of(v.value())?,
+                Some(v) => turn_of(&names, v.value())?,
                 None => return Ok(None),
             };
             if current.tenant != *tenant {
@@ -269,13 +299,15 @@ impl RawStore {
                     new: false,
                 }));
             };
+            let conv_key = keys::join(&[tenant.as_str(), &current.conversation_id]);
+            let number = number_of(&w.open_table(CONV_NUMBERS)?, &conv_key)?;
             let mut old = current;
             old.expired_at = Some(next.recorded_at);
             w.open_table(VERSIONS)?.insert(
                 version_key(id, old.version).as_slice(),
-                turn_bytes(&old)?.as_slice(),
+                turn_bytes(&old, number)?.as_slice(),
             )?;
-            turns.insert(id.as_u128(), turn_bytes(&next)?.as_slice())?;
+            turns.insert(id.as_u128(), turn_bytes(&next, number)?.as_slice())?;
             w.open_table(PENDING)?.insert(id.as_u128(), ())?;
             next
         };
@@ -290,14 +322,15 @@ impl RawStore {
     /// there is no such turn.
     pub fn versions(&self, tenant: &TenantId, id: MemoryId) -> Result<Vec<Turn>, StoreError> {
         let r = self.db.begin_read()?;
+        let names = r.open_table(CONV_NAMES)?;
         let Some(current) = r.open_table(TURNS)?.get(id.as_u128())? else {
             return Ok(vec![]);
         };
-        let current: Turn = turn_of(current.value())?;
+        let current: Turn = turn_of(&names, current.value())?;
         if current.tenant != *tenant {
             return Ok(vec![]);
         }
-        let mut out = versions_in(&r.open_table(VERSIONS)?, id)?;
+        let mut out = versions_in(&r.open_table(VERSIONS)?, &names, id)?;
         out.push(current);
         Ok(out)
     }
@@ -306,7 +339,7 @@ impl RawStore {
         let r = self.db.begin_read()?;
         let t = r.open_table(TURNS)?;
         match t.get(id.as_u128())? {
-            Some(v) => Ok(Some(turn_of(v.value())?)),
+            Some(v) => Ok(Some(turn_of(&r.open_table(CONV_NAMES)?, v.value())?)),
             None => Ok(None),
         }
     }
@@ -316,11 +349,12 @@ impl RawStore {
         let r = self.db.begin_read()?;
         let p = r.open_table(PENDING)?;
         let t = r.open_table(TURNS)?;
+        let names = r.open_table(CONV_NAMES)?;
         let mut out = Vec::new();
         for e in p.iter()? {
             let (id, _) = e?;
             if let Some(v) = t.get(id.value())? {
-                out.push(turn_of(v.value())?);
+                out.push(turn_of(&names, v.value())?);
             }
         }
         out.sort_by(|a, b| {
@@ -376,9 +410,10 @@ impl RawStore {
         {
             let mut p = w.open_table(PENDING)?;
             let t = w.open_table(TURNS)?;
+            let names = w.open_table(CONV_NAMES)?;
             for (id, recorded_at) in turns {
                 let current = match t.get(id.as_u128())? {
-                    Some(v) => Some(turn_of(v.value())?.recorded_at),
+                    Some(v) => Some(turn_of(&names, v.value())?.recorded_at),
                     None => None,
                 };
                 if current.is_none_or(|c| c <= *recorded_at) {
@@ -445,12 +480,13 @@ impl RawStore {
         };
         let idx = r.open_table(TURN_POSITIONS)?;
         let t = r.open_table(TURNS)?;
+        let names = r.open_table(CONV_NAMES)?;
         let mut out = Vec::new();
         let (lo, hi) = positions_of(number);
         for e in idx.range::<&[u8; 16]>(&lo..=&hi)? {
             let (_, id) = e?;
             if let Some(v) = t.get(id.value())? {
-                out.push(turn_of(v.value())?);
+                out.push(turn_of(&names, v.value())?);
             }
         }
         Ok(out)
@@ -507,7 +543,7 @@ impl RawStore {
         {
             let mut turns = w.open_table(TURNS)?;
             let turn: Turn = match turns.get(id.as_u128())? {
-                Some(v) => turn_of(v.value())?,
+                Some(v) => turn_of(&w.open_table(CONV_NAMES)?, v.value())?,
                 None => return Ok(false),
             };
             if turn.tenant != *tenant {
@@ -547,10 +583,11 @@ impl RawStore {
         let r = self.db.begin_read()?;
         let turns_t = r.open_table(TURNS)?;
         let pending_t = r.open_table(PENDING)?;
+        let names_t = r.open_table(CONV_NAMES)?;
         let (mut turns, mut pending) = (0, 0);
         for e in turns_t.iter()? {
             let (id, v) = e?;
-            let t: Turn = turn_of(v.value())?;
+            let t: Turn = turn_of(&names_t, v.value())?;
             if owned(
                 t.tenant.as_str().as_bytes(),
                 Some(t.conversation_id.as_bytes()),
@@ -563,7 +600,7 @@ impl RawStore {
         }
         let mut versions = 0;
         for e in r.open_table(VERSIONS)?.iter()? {
-            let t: Turn = turn_of(e?.1.value())?;
+            let t: Turn = turn_of(&names_t, e?.1.value())?;
             versions += u64::from(owned(
                 t.tenant.as_str().as_bytes(),
                 Some(t.conversation_id.as_bytes()),
@@ -713,8 +750,27 @@ mod tests {
             s.append(&t, "c", &[input(None, "zero"), input(None, "one")])
                 .unwrap();
             s.append(&t, "d", &[input(None, "other")]).unwrap();
-            // Back to the older layout: the index keyed by tenant and conversation.
+            // Back to the older layout: turns that spell out their conversation, and the
+            // index keyed by tenant and conversation.
             let w = s.db.begin_write().unwrap();
+            {
+                let names = w.open_table(CONV_NAMES).unwrap();
+                let mut turns = w.open_table(TURNS).unwrap();
+                let all: Vec<(u128, Turn)> = turns
+                    .iter()
+                    .unwrap()
+                    .map(|e| {
+                        let (k, v) = e.unwrap();
+                        assert_eq!(v.value()[0], 3, "stored by conversation number");
+                        (k.value(), turn_of(&names, v.value()).unwrap())
+                    })
+                    .collect();
+                for (id, turn) in all {
+                    turns
+                        .insert(id, codec::turn_bytes(&turn).unwrap().as_slice())
+                        .unwrap();
+                }
+            }
             {
                 let names = w.open_table(CONV_NAMES).unwrap();
                 let positions = w.open_table(TURN_POSITIONS).unwrap();

@@ -349,6 +349,33 @@ pub fn turn_of(b: &[u8]) -> Result<Turn, StoreError> {
     turn(decoded("turn", b)?)
 }
 
+/// A raw turn whose tenant and conversation are named by the raw store's conversation
+/// `number`: the number, then the binary layout with both left empty (the store keeps each
+/// conversation's name once, so a turn does not spell it out again).
+pub fn numbered_turn_bytes(t: Turn, number: u64) -> Result<Vec<u8>, StoreError> {
+    let derived = MemoryId::derive(&t.tenant, &t.conversation_id, &t.turn_id);
+    let memory_id = (t.memory_id != derived).then(|| t.memory_id.as_u128().to_be_bytes());
+    let mut stored = stored_turn(Turn {
+        tenant: TenantId(String::new()),
+        conversation_id: String::new(),
+        ..t
+    })?;
+    stored.memory_id = memory_id;
+    encoded("turn", &(number, stored))
+}
+
+/// Reads [`numbered_turn_bytes`]; `name_of` gives a conversation number's tenant and id.
+pub fn numbered_turn_of(
+    b: &[u8],
+    name_of: impl FnOnce(u64) -> Result<(String, String), StoreError>,
+) -> Result<Turn, StoreError> {
+    let (number, mut s): (u64, StoredTurn) = decoded("turn", b)?;
+    let (tenant, conversation) = name_of(number)?;
+    s.tenant = tenant;
+    s.conversation_id = conversation;
+    turn(s)
+}
+
 /// A turn record in the binary layout.
 pub fn record_bytes(r: TurnRecord) -> Result<Vec<u8>, StoreError> {
     let rec = StoredRecord {
@@ -534,9 +561,22 @@ mod tests {
     fn turns_records_and_fragments_read_back_as_written() {
         let derived = turn("I went to the park", None);
         let foreign = turn("", Some(MemoryId::from_u128(42)));
+        let names = |n: u64| {
+            assert_eq!(n, 300);
+            Ok(("acme".to_string(), "c-1".to_string()))
+        };
         for t in [&derived, &foreign] {
             assert_eq!(&turn_of(&turn_bytes(t.clone()).unwrap()).unwrap(), t);
+            let numbered = numbered_turn_bytes(t.clone(), 300).unwrap();
+            assert_eq!(&numbered_turn_of(&numbered, names).unwrap(), t);
         }
+        // The names are not in the numbered layout; the number is (300: a 2-byte varint).
+        let numbered = numbered_turn_bytes(derived.clone(), 300).unwrap();
+        let plain = turn_bytes(derived.clone()).unwrap();
+        assert_eq!(numbered.len(), plain.len() - "acme".len() - "c-1".len() + 2);
+        let e =
+            numbered_turn_of(&numbered, |_| Err(StoreError::corrupt_msg("no name"))).unwrap_err();
+        assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
         let mut old = derived.clone();
         old.expired_at = Some(at(1_764_115_300, 1));
         let mut now = derived.clone();

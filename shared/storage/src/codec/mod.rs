@@ -36,6 +36,10 @@ const DICT_V1: u8 = 1;
 /// Marks a zstd frame, without a dictionary, of a value in [`binary`]'s layout.
 const BINARY_V2: u8 = 2;
 
+/// Marks a zstd frame of a raw turn whose conversation is the raw store's number for it
+/// ([`binary::numbered_turn_bytes`]).
+const NUMBERED_V3: u8 = 3;
+
 /// A raw-content dictionary: the skeleton of a turn record and of a turn, as serde writes
 /// them (field names and the shapes of their values, no data). zstd starts every value with it
 /// as history, so the field names cost a few bytes of back-references instead of their text:
@@ -79,6 +83,11 @@ thread_local! {
 
 /// `bytes` as stored: [`BINARY_V2`], then a zstd frame of them.
 fn pack(what: &'static str, bytes: &[u8]) -> Result<Vec<u8>, StoreError> {
+    pack_as(BINARY_V2, what, bytes)
+}
+
+/// `bytes` as stored: `layout`, then a zstd frame of them.
+fn pack_as(layout: u8, what: &'static str, bytes: &[u8]) -> Result<Vec<u8>, StoreError> {
     let failed = |e| StoreError::backend(what, e);
     COMPRESSOR.with(|cell| {
         let mut slot = cell.borrow_mut();
@@ -87,7 +96,7 @@ fn pack(what: &'static str, bytes: &[u8]) -> Result<Vec<u8>, StoreError> {
             empty => empty.insert(zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(failed)?),
         };
         let mut out = Vec::with_capacity(1 + zstd::zstd_safe::compress_bound(bytes.len()));
-        out.push(BINARY_V2);
+        out.push(layout);
         out.extend(compressor.compress(bytes).map_err(failed)?);
         Ok(out)
     })
@@ -121,7 +130,7 @@ pub fn content_of<'a>(what: &'static str, b: &'a [u8]) -> Result<Cow<'a, [u8]>, 
     let (cell, frame, dictionary) = match b.first() {
         Some(b'{') => return Ok(Cow::Borrowed(b)),
         Some(&DICT_V1) => (&DECOMPRESSOR, &b[1..], DICTIONARY_V1),
-        Some(&BINARY_V2) => (&PLAIN_DECOMPRESSOR, &b[1..], &[][..]),
+        Some(&(BINARY_V2 | NUMBERED_V3)) => (&PLAIN_DECOMPRESSOR, &b[1..], &[][..]),
         Some(_) => (&PLAIN_DECOMPRESSOR, b, &[][..]),
         None => return Err(StoreError::corrupt_msg(format!("{what}: empty"))),
     };
@@ -173,6 +182,27 @@ pub fn turn_of(b: &[u8]) -> Result<Turn, StoreError> {
     let mut t: Turn = json_value("turn", b)?;
     with_id(&mut t);
     Ok(t)
+}
+
+/// A raw turn as stored by the raw store, its conversation named by `number`.
+pub fn numbered_turn_bytes(t: &Turn, number: u64) -> Result<Vec<u8>, StoreError> {
+    pack_as(
+        NUMBERED_V3,
+        "turn",
+        &binary::numbered_turn_bytes(t.clone(), number)?,
+    )
+}
+
+/// Reads a raw turn in any layout the raw store ever wrote; `name_of` gives a conversation
+/// number's tenant and id.
+pub fn raw_turn_of(
+    b: &[u8],
+    name_of: impl FnOnce(u64) -> Result<(String, String), StoreError>,
+) -> Result<Turn, StoreError> {
+    if b.first() == Some(&NUMBERED_V3) {
+        return binary::numbered_turn_of(&content_of("turn", b)?, name_of);
+    }
+    turn_of(b)
 }
 
 /// A turn record as stored.
