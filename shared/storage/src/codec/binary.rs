@@ -96,7 +96,8 @@ struct StoredTurn {
     memory_id: Option<[u8; 16]>,
     tenant: String,
     conversation_id: String,
-    turn_id: String,
+    /// None when it is the position written out, as Recollect numbers turns sent without one.
+    turn_id: Option<String>,
     position: u64,
     user: String,
     assistant: String,
@@ -165,7 +166,7 @@ fn stored_turn(t: Turn) -> Result<StoredTurn, StoreError> {
         memory_id: (t.memory_id != derived).then(|| t.memory_id.as_u128().to_be_bytes()),
         tenant: t.tenant.0,
         conversation_id: t.conversation_id,
-        turn_id: t.turn_id,
+        turn_id: (t.turn_id != t.position.to_string()).then_some(t.turn_id),
         position: t.position,
         user: t.user,
         assistant: t.assistant,
@@ -188,15 +189,16 @@ fn stored_turn(t: Turn) -> Result<StoredTurn, StoreError> {
 
 fn turn(s: StoredTurn) -> Result<Turn, StoreError> {
     let tenant = TenantId(s.tenant);
+    let turn_id = s.turn_id.unwrap_or_else(|| s.position.to_string());
     let memory_id = match s.memory_id {
         Some(b) => MemoryId::from_u128(u128::from_be_bytes(b)),
-        None => MemoryId::derive(&tenant, &s.conversation_id, &s.turn_id),
+        None => MemoryId::derive(&tenant, &s.conversation_id, &turn_id),
     };
     Ok(Turn {
         memory_id,
         tenant,
         conversation_id: s.conversation_id,
-        turn_id: s.turn_id,
+        turn_id,
         position: s.position,
         user: s.user,
         assistant: s.assistant,
@@ -561,11 +563,15 @@ mod tests {
     fn turns_records_and_fragments_read_back_as_written() {
         let derived = turn("I went to the park", None);
         let foreign = turn("", Some(MemoryId::from_u128(42)));
+        // A turn id of the client's own, not its position written out.
+        let mut named = turn("hi", None);
+        named.turn_id = "msg-9".into();
+        named.memory_id = MemoryId::derive(&named.tenant, "c-1", "msg-9");
         let names = |n: u64| {
             assert_eq!(n, 300);
             Ok(("acme".to_string(), "c-1".to_string()))
         };
-        for t in [&derived, &foreign] {
+        for t in [&derived, &foreign, &named] {
             assert_eq!(&turn_of(&turn_bytes(t.clone()).unwrap()).unwrap(), t);
             let numbered = numbered_turn_bytes(t.clone(), 300).unwrap();
             assert_eq!(&numbered_turn_of(&numbered, names).unwrap(), t);
