@@ -415,6 +415,21 @@ impl ClientContext for GroupContext {
     }
 }
 
+impl GroupContext {
+    /// Releases every lag gauge this consumer set: it is being replaced, and the partitions it
+    /// held may go to another member, which reports them from its own process.
+    fn release_all(&self) {
+        let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        for (topic, partition) in reported.drain() {
+            ConsumerLagReleased {
+                topic: &topic,
+                partition,
+            }
+            .emit();
+        }
+    }
+}
+
 impl ConsumerContext for GroupContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
@@ -468,8 +483,11 @@ impl KafkaSubscription {
         if since.elapsed() >= STALLED_RECONNECT {
             tracing::warn!(topic = %self.topic, lag, "no message for 20 s while partitions lag: reconnecting the consumer");
             let fresh = new_consumer(&self.settings, &self.topic, &self.group)?;
-            self.consumer.unsubscribe();
-            self.consumer = Arc::new(fresh);
+            let stalled = std::mem::replace(&mut self.consumer, Arc::new(fresh));
+            stalled.unsubscribe();
+            // Its gauges would otherwise stay at the lag it last saw, for partitions it no
+            // longer holds (seen in the kill -9 test: an extractor reporting 75 after the drain).
+            stalled.context().release_all();
             self.idle_since = None;
         }
         Ok(())

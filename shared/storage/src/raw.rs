@@ -611,15 +611,19 @@ impl RawStore {
             ("pending", pending),
             ("turn_versions", versions),
         ]);
+        // A tenant\0conversation\0 key or name of what is asked for.
+        let owned_key = |k: &[u8]| {
+            let parts = keys::split(k);
+            owned(
+                parts.first().copied().unwrap_or_default(),
+                parts.get(1).copied(),
+            )
+        };
         let positions_t = r.open_table(TURN_POSITIONS)?;
         let (mut numbers, mut positions) = (0, 0);
         for e in r.open_table(CONV_NUMBERS)?.iter()? {
             let (k, number) = e?;
-            let parts = keys::split(k.value());
-            if owned(
-                parts.first().copied().unwrap_or_default(),
-                parts.get(1).copied(),
-            ) {
+            if owned_key(k.value()) {
                 numbers += 1;
                 let (lo, hi) = positions_of(number.value());
                 positions += positions_t.range::<&[u8; 16]>(&lo..=&hi)?.count() as u64;
@@ -627,26 +631,16 @@ impl RawStore {
         }
         let mut names = 0;
         for e in r.open_table(CONV_NAMES)?.iter()? {
-            let (_, k) = e?;
-            let parts = keys::split(k.value());
-            names += u64::from(owned(
-                parts.first().copied().unwrap_or_default(),
-                parts.get(1).copied(),
-            ));
+            names += u64::from(owned_key(e?.1.value()));
+        }
+        let mut next = 0;
+        for e in r.open_table(CONV_NEXT)?.iter()? {
+            next += u64::from(owned_key(e?.0.value()));
         }
         m.insert("turn_positions", positions);
         m.insert("conversation_numbers", numbers);
         m.insert("conversation_names", names);
-        let mut n = 0;
-        for e in r.open_table(CONV_NEXT)?.iter()? {
-            let (k, _) = e?;
-            let parts = keys::split(k.value());
-            n += u64::from(owned(
-                parts.first().copied().unwrap_or_default(),
-                parts.get(1).copied(),
-            ));
-        }
-        m.insert("conversation_next", n);
+        m.insert("conversation_next", next);
         // Pending marks whose turn is gone would replay nothing, but count them as residue.
         let mut orphans = 0;
         for e in pending_t.iter()? {
