@@ -23,6 +23,8 @@ pub mod footprint;
 pub mod graph;
 #[cfg(any(feature = "embedded", feature = "neo4j"))]
 mod keys;
+#[cfg(feature = "embedded")]
+mod numbering;
 pub mod observed;
 pub mod open;
 #[cfg(feature = "embedded")]

@@ -13,6 +13,7 @@ use redb::{
 
 use crate::codec;
 use crate::keys;
+use crate::numbering::{self, number_of, turn_key, turn_range};
 use crate::StoreError;
 
 /// memory id → Turn ([`codec::turn_bytes`]; JSON in older stores)
@@ -61,37 +62,13 @@ fn turn_of(names: &impl ReadableTable<u64, &'static [u8]>, b: &[u8]) -> Result<T
     })
 }
 
-fn position_key(number: u64, position: u64) -> [u8; 16] {
-    let mut k = [0u8; 16];
-    k[..8].copy_from_slice(&number.to_be_bytes());
-    k[8..].copy_from_slice(&position.to_be_bytes());
-    k
-}
-
-/// The first and last keys a turn of conversation `number` can have.
-fn positions_of(number: u64) -> ([u8; 16], [u8; 16]) {
-    (position_key(number, 0), position_key(number, u64::MAX))
-}
-
-/// The number of the conversation `conv_key` (tenant\0conversation\0), if it has one.
-fn number_of(
-    numbers: &impl ReadableTable<&'static [u8], u64>,
-    conv_key: &[u8],
-) -> Result<Option<u64>, StoreError> {
-    Ok(numbers.get(conv_key)?.map(|v| v.value()))
-}
-
 /// The number of the conversation `conv_key`, given one if it has none.
 fn number_for(w: &WriteTransaction, conv_key: &[u8]) -> Result<u64, StoreError> {
-    let mut numbers = w.open_table(CONV_NUMBERS)?;
-    if let Some(n) = number_of(&numbers, conv_key)? {
-        return Ok(n);
-    }
-    let mut names = w.open_table(CONV_NAMES)?;
-    let n = names.last()?.map_or(0, |(k, _)| k.value() + 1);
-    numbers.insert(conv_key, n)?;
-    names.insert(n, conv_key)?;
-    Ok(n)
+    numbering::number_for(
+        &mut w.open_table(CONV_NUMBERS)?,
+        &mut w.open_table(CONV_NAMES)?,
+        conv_key,
+    )
 }
 
 /// Rewrites a store's conversation index from before conversation numbers
@@ -121,7 +98,7 @@ fn renumber(w: &WriteTransaction) -> Result<Option<u64>, StoreError> {
         position.copy_from_slice(pos);
         let n = number_for(w, conv_key)?;
         w.open_table(TURN_POSITIONS)?
-            .insert(&position_key(n, u64::from_be_bytes(position)), id)?;
+            .insert(&turn_key(n, u64::from_be_bytes(position)), id)?;
         moved += 1;
     }
     w.delete_table(LEGACY_CONV_INDEX)?;
@@ -262,7 +239,7 @@ impl RawStore {
                     expired_at: None,
                 };
                 turns.insert(id.as_u128(), turn_bytes(&turn, Some(number))?.as_slice())?;
-                index.insert(&position_key(number, position), id.as_u128())?;
+                index.insert(&turn_key(number, position), id.as_u128())?;
                 pending.insert(id.as_u128(), ())?;
                 position += 1;
                 out.push(Appended { turn, new: true });
@@ -379,8 +356,8 @@ impl RawStore {
             let prefix = keys::join(&[tenant.as_str()]);
             let end = keys::prefix_end(&prefix);
             for conv in numbers.range(prefix.as_slice()..end.as_slice())? {
-                let (lo, hi) = positions_of(conv?.1.value());
-                for e in idx.range::<&[u8; 16]>(&lo..=&hi)? {
+                let r = turn_range(conv?.1.value());
+                for e in idx.range::<&[u8; 16]>(r.start()..=r.end())? {
                     pending.insert(e?.1.value(), ())?;
                     n += 1;
                 }
@@ -482,8 +459,8 @@ impl RawStore {
         let t = r.open_table(TURNS)?;
         let names = r.open_table(CONV_NAMES)?;
         let mut out = Vec::new();
-        let (lo, hi) = positions_of(number);
-        for e in idx.range::<&[u8; 16]>(&lo..=&hi)? {
+        let r = turn_range(number);
+        for e in idx.range::<&[u8; 16]>(r.start()..=r.end())? {
             let (_, id) = e?;
             if let Some(v) = t.get(id.value())? {
                 out.push(turn_of(&names, v.value())?);
@@ -508,9 +485,9 @@ impl RawStore {
             let mut idx = w.open_table(TURN_POSITIONS)?;
             let mut turns = w.open_table(TURNS)?;
             let mut pending = w.open_table(PENDING)?;
-            let ids: Vec<u128> = match number.map(positions_of) {
-                Some((lo, hi)) => idx
-                    .range::<&[u8; 16]>(&lo..=&hi)?
+            let ids: Vec<u128> = match number.map(turn_range) {
+                Some(r) => idx
+                    .range::<&[u8; 16]>(r.start()..=r.end())?
                     .map(|e| e.map(|(_, v)| v.value()))
                     .collect::<Result<_, _>>()?,
                 None => vec![],
@@ -524,11 +501,9 @@ impl RawStore {
                 n += 1;
             }
             if let Some(n) = number {
-                let (lo, hi) = positions_of(n);
-                idx.retain_in::<&[u8; 16], _>(&lo..=&hi, |_, _| false)?;
-                // Its name goes with it: an erased conversation leaves no trace.
-                numbers.remove(conv_key.as_slice())?;
-                w.open_table(CONV_NAMES)?.remove(n)?;
+                let r = turn_range(n);
+                idx.retain_in::<&[u8; 16], _>(r.start()..=r.end(), |_, _| false)?;
+                numbering::forget(&mut numbers, &mut w.open_table(CONV_NAMES)?, &conv_key)?;
             }
             w.open_table(CONV_NEXT)?.remove(conv_key.as_slice())?;
         }
@@ -557,7 +532,7 @@ impl RawStore {
             let conv_key = keys::join(&[tenant.as_str(), &turn.conversation_id]);
             if let Some(number) = number_of(&w.open_table(CONV_NUMBERS)?, &conv_key)? {
                 w.open_table(TURN_POSITIONS)?
-                    .remove(&position_key(number, turn.position))?;
+                    .remove(&turn_key(number, turn.position))?;
             }
         }
         w.commit()?;
@@ -625,8 +600,8 @@ impl RawStore {
             let (k, number) = e?;
             if owned_key(k.value()) {
                 numbers += 1;
-                let (lo, hi) = positions_of(number.value());
-                positions += positions_t.range::<&[u8; 16]>(&lo..=&hi)?.count() as u64;
+                let r = turn_range(number.value());
+                positions += positions_t.range::<&[u8; 16]>(r.start()..=r.end())?.count() as u64;
             }
         }
         let mut names = 0;

@@ -355,14 +355,10 @@ pub fn turn_of(b: &[u8]) -> Result<Turn, StoreError> {
 /// `number`: the number, then the binary layout with both left empty (the store keeps each
 /// conversation's name once, so a turn does not spell it out again).
 pub fn numbered_turn_bytes(t: Turn, number: u64) -> Result<Vec<u8>, StoreError> {
-    let derived = MemoryId::derive(&t.tenant, &t.conversation_id, &t.turn_id);
-    let memory_id = (t.memory_id != derived).then(|| t.memory_id.as_u128().to_be_bytes());
-    let mut stored = stored_turn(Turn {
-        tenant: TenantId(String::new()),
-        conversation_id: String::new(),
-        ..t
-    })?;
-    stored.memory_id = memory_id;
+    // Whether the id is derivable was decided with the names; only then are they dropped.
+    let mut stored = stored_turn(t)?;
+    stored.tenant.clear();
+    stored.conversation_id.clear();
     encoded("turn", &(number, stored))
 }
 

@@ -17,6 +17,7 @@ use crate::graph::{
     TurnErasure, TurnRecord, VersionWrite,
 };
 use crate::keys;
+use crate::numbering::{self, turn_key, turn_range};
 use crate::StoreError;
 
 /// memory id → TurnRecord ([`codec::record_bytes`])
@@ -257,9 +258,7 @@ fn conversation_number(
     tenant: &str,
     conversation: &str,
 ) -> Result<Option<u64>, StoreError> {
-    Ok(ids
-        .get(keys::join(&[tenant, conversation]).as_slice())?
-        .map(|v| v.value()))
+    numbering::number_of(ids, &keys::join(&[tenant, conversation]))
 }
 
 /// A conversation's number, given one (the last one + 1) on its first turn.
@@ -269,34 +268,16 @@ fn number_conversation(
     tenant: &str,
     conversation: &str,
 ) -> Result<u64, StoreError> {
-    let key = keys::join(&[tenant, conversation]);
-    if let Some(n) = ids.get(key.as_slice())? {
-        return Ok(n.value());
-    }
-    let n = numbers.last()?.map(|(k, _)| k.value() + 1).unwrap_or(1);
-    ids.insert(key.as_slice(), n)?;
-    numbers.insert(n, key.as_slice())?;
-    Ok(n)
+    numbering::number_for(ids, numbers, &keys::join(&[tenant, conversation]))
 }
 
 /// Forgets a conversation's number (its turns are all gone).
 fn unnumber_conversation(w: &redb::WriteTransaction, key: &[u8]) -> Result<(), StoreError> {
-    if let Some(n) = w.open_table(CONV_IDS)?.remove(key)? {
-        w.open_table(CONV_KEYS)?.remove(n.value())?;
-    }
-    Ok(())
-}
-
-fn turn_key(conversation: u64, position: u64) -> [u8; 16] {
-    let mut k = [0u8; 16];
-    k[..8].copy_from_slice(&conversation.to_be_bytes());
-    k[8..].copy_from_slice(&position.to_be_bytes());
-    k
-}
-
-/// Every turn index key of a conversation.
-fn turn_range(conversation: u64) -> std::ops::RangeInclusive<[u8; 16]> {
-    turn_key(conversation, 0)..=turn_key(conversation, u64::MAX)
+    numbering::forget(
+        &mut w.open_table(CONV_IDS)?,
+        &mut w.open_table(CONV_KEYS)?,
+        key,
+    )
 }
 
 /// A turn in its conversation's order: its memory id, and the times its links carry unless a
