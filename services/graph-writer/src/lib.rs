@@ -11,8 +11,8 @@ use recollect_model::{
     bus_key, topics, EmbeddedTurn, Envelope, KeywordVector, MemoryId, StoredTurn, TenantId, Turn,
 };
 use recollect_storage::{
-    distinct_runs, ErasureMap, Graph, NodeKind, ReplacedVersion, Scope, TurnPoint, VectorIndex,
-    VersionWrite,
+    distinct_runs, ErasureMap, Graph, KeywordSet, NodeKind, ReplacedVersion, Scope, TurnPoint,
+    VectorIndex, VersionWrite,
 };
 
 /// Embedded-mode hook after the write: report the turns handled (stored, or dropped as erased),
@@ -152,16 +152,22 @@ impl GraphWriterStage {
                     .or_insert_with(|| k.vector.clone());
             }
         }
-        for ((tenant, conv), kws) in keywords {
-            let kws = kws
-                .into_iter()
-                .map(|(keyword, vector)| KeywordVector { keyword, vector })
-                .collect();
-            self.vectors
-                .upsert_keywords(&recollect_model::TenantId(tenant), &conv, kws)
-                .await
-                .map_err(StageError::classified)?;
-        }
+        // One call for the batch: the index writes (and flushes) once, not once per conversation.
+        let sets: Vec<KeywordSet> = keywords
+            .into_iter()
+            .map(|((tenant, conversation), kws)| KeywordSet {
+                tenant: TenantId(tenant),
+                conversation,
+                keywords: kws
+                    .into_iter()
+                    .map(|(keyword, vector)| KeywordVector { keyword, vector })
+                    .collect(),
+            })
+            .collect();
+        self.vectors
+            .upsert_keyword_sets(sets)
+            .await
+            .map_err(StageError::classified)?;
         let nodes: Vec<_> = turns
             .iter()
             .map(|e| (e.turn.clone(), e.extraction.clone()))

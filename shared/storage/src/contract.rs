@@ -12,8 +12,8 @@ use recollect_model::{
 use futures::future::BoxFuture;
 
 use crate::graph::{ConversationState, TurnErasure};
-use crate::vector::{TurnPoint, VectorField, VectorQuery};
-use crate::{Graph, NodeKind, Scope, VectorIndex};
+use crate::vector::{KeywordSet, TurnPoint, VectorField, VectorQuery};
+use crate::{Graph, NodeKind, Scope, StoreError, VectorIndex};
 
 /// Counts what a backend still holds of a tenant's conversation, by querying it directly (not
 /// through the trait), so erasure is checked on the data itself.
@@ -1339,6 +1339,62 @@ pub async fn vector_contract(v: Arc<dyn VectorIndex>, dim: usize) {
         .await
         .unwrap()
         .is_empty());
+
+    // A writer's batch: several conversations (of two tenants) in one call; a keyword a
+    // conversation already has stays one point, a new one is added beside it.
+    let kw = |k: &str, seed| KeywordVector {
+        keyword: k.into(),
+        vector: vector(dim, seed),
+    };
+    let sets = vec![
+        KeywordSet {
+            tenant: a.clone(),
+            conversation: "ks1".into(),
+            keywords: vec![kw("kayak", 7), kw("tent", 8)],
+        },
+        KeywordSet {
+            tenant: b.clone(),
+            conversation: "ks2".into(),
+            keywords: vec![kw("kayak", 7)],
+        },
+    ];
+    v.upsert_keyword_sets(sets).await.unwrap();
+    v.upsert_keyword_sets(vec![KeywordSet {
+        tenant: a.clone(),
+        conversation: "ks1".into(),
+        keywords: vec![kw("kayak", 7), kw("stove", 9)],
+    }])
+    .await
+    .unwrap();
+    let mut in_ks1: Vec<String> = v
+        .search_keywords(&a, &Scope::of(&["ks1"]), &vector(dim, 7), 30, -1.0)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    in_ks1.sort();
+    assert_eq!(in_ks1, ["kayak", "stove", "tent"]);
+    let in_ks2 = v
+        .search_keywords(&b, &Scope::of(&["ks2"]), &vector(dim, 7), 30, -1.0)
+        .await
+        .unwrap();
+    assert_eq!(in_ks2.len(), 1);
+    assert_eq!(in_ks2[0].0, "kayak");
+    assert!(in_ks2[0].1 > 0.99);
+    // A bad vector in any set refuses the batch.
+    assert!(matches!(
+        v.upsert_keyword_sets(vec![KeywordSet {
+            tenant: a.clone(),
+            conversation: "ks1".into(),
+            keywords: vec![KeywordVector {
+                keyword: "short".into(),
+                vector: vec![0.5; dim - 1],
+            }],
+        }])
+        .await,
+        Err(StoreError::Invalid(_))
+    ));
 
     // Erasure.
     assert_eq!(v.delete_conversation(&a, "c1").await.unwrap(), 20);

@@ -20,7 +20,7 @@ use recollect_telemetry::events::{
 };
 
 use crate::graph::{ConversationState, Erasures, LinkedTurn, NodeKind, TurnErasure, TurnRecord};
-use crate::vector::{FieldVectors, ReplacedVersion, TurnPoint, VectorQuery};
+use crate::vector::{FieldVectors, KeywordSet, ReplacedVersion, TurnPoint, VectorQuery};
 use crate::{Graph, GraphRead, Scope, StoreError, VectorIndex};
 
 /// A store that reports every call it serves.
@@ -380,6 +380,14 @@ impl<V: VectorIndex> VectorIndex for Observed<V> {
         self.vectors(
             StoreOp::UpsertKeywords,
             self.inner.upsert_keywords(tenant, conversation, keywords),
+        )
+        .await
+    }
+
+    async fn upsert_keyword_sets(&self, sets: Vec<KeywordSet>) -> Result<(), StoreError> {
+        self.vectors(
+            StoreOp::UpsertKeywords,
+            self.inner.upsert_keyword_sets(sets),
         )
         .await
     }

@@ -20,7 +20,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::graph::{ConversationState, TurnErasure};
-use crate::vector::ReplacedVersion;
+use crate::vector::{KeywordSet, ReplacedVersion};
 use crate::{Graph, NodeKind, Scope, StoreError, TurnPoint, VectorIndex, VectorQuery};
 
 pub const GRAPH_PATH: &str = "/v1/store/graph";
@@ -147,6 +147,9 @@ pub enum VectorCall {
         tenant: TenantId,
         conversation: String,
         keywords: Vec<KeywordVector>,
+    },
+    UpsertKeywordSets {
+        sets: Vec<KeywordSet>,
     },
     SearchKeywords {
         tenant: TenantId,
@@ -346,6 +349,7 @@ pub async fn dispatch_vectors(
             conversation,
             keywords,
         } => json(v.upsert_keywords(&tenant, &conversation, keywords).await?),
+        VectorCall::UpsertKeywordSets { sets } => json(v.upsert_keyword_sets(sets).await?),
         VectorCall::SearchKeywords {
             tenant,
             scope,

@@ -14,18 +14,18 @@ use async_trait::async_trait;
 use qdrant_edge::external::ordered_float::OrderedFloat;
 use qdrant_edge::external::uuid::Uuid;
 use qdrant_edge::{
-    AnyVariants, Condition, CountRequest, DateTimeWrapper, Distance, EdgeConfigBuilder, EdgeShard,
-    EdgeSparseVectorParamsBuilder, EdgeVectorParamsBuilder, FieldCondition, Filter,
-    IsEmptyCondition, JsonPath, KeywordIndexParams, Match, Modifier, NamedQuery,
-    PayloadFieldSchema, PayloadSchemaParams, PointId, PointInsertOperations, PointOperations,
-    PointStruct, QueryEnum, Range, SearchRequest, UpdateOperation, ValueVariants, Vector,
-    VectorInternal, VectorStructInternal, Vectors, WithPayloadInterface, WithVector,
+    AnyVariants, Condition, CountRequest, DateTimeWrapper, Distance, EdgeConfigBuilder,
+    EdgeOptimizersConfig, EdgeShard, EdgeSparseVectorParamsBuilder, EdgeVectorParamsBuilder,
+    FieldCondition, Filter, HnswIndexConfig, IsEmptyCondition, JsonPath, KeywordIndexParams, Match,
+    Modifier, NamedQuery, PayloadFieldSchema, PayloadSchemaParams, PointId, PointInsertOperations,
+    PointOperations, PointStruct, QueryEnum, Range, SearchRequest, UpdateOperation, ValueVariants,
+    Vector, VectorInternal, VectorStructInternal, Vectors, WithPayloadInterface, WithVector,
 };
 use recollect_model::{KeywordVector, MemoryId, SparseVector, TenantId};
 
 use crate::vector::{
-    history_tenant, version_point_id, FieldVectors, ReplacedVersion, TurnPoint, VectorIndex,
-    VectorQuery, ASSISTANT_VECTOR, KEYWORD_VECTOR, LEXICAL_VECTOR, USER_VECTOR,
+    history_tenant, version_point_id, FieldVectors, KeywordSet, ReplacedVersion, TurnPoint,
+    VectorIndex, VectorQuery, ASSISTANT_VECTOR, KEYWORD_VECTOR, LEXICAL_VECTOR, USER_VECTOR,
 };
 use crate::{Scope, StoreError};
 
@@ -49,6 +49,34 @@ pub struct EdgeVectorIndex {
 /// search is a scan that grows with the store.
 const OPTIMIZE_AFTER_POINTS: u64 = 20_000;
 const OPTIMIZE_WHEN_IDLE: Duration = Duration::from_secs(5);
+
+/// Every search here is filtered by tenant, so no search walks a graph of all tenants: no
+/// global graph (`m: 0`), one graph per tenant instead (`payload_m`, built for the tenant
+/// index and for any conversation or end user large enough that scanning it is slower).
+/// Scopes under `full_scan_threshold` (a conversation, a few of them) are scanned exactly
+/// through the payload index, as before. Building the global graph was half of the background
+/// index build that competed with ingest. A store written with the global graph is rebuilt to
+/// this once by the optimiser (its configuration no longer matches).
+/// Four segments before the optimiser merges: at the engine's default on 2 cores (2) every
+/// optimisation during a bulk ingest rewrote the whole index into one segment again.
+fn optimizer_config() -> EdgeOptimizersConfig {
+    EdgeOptimizersConfig {
+        default_segment_number: Some(4),
+        ..Default::default()
+    }
+}
+
+fn graph_config() -> HnswIndexConfig {
+    HnswIndexConfig {
+        m: 0,
+        payload_m: Some(16),
+        ef_construct: 100,
+        full_scan_threshold: 10_000,
+        max_indexing_threads: 0,
+        on_disk: Some(false),
+        inline_storage: None,
+    }
+}
 
 /// The background optimiser: one thread per index, stopped and joined on drop, so no
 /// optimisation outlives the index (a reopen of the same directory never meets one).
@@ -382,12 +410,16 @@ impl EdgeVectorIndex {
                     .modifier(Modifier::Idf)
                     .build(),
             )
+            .hnsw_config(graph_config())
+            .optimizers(optimizer_config())
             .build();
         let kw_cfg = EdgeConfigBuilder::new()
             .vector(
                 KEYWORD_VECTOR,
                 EdgeVectorParamsBuilder::new(dim, Distance::Cosine).build(),
             )
+            .hnsw_config(graph_config())
+            .optimizers(optimizer_config())
             .build();
         let turns = Arc::new(open_shard(&dir.join("turns"), turns_cfg, true)?);
         let keywords = Arc::new(open_shard(&dir.join("keywords"), kw_cfg, false)?);
@@ -712,37 +744,65 @@ impl VectorIndex for EdgeVectorIndex {
         conversation: &str,
         keywords: Vec<KeywordVector>,
     ) -> Result<(), StoreError> {
-        if keywords.is_empty() {
+        self.upsert_keyword_sets(vec![KeywordSet {
+            tenant: tenant.clone(),
+            conversation: conversation.to_string(),
+            keywords,
+        }])
+        .await
+    }
+
+    /// One update and one flush for a writer's whole batch, and only the keywords a
+    /// conversation did not have yet: most of a batch's keywords recur from earlier turns, and
+    /// rewriting such a point (same vector) copies it out of its optimised segment, leaving a
+    /// deleted point there for the optimiser to clean up.
+    async fn upsert_keyword_sets(&self, sets: Vec<KeywordSet>) -> Result<(), StoreError> {
+        let mut structs = Vec::new();
+        for set in &sets {
+            for k in &set.keywords {
+                self.check_dim(&k.vector)?;
+                let payload = serde_json::json!({
+                    "tenant": set.tenant.as_str(),
+                    "conversation": set.conversation,
+                    "keyword": k.keyword,
+                });
+                let id = keyword_point(&set.tenant, &set.conversation, &k.keyword);
+                let vector =
+                    Vectors::new_named([(KEYWORD_VECTOR, Vector::new_dense(k.vector.clone()))]);
+                structs.push((id, PointStruct::new(id, vector, payload)));
+            }
+        }
+        if structs.is_empty() {
             return Ok(());
         }
-        let mut structs = Vec::with_capacity(keywords.len());
-        for k in &keywords {
-            self.check_dim(&k.vector)?;
-            let payload = serde_json::json!({
-                "tenant": tenant.as_str(),
-                "conversation": conversation,
-                "keyword": k.keyword,
-            });
-            structs.push(
-                PointStruct::new(
-                    keyword_point(tenant, conversation, &k.keyword),
-                    Vectors::new_named([(KEYWORD_VECTOR, Vector::new_dense(k.vector.clone()))]),
-                    payload,
-                )
-                .into(),
-            );
+        let n = self
+            .write(&self.keywords, move |s| {
+                let ids: Vec<PointId> = structs.iter().map(|(id, _)| *id).collect();
+                let known: std::collections::HashSet<PointId> = s
+                    .retrieve(
+                        &ids,
+                        Some(WithPayloadInterface::Bool(false)),
+                        Some(WithVector::Bool(false)),
+                    )
+                    .map_err(err)?
+                    .into_iter()
+                    .map(|r| r.id)
+                    .collect();
+                let new: Vec<qdrant_edge::PointStructPersisted> = structs
+                    .into_iter()
+                    .filter(|(id, _)| !known.contains(id))
+                    .map(|(_, p)| p.into())
+                    .collect();
+                let n = new.len();
+                if n > 0 {
+                    Self::upsert_in(s, new)?;
+                }
+                Ok(n)
+            })
+            .await?;
+        if n > 0 {
+            self.optimizer.wrote(n);
         }
-        let n = structs.len();
-        self.write(&self.keywords, move |s| {
-            s.update(UpdateOperation::PointOperation(
-                PointOperations::UpsertPoints(PointInsertOperations::PointsList(structs)),
-            ))
-            .map_err(err)?;
-            Self::flush(s);
-            Ok(())
-        })
-        .await?;
-        self.optimizer.wrote(n);
         Ok(())
     }
 

@@ -22,6 +22,14 @@ pub const ASSISTANT_VECTOR: &str = "assistant";
 pub const LEXICAL_VECTOR: &str = "lexical";
 pub const KEYWORD_VECTOR: &str = "keyword";
 
+/// One conversation's keyword vectors, as a writer's batch carries them.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct KeywordSet {
+    pub tenant: TenantId,
+    pub conversation: String,
+    pub keywords: Vec<KeywordVector>,
+}
+
 /// A turn's point.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TurnPoint {
@@ -163,6 +171,17 @@ pub trait VectorIndex: Send + Sync + 'static {
         conversation: &str,
         keywords: Vec<KeywordVector>,
     ) -> Result<(), StoreError>;
+
+    /// The keyword vectors of several conversations at once (a writer's batch), with
+    /// [`VectorIndex::upsert_keywords`]'s meaning. A keyword a conversation already has may be
+    /// left as it is: the same keyword has the same vector.
+    async fn upsert_keyword_sets(&self, sets: Vec<KeywordSet>) -> Result<(), StoreError> {
+        for set in sets {
+            self.upsert_keywords(&set.tenant, &set.conversation, set.keywords)
+                .await?;
+        }
+        Ok(())
+    }
 
     /// Keywords of the scope's conversations nearest to `vector` with cosine ≥ `min_score`
     /// (name, score). Keywords belong to conversations: the turn filter does not apply.

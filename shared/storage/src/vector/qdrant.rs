@@ -16,18 +16,19 @@ use qdrant_client::qdrant::{
     point_id::PointIdOptions, value::Kind, Condition, CountPointsBuilder, CreateCollection,
     CreateCollectionBuilder, CreateFieldIndexCollection, CreateFieldIndexCollectionBuilder,
     DatetimeIndexParamsBuilder, DatetimeRange, DeletePointsBuilder, Distance, FieldType, Filter,
-    Fusion, GetPointsBuilder, IntegerIndexParamsBuilder, KeywordIndexParamsBuilder, Modifier,
-    PayloadIncludeSelector, PointId, PointStruct, PrefetchQueryBuilder, Query,
-    QueryBatchPointsBuilder, QueryPoints, QueryPointsBuilder, Range, ScoredPoint,
-    SparseVectorParamsBuilder, SparseVectorsConfigBuilder, Timestamp, Value as QValue, Vector,
-    VectorInput, VectorParamsBuilder, VectorsConfigBuilder, VectorsSelector,
+    Fusion, GetPointsBuilder, HnswConfigDiffBuilder, IntegerIndexParamsBuilder,
+    KeywordIndexParamsBuilder, Modifier, PayloadIncludeSelector, PointId, PointStruct,
+    PrefetchQueryBuilder, Query, QueryBatchPointsBuilder, QueryPoints, QueryPointsBuilder, Range,
+    ScoredPoint, SparseVectorParamsBuilder, SparseVectorsConfigBuilder, Timestamp, Value as QValue,
+    Vector, VectorInput, VectorParamsBuilder, VectorsConfigBuilder, VectorsSelector,
 };
 use qdrant_client::{Payload, Qdrant};
 use recollect_model::{KeywordVector, MemoryId, SparseVector, TenantId};
 
 use crate::vector::{
-    history_tenant, version_point_id, FieldVectors, ReplacedVersion, TurnPoint, VectorField,
-    VectorIndex, VectorQuery, ASSISTANT_VECTOR, KEYWORD_VECTOR, LEXICAL_VECTOR, USER_VECTOR,
+    history_tenant, version_point_id, FieldVectors, KeywordSet, ReplacedVersion, TurnPoint,
+    VectorField, VectorIndex, VectorQuery, ASSISTANT_VECTOR, KEYWORD_VECTOR, LEXICAL_VECTOR,
+    USER_VECTOR,
 };
 use crate::{Scope, StoreError};
 
@@ -95,12 +96,12 @@ fn memory_id(p: &Option<PointId>) -> Option<MemoryId> {
     }
 }
 
+fn keyword_id(tenant: &TenantId, conversation: &str, keyword: &str) -> MemoryId {
+    MemoryId::derive(tenant, conversation, &format!("keyword:{keyword}"))
+}
+
 fn keyword_point(tenant: &TenantId, conversation: &str, keyword: &str) -> PointId {
-    point_id(MemoryId::derive(
-        tenant,
-        conversation,
-        &format!("keyword:{keyword}"),
-    ))
+    point_id(keyword_id(tenant, conversation, keyword))
 }
 
 fn text(payload: &HashMap<String, QValue>, key: &str) -> Option<String> {
@@ -256,6 +257,14 @@ fn sparse_pairs(v: &SparseVector) -> (Vec<u32>, Vec<f32>) {
     pairs.into_iter().unzip()
 }
 
+/// Every query is filtered by tenant: one HNSW graph per tenant (`payload_m` on the tenant
+/// index) and no graph of all tenants (`m: 0`), Qdrant's own multitenancy setup and the
+/// embedded engine's (`vector/edge.rs`, `graph_config`); building the global graph as well was
+/// half of the index build.
+fn per_tenant_graphs() -> HnswConfigDiffBuilder {
+    HnswConfigDiffBuilder::default().m(0).payload_m(16)
+}
+
 /// The turns collection: named dense `user` and `assistant`, sparse `lexical` scored with IDF.
 pub fn turns_collection(name: &str, dim: usize) -> CreateCollection {
     let mut dense = VectorsConfigBuilder::default();
@@ -273,6 +282,7 @@ pub fn turns_collection(name: &str, dim: usize) -> CreateCollection {
     CreateCollectionBuilder::new(name)
         .vectors_config(dense)
         .sparse_vectors_config(sparse)
+        .hnsw_config(per_tenant_graphs())
         .build()
 }
 
@@ -284,6 +294,7 @@ pub fn keywords_collection(name: &str, dim: usize) -> CreateCollection {
     );
     CreateCollectionBuilder::new(name)
         .vectors_config(dense)
+        .hnsw_config(per_tenant_graphs())
         .build()
 }
 
@@ -837,25 +848,55 @@ impl VectorIndex for QdrantVectorIndex {
         conversation: &str,
         keywords: Vec<KeywordVector>,
     ) -> Result<(), StoreError> {
-        for k in &keywords {
-            self.check_dim(&k.vector)?;
+        self.upsert_keyword_sets(vec![KeywordSet {
+            tenant: tenant.clone(),
+            conversation: conversation.to_string(),
+            keywords,
+        }])
+        .await
+    }
+
+    /// Only the keywords a conversation does not have yet (one lookup by id first): most of a
+    /// batch's keywords recur from earlier turns, and rewriting a point with the same vector
+    /// still costs Qdrant a copy out of its indexed segment.
+    async fn upsert_keyword_sets(&self, sets: Vec<KeywordSet>) -> Result<(), StoreError> {
+        let mut points: Vec<(MemoryId, PointStruct)> = Vec::new();
+        for set in &sets {
+            for k in &set.keywords {
+                self.check_dim(&k.vector)?;
+                let id = keyword_id(&set.tenant, &set.conversation, &k.keyword);
+                let mut payload = Payload::new();
+                payload.insert("tenant", set.tenant.as_str());
+                payload.insert("conversation", set.conversation.as_str());
+                payload.insert("keyword", k.keyword.as_str());
+                let mut v: HashMap<String, Vector> = HashMap::new();
+                v.insert(KEYWORD_VECTOR.into(), Vector::new_dense(k.vector.clone()));
+                points.push((id, PointStruct::new(point_id(id), v, payload)));
+            }
         }
-        for chunk in keywords.chunks(UPSERT_BATCH) {
-            let structs: Vec<PointStruct> = chunk
-                .iter()
-                .map(|k| {
-                    let mut payload = Payload::new();
-                    payload.insert("tenant", tenant.as_str());
-                    payload.insert("conversation", conversation);
-                    payload.insert("keyword", k.keyword.as_str());
-                    let mut v: HashMap<String, Vector> = HashMap::new();
-                    v.insert(KEYWORD_VECTOR.into(), Vector::new_dense(k.vector.clone()));
-                    PointStruct::new(keyword_point(tenant, conversation, &k.keyword), v, payload)
-                })
-                .collect();
+        let mut known = std::collections::HashSet::new();
+        for chunk in points.chunks(UPSERT_BATCH) {
+            let ids: Vec<PointId> = chunk.iter().map(|(id, _)| point_id(*id)).collect();
+            let res = self
+                .client
+                .get_points(
+                    GetPointsBuilder::new(&self.keywords, ids)
+                        .with_payload(false)
+                        .with_vectors(false),
+                )
+                .await
+                .map_err(err)?;
+            known.extend(res.result.iter().filter_map(|r| memory_id(&r.id)));
+        }
+        let new: Vec<PointStruct> = points
+            .into_iter()
+            .filter(|(id, _)| !known.contains(id))
+            .map(|(_, p)| p)
+            .collect();
+        for chunk in new.chunks(UPSERT_BATCH) {
             self.client
                 .upsert_points(
-                    qdrant_client::qdrant::UpsertPointsBuilder::new(&self.keywords, structs)
+                    qdrant_client::qdrant::UpsertPointsBuilder::new(&self.keywords, chunk.to_vec())
                         .wait(true),
                 )
                 .await
@@ -1020,6 +1061,8 @@ mod tests {
             assert_eq!(p.size, 384);
             assert_eq!(p.distance, Distance::Cosine as i32);
         }
+        let hnsw = c.hnsw_config.unwrap();
+        assert_eq!((hnsw.m, hnsw.payload_m), (Some(0), Some(16)));
         let sparse = c.sparse_vectors_config.unwrap().map;
         assert_eq!(sparse.len(), 1);
         assert_eq!(sparse["lexical"].modifier, Some(Modifier::Idf as i32));

@@ -7,7 +7,7 @@ use recollect_model::{KeywordVector, MemoryId, TenantId};
 use serde::de::DeserializeOwned;
 
 use crate::remote::{Client, VectorCall, VECTORS_PATH};
-use crate::vector::{FieldVectors, ReplacedVersion};
+use crate::vector::{FieldVectors, KeywordSet, ReplacedVersion};
 use crate::{Scope, StoreError, TurnPoint, VectorIndex, VectorQuery};
 
 /// [`VectorIndex`] on a `recollect-store` service.
@@ -98,6 +98,23 @@ impl VectorIndex for RemoteVectorIndex {
             keywords,
         })
         .await
+    }
+    async fn upsert_keyword_sets(&self, sets: Vec<KeywordSet>) -> Result<(), StoreError> {
+        match self
+            .call(VectorCall::UpsertKeywordSets { sets: sets.clone() })
+            .await
+        {
+            // A store service older than this call refuses it as a bad request: one call per
+            // conversation, as before (a rolling upgrade updates workers and the store apart).
+            Err(StoreError::Invalid(_)) => {
+                for set in sets {
+                    self.upsert_keywords(&set.tenant, &set.conversation, set.keywords)
+                        .await?;
+                }
+                Ok(())
+            }
+            r => r,
+        }
     }
     async fn search_keywords(
         &self,
