@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use recollect_model::{Extraction, Fragment, KeywordVector, MemoryId, TenantId, Turn};
+use recollect_model::{Extraction, Fragment, MemoryId, TenantId, Turn};
 use recollect_telemetry::events::{
     InternalEvent, Seam, StoreBackend, StoreCallCompleted, StoreCallFailed, StoreOp,
 };
@@ -367,19 +367,6 @@ impl<V: VectorIndex> VectorIndex for Observed<V> {
         self.vectors(
             StoreOp::VersionVectors,
             self.inner.version_vectors(tenant, versions),
-        )
-        .await
-    }
-
-    async fn upsert_keywords(
-        &self,
-        tenant: &TenantId,
-        conversation: &str,
-        keywords: Vec<KeywordVector>,
-    ) -> Result<(), StoreError> {
-        self.vectors(
-            StoreOp::UpsertKeywords,
-            self.inner.upsert_keywords(tenant, conversation, keywords),
         )
         .await
     }

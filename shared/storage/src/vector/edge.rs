@@ -21,7 +21,7 @@ use qdrant_edge::{
     PointOperations, PointStruct, QueryEnum, Range, SearchRequest, UpdateOperation, ValueVariants,
     Vector, VectorInternal, VectorStructInternal, Vectors, WithPayloadInterface, WithVector,
 };
-use recollect_model::{KeywordVector, MemoryId, SparseVector, TenantId};
+use recollect_model::{MemoryId, SparseVector, TenantId};
 
 use crate::vector::{
     history_tenant, version_point_id, FieldVectors, KeywordSet, ReplacedVersion, TurnPoint,
@@ -736,20 +736,6 @@ impl VectorIndex for EdgeVectorIndex {
             .into_iter()
             .filter_map(|(p, v)| by_point.get(&p).map(|m| (*m, v)))
             .collect())
-    }
-
-    async fn upsert_keywords(
-        &self,
-        tenant: &TenantId,
-        conversation: &str,
-        keywords: Vec<KeywordVector>,
-    ) -> Result<(), StoreError> {
-        self.upsert_keyword_sets(vec![KeywordSet {
-            tenant: tenant.clone(),
-            conversation: conversation.to_string(),
-            keywords,
-        }])
-        .await
     }
 
     /// One update and one flush for a writer's whole batch, and only the keywords a

@@ -170,18 +170,19 @@ pub trait VectorIndex: Send + Sync + 'static {
         tenant: &TenantId,
         conversation: &str,
         keywords: Vec<KeywordVector>,
-    ) -> Result<(), StoreError>;
+    ) -> Result<(), StoreError> {
+        self.upsert_keyword_sets(vec![KeywordSet {
+            tenant: tenant.clone(),
+            conversation: conversation.to_string(),
+            keywords,
+        }])
+        .await
+    }
 
     /// The keyword vectors of several conversations at once (a writer's batch), with
     /// [`VectorIndex::upsert_keywords`]'s meaning. A keyword a conversation already has may be
     /// left as it is: the same keyword has the same vector.
-    async fn upsert_keyword_sets(&self, sets: Vec<KeywordSet>) -> Result<(), StoreError> {
-        for set in sets {
-            self.upsert_keywords(&set.tenant, &set.conversation, set.keywords)
-                .await?;
-        }
-        Ok(())
-    }
+    async fn upsert_keyword_sets(&self, sets: Vec<KeywordSet>) -> Result<(), StoreError>;
 
     /// Keywords of the scope's conversations nearest to `vector` with cosine ≥ `min_score`
     /// (name, score). Keywords belong to conversations: the turn filter does not apply.

@@ -23,7 +23,7 @@ use qdrant_client::qdrant::{
     Vector, VectorInput, VectorParamsBuilder, VectorsConfigBuilder, VectorsSelector,
 };
 use qdrant_client::{Payload, Qdrant};
-use recollect_model::{KeywordVector, MemoryId, SparseVector, TenantId};
+use recollect_model::{MemoryId, SparseVector, TenantId};
 
 use crate::vector::{
     history_tenant, version_point_id, FieldVectors, KeywordSet, ReplacedVersion, TurnPoint,
@@ -840,20 +840,6 @@ impl VectorIndex for QdrantVectorIndex {
             .into_iter()
             .filter_map(|(p, v)| by_point.get(&p).map(|m| (*m, v)))
             .collect())
-    }
-
-    async fn upsert_keywords(
-        &self,
-        tenant: &TenantId,
-        conversation: &str,
-        keywords: Vec<KeywordVector>,
-    ) -> Result<(), StoreError> {
-        self.upsert_keyword_sets(vec![KeywordSet {
-            tenant: tenant.clone(),
-            conversation: conversation.to_string(),
-            keywords,
-        }])
-        .await
     }
 
     /// Only the keywords a conversation does not have yet (one lookup by id first): most of a
