@@ -472,8 +472,28 @@ impl EdgeVectorIndex {
         Ok(())
     }
 
-    fn flush(shard: &EdgeShard) {
-        shard.flush();
+    /// The engine's flush panics instead of waiting when its segment holder is locked for a
+    /// write at that moment (the optimiser swapping a rebuilt segment in; seen once in a 1M
+    /// ingest). The panic comes before anything is flushed, so trying again shortly is safe,
+    /// and cheaper than failing the writer's batch.
+    fn flush(shard: &EdgeShard) -> Result<(), StoreError> {
+        const ATTEMPTS: u32 = 50;
+        for attempt in 1..=ATTEMPTS {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| shard.flush())) {
+                Ok(()) => return Ok(()),
+                Err(_) if attempt < ATTEMPTS => {
+                    tracing::warn!(
+                        attempt,
+                        "vector index busy (segments being swapped); flushing again"
+                    );
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(_) => break,
+            }
+        }
+        Err(StoreError::backend_msg(
+            "vector index flush: the segments stayed locked by the optimiser",
+        ))
     }
 
     /// Dense field vectors of the given points whose tenant key is `owner`, by point id.
@@ -508,8 +528,7 @@ impl EdgeVectorIndex {
                 PointOperations::UpsertPoints(PointInsertOperations::PointsList(points)),
             ))
             .map_err(err)?;
-        Self::flush(shard);
-        Ok(())
+        Self::flush(shard)
     }
 }
 
@@ -867,8 +886,7 @@ impl VectorIndex for EdgeVectorIndex {
                     PointOperations::DeletePointsByFilter(kept),
                 ))
                 .map_err(err)?;
-                Self::flush(s);
-                Ok(())
+                Self::flush(s)
             })
             .await?;
         }
@@ -881,8 +899,7 @@ impl VectorIndex for EdgeVectorIndex {
                     PointOperations::DeletePoints { ids },
                 ))
                 .map_err(err)?;
-                Self::flush(s);
-                Ok(())
+                Self::flush(s)
             })
             .await?;
         }
@@ -906,8 +923,7 @@ impl VectorIndex for EdgeVectorIndex {
                 ))
                 .map_err(err)?;
             }
-            Self::flush(s);
-            Ok(())
+            Self::flush(s)
         })
         .await?;
         self.write(&self.keywords, move |s| {
@@ -915,8 +931,7 @@ impl VectorIndex for EdgeVectorIndex {
                 PointOperations::DeletePointsByFilter(f2),
             ))
             .map_err(err)?;
-            Self::flush(s);
-            Ok(())
+            Self::flush(s)
         })
         .await?;
         Ok(n)
