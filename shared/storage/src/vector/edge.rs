@@ -50,13 +50,6 @@ pub struct EdgeVectorIndex {
 const OPTIMIZE_AFTER_POINTS: u64 = 20_000;
 const OPTIMIZE_WHEN_IDLE: Duration = Duration::from_secs(5);
 
-/// Every search here is filtered by tenant, so no search walks a graph of all tenants: no
-/// global graph (`m: 0`), one graph per tenant instead (`payload_m`, built for the tenant
-/// index and for any conversation or end user large enough that scanning it is slower).
-/// Scopes under `full_scan_threshold` (a conversation, a few of them) are scanned exactly
-/// through the payload index, as before. Building the global graph was half of the background
-/// index build that competed with ingest. A store written with the global graph is rebuilt to
-/// this once by the optimiser (its configuration no longer matches).
 /// Four segments before the optimiser merges: at the engine's default on 2 cores (2) every
 /// optimisation during a bulk ingest rewrote the whole index into one segment again.
 fn optimizer_config() -> EdgeOptimizersConfig {
@@ -66,6 +59,13 @@ fn optimizer_config() -> EdgeOptimizersConfig {
     }
 }
 
+/// Every search here is filtered by tenant, so no search walks a graph of all tenants: no
+/// global graph (`m: 0`), one graph per tenant instead (`payload_m`, built for the tenant
+/// index and for any conversation or end user large enough that scanning it is slower).
+/// Scopes under `full_scan_threshold` (a conversation, a few of them) are scanned exactly
+/// through the payload index, as before. Building the global graph was half of the background
+/// index build that competed with ingest. A store written with the global graph is rebuilt to
+/// this once by the optimiser (its configuration no longer matches).
 fn graph_config() -> HnswIndexConfig {
     HnswIndexConfig {
         m: 0,
