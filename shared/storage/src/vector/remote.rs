@@ -100,13 +100,15 @@ impl VectorIndex for RemoteVectorIndex {
         .await
     }
     async fn upsert_keyword_sets(&self, sets: Vec<KeywordSet>) -> Result<(), StoreError> {
-        match self
-            .call(VectorCall::UpsertKeywordSets { sets: sets.clone() })
-            .await
-        {
+        // Sent by reference, so the batch is not copied for the rare fallback below.
+        let call = VectorCall::UpsertKeywordSets { sets };
+        match self.client.call(VECTORS_PATH, &call).await {
             // A store service older than this call refuses it as a bad request: one call per
             // conversation, as before (a rolling upgrade updates workers and the store apart).
             Err(StoreError::Invalid(_)) => {
+                let VectorCall::UpsertKeywordSets { sets } = call else {
+                    unreachable!("built above")
+                };
                 for set in sets {
                     self.upsert_keywords(&set.tenant, &set.conversation, set.keywords)
                         .await?;
