@@ -285,7 +285,7 @@ fn kafka_pipeline_survives_kill9_of_every_worker_kind() {
     let dead = dead_letters(&bus, &rt);
     let dl: Vec<Value> = dead
         .iter()
-        .map(|d| serde_json::from_slice(&d.message.payload).unwrap())
+        .map(|d| serde_json::from_slice(&d.message.payload()).unwrap())
         .collect();
     assert_eq!(dead.len(), 1, "exactly the poison is dead-lettered: {dl:?}");
     assert_eq!(dl[0]["stage"], "extractor");

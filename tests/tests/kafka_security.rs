@@ -78,12 +78,12 @@ async fn round_trip(bus: &KafkaBus, topic: &str) -> Result<(), String> {
     bus.ensure_topics(&[topic])
         .await
         .map_err(|e| e.to_string())?;
-    bus.publish(vec![Message {
-        topic: topic.into(),
-        key: "k".into(),
-        payload: b"over a secured connection".to_vec(),
-        headers: vec![],
-    }])
+    bus.publish(vec![Message::from_bytes(
+        topic,
+        "k".into(),
+        b"over a secured connection".to_vec(),
+        vec![],
+    )])
     .await
     .map_err(|e| e.to_string())?;
     let mut sub = bus
@@ -97,7 +97,7 @@ async fn round_trip(bus: &KafkaBus, topic: &str) -> Result<(), String> {
             .await
             .map_err(|e| e.to_string())?;
         if let Some(d) = got.first() {
-            assert_eq!(d.message.payload, b"over a secured connection");
+            assert_eq!(d.message.payload().as_ref(), b"over a secured connection");
             sub.close().await;
             return Ok(());
         }

@@ -357,7 +357,8 @@ impl Stage for ConsolidatorStage {
         let decoded: Vec<Result<Envelope<StoredTurn>, StageError>> = batch
             .iter()
             .map(|d| {
-                serde_json::from_slice(&d.message.payload)
+                d.message
+                    .decode()
                     .map_err(|e| StageError::Permanent(format!("undecodable stored turn: {e}")))
             })
             .collect();

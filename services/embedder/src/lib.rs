@@ -136,7 +136,8 @@ impl Stage for EmbedderStage {
         let mut decoded: Vec<Result<Envelope<ExtractedTurn>, StageError>> = batch
             .iter()
             .map(|d| {
-                serde_json::from_slice(&d.message.payload)
+                d.message
+                    .decode()
                     .map_err(|e| StageError::Permanent(format!("undecodable extracted turn: {e}")))
             })
             .collect();
@@ -219,7 +220,7 @@ impl Stage for EmbedderStage {
                 Ok(vec![Message::json(
                     topics::EMBEDDED,
                     key,
-                    &Envelope::new(env.trace_id.clone(), out),
+                    Envelope::new(env.trace_id.clone(), out),
                     &env.trace_id,
                 )])
             })

@@ -159,7 +159,7 @@ impl Stage for ExtractorStage {
                 Ok(vec![Message::json(
                     topics::EXTRACTED,
                     bus_key(&out.turn.tenant, &out.turn.conversation_id),
-                    &Envelope::new(env.trace_id.clone(), out),
+                    Envelope::new(env.trace_id.clone(), out),
                     &env.trace_id,
                 )])
             }
@@ -225,7 +225,9 @@ impl Stage for ExtractorStage {
 /// A raw turn as the pipeline carries it: checked, with its memory id and record time filled
 /// in when the producer left them out.
 fn decode(d: &Delivery) -> Result<RawMessage, StageError> {
-    let mut env: RawMessage = serde_json::from_slice(&d.message.payload)
+    let mut env: RawMessage = d
+        .message
+        .decode()
         .map_err(|e| StageError::Permanent(format!("undecodable raw turn: {e}")))?;
     let turn = &mut env.body;
     check_direct(turn)?;
@@ -249,12 +251,7 @@ mod tests {
             "turn_id":"{turn_id}","user":"{text}","timestamp":"2024-05-01T10:00:00Z"}}}}"#
         );
         Delivery {
-            message: Message {
-                topic: topics::RAW.into(),
-                key: "acme/c".into(),
-                payload: body.into_bytes(),
-                headers: vec![],
-            },
+            message: Message::from_bytes(topics::RAW, "acme/c".into(), body.into_bytes(), vec![]),
             partition: 0,
             offset: 0,
             timestamp_ms: None,
@@ -265,7 +262,7 @@ mod tests {
         out.iter()
             .map(|r| {
                 let m = &r.as_ref().unwrap()[0];
-                let e: Envelope<ExtractedTurn> = serde_json::from_slice(&m.payload).unwrap();
+                let e: Envelope<ExtractedTurn> = m.decode().unwrap();
                 assert!(!e.body.turn.memory_id.is_nil());
                 e.body.turn.position
             })

@@ -446,7 +446,7 @@ impl Gateway {
                 Message::json(
                     topics::RAW,
                     bus_key(&t.tenant, &t.conversation_id),
-                    &Envelope::new(trace_id, t.clone()),
+                    Envelope::new(trace_id, t.clone()),
                     trace_id,
                 )
             })

@@ -299,7 +299,8 @@ impl Stage for GraphWriterStage {
         let decoded: Vec<Result<Envelope<EmbeddedTurn>, StageError>> = batch
             .iter()
             .map(|d| {
-                serde_json::from_slice(&d.message.payload)
+                d.message
+                    .decode()
                     .map_err(|e| StageError::Permanent(format!("undecodable embedded turn: {e}")))
             })
             .collect();
@@ -336,7 +337,7 @@ impl Stage for GraphWriterStage {
                 Ok(vec![Message::json(
                     topics::STORED,
                     bus_key(&t.tenant, &t.conversation_id),
-                    &Envelope::new(env.trace_id.clone(), stored),
+                    Envelope::new(env.trace_id.clone(), stored),
                     &env.trace_id,
                 )])
             })
@@ -561,15 +562,13 @@ mod tests {
                      "lexical": {"indices": [7], "values": [1.0]},
                      "keywords": [{"keyword": "secret", "vector": [0.0, 1.0, 0.0, 0.0]}], "model": "m"}});
         Delivery {
-            message: Message {
-                topic: topics::EMBEDDED.into(),
-                key: "acme/c".into(),
-                payload: serde_json::to_vec(
-                    &json!({"schema_version": 3, "trace_id": "tr", "body": body}),
-                )
-                .unwrap(),
-                headers: vec![],
-            },
+            message: Message::from_bytes(
+                topics::EMBEDDED,
+                "acme/c".into(),
+                serde_json::to_vec(&json!({"schema_version": 3, "trace_id": "tr", "body": body}))
+                    .unwrap(),
+                vec![],
+            ),
             partition: 0,
             offset: i as i64,
             timestamp_ms: None,

@@ -299,7 +299,9 @@ impl Bus for KafkaBus {
 
     async fn publish(&self, messages: Vec<Message>) -> Result<(), BusError> {
         let producer = self.producer();
-        let sends = messages.iter().map(|m| {
+        // Serialised here, once: the records borrow their payloads until every send settles.
+        let payloads: Vec<_> = messages.iter().map(Message::payload).collect();
+        let sends = messages.iter().zip(&payloads).map(|(m, payload)| {
             let mut headers = OwnedHeaders::new_with_capacity(m.headers.len());
             for (k, v) in &m.headers {
                 headers = headers.insert(Header {
@@ -309,7 +311,7 @@ impl Bus for KafkaBus {
             }
             let record = FutureRecord::to(&m.topic)
                 .key(&m.key)
-                .payload(&m.payload)
+                .payload(payload.as_ref())
                 .headers(headers);
             producer.send(record, Duration::from_secs(30))
         });
@@ -509,12 +511,12 @@ fn delivery(m: &rdkafka::message::BorrowedMessage<'_>) -> Delivery {
         })
         .unwrap_or_default();
     Delivery {
-        message: Message {
-            topic: m.topic().to_string(),
-            key: String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
-            payload: m.payload().unwrap_or_default().to_vec(),
+        message: Message::from_bytes(
+            m.topic(),
+            String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
+            m.payload().unwrap_or_default().to_vec(),
             headers,
-        },
+        ),
         partition: m.partition(),
         offset: m.offset(),
         timestamp_ms: m.timestamp().to_millis(),

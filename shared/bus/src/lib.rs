@@ -3,6 +3,8 @@
 //! owns the delivery rules: publish outputs, then commit; retry transient failures a bounded
 //! number of times; send what still fails to the dead-letter topic and move on.
 
+use std::any::Any;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,6 +16,7 @@ use recollect_telemetry::events::{
     ConsumerLagObserved, InternalEvent, StageBatchHandled, StageMessageDeadLettered,
     StageMessageProcessed, StageMessageRetried,
 };
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch, Mutex};
 
@@ -41,22 +44,86 @@ impl recollect_model::Classify for BusError {
 }
 
 /// A message to publish. `key` keeps one conversation on one partition, in order.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// A message made by [`Message::json`] keeps its body as the value it was made from and
+/// serialises it only when it leaves the process (a Kafka producer, a dead letter): the
+/// in-process bus hands the value itself to the next stage, so embedded mode spends nothing on
+/// JSON between stages, while Kafka carries the same bytes as before.
+#[derive(Clone)]
 pub struct Message {
     pub topic: String,
     pub key: String,
-    pub payload: Vec<u8>,
     pub headers: Vec<(String, String)>,
+    payload: Payload,
+}
+
+#[derive(Clone)]
+enum Payload {
+    Bytes(Vec<u8>),
+    Value {
+        value: Arc<dyn Any + Send + Sync>,
+        encode: fn(&(dyn Any + Send + Sync)) -> Vec<u8>,
+    },
+}
+
+fn encode_json<T: Serialize + 'static>(v: &(dyn Any + Send + Sync)) -> Vec<u8> {
+    let v = v
+        .downcast_ref::<T>()
+        .expect("a message's encoder is made for its body's type");
+    serde_json::to_vec(v).expect("bus messages serialise")
 }
 
 impl Message {
-    pub fn json<T: Serialize>(topic: &str, key: String, body: &T, trace_id: &str) -> Self {
+    /// A message whose wire form is `body` as JSON.
+    pub fn json<T: Serialize + Send + Sync + 'static>(
+        topic: &str,
+        key: String,
+        body: T,
+        trace_id: &str,
+    ) -> Self {
         Self {
             topic: topic.to_string(),
             key,
-            payload: serde_json::to_vec(body).expect("bus messages serialise"),
             headers: vec![("trace_id".to_string(), trace_id.to_string())],
+            payload: Payload::Value {
+                value: Arc::new(body),
+                encode: encode_json::<T>,
+            },
         }
+    }
+
+    /// A message of bytes as they came (a consumed Kafka record, a test's hand-made payload).
+    pub fn from_bytes(
+        topic: &str,
+        key: String,
+        payload: Vec<u8>,
+        headers: Vec<(String, String)>,
+    ) -> Self {
+        Self {
+            topic: topic.to_string(),
+            key,
+            headers,
+            payload: Payload::Bytes(payload),
+        }
+    }
+
+    /// The wire form: the bytes given, or the body serialised now.
+    pub fn payload(&self) -> Cow<'_, [u8]> {
+        match &self.payload {
+            Payload::Bytes(b) => Cow::Borrowed(b),
+            Payload::Value { value, encode } => Cow::Owned(encode(value.as_ref())),
+        }
+    }
+
+    /// The body as `T`: a copy of the value when the message was made from one of that type
+    /// and never left the process, otherwise parsed from the JSON bytes.
+    pub fn decode<T: DeserializeOwned + Clone + 'static>(&self) -> Result<T, serde_json::Error> {
+        if let Payload::Value { value, .. } = &self.payload {
+            if let Some(v) = value.downcast_ref::<T>() {
+                return Ok(v.clone());
+            }
+        }
+        serde_json::from_slice(&self.payload())
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {
@@ -64,6 +131,26 @@ impl Message {
             .iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
+    }
+}
+
+impl PartialEq for Message {
+    fn eq(&self, other: &Self) -> bool {
+        self.topic == other.topic
+            && self.key == other.key
+            && self.headers == other.headers
+            && self.payload() == other.payload()
+    }
+}
+
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Message")
+            .field("topic", &self.topic)
+            .field("key", &self.key)
+            .field("headers", &self.headers)
+            .field("payload", &String::from_utf8_lossy(&self.payload()))
+            .finish()
     }
 }
 
@@ -440,12 +527,12 @@ async fn settle(
                 partition: d.partition,
                 offset: d.offset,
                 key: d.message.key.clone(),
-                payload: String::from_utf8_lossy(&d.message.payload).into_owned(),
+                payload: String::from_utf8_lossy(&d.message.payload()).into_owned(),
             };
             vec![Message::json(
                 topics::DLQ,
                 d.message.key.clone(),
-                &dl,
+                dl,
                 trace_id,
             )]
         }
@@ -470,12 +557,14 @@ mod tests {
             batch
                 .iter()
                 .map(|d| {
-                    let n: i64 = serde_json::from_slice(&d.message.payload)
+                    let n: i64 = d
+                        .message
+                        .decode()
                         .map_err(|e| StageError::Permanent(e.to_string()))?;
                     Ok(vec![Message::json(
                         "out",
                         d.message.key.clone(),
-                        &(n * 2),
+                        n * 2,
                         "t",
                     )])
                 })
@@ -494,28 +583,23 @@ mod tests {
         let (tx, rx) = watch::channel(false);
         let h = tokio::spawn(run_stage(bus.clone(), Arc::new(Doubler), "g".into(), rx));
         let mut msgs: Vec<Message> = (0..5)
-            .map(|i| Message::json("in", "k".into(), &i, "t"))
+            .map(|i| Message::json("in", "k".into(), i, "t"))
             .collect();
         msgs.insert(
             2,
-            Message {
-                topic: "in".into(),
-                key: "k".into(),
-                payload: b"{oops".to_vec(),
-                headers: vec![],
-            },
+            Message::from_bytes("in", "k".into(), b"{oops".to_vec(), vec![]),
         );
         bus.publish(msgs).await.unwrap();
         let mut got = Vec::new();
         while got.len() < 5 {
             for d in out.poll(10, Duration::from_secs(5)).await.unwrap() {
-                got.push(serde_json::from_slice::<i64>(&d.message.payload).unwrap());
+                got.push(d.message.decode::<i64>().unwrap());
             }
         }
         assert_eq!(got, vec![0, 2, 4, 6, 8]);
         let dead = dlq.poll(10, Duration::from_secs(5)).await.unwrap();
         assert_eq!(dead.len(), 1);
-        let dl: DeadLetter = serde_json::from_slice(&dead[0].message.payload).unwrap();
+        let dl: DeadLetter = serde_json::from_slice(&dead[0].message.payload()).unwrap();
         assert_eq!(dl.payload, "{oops");
         assert_eq!(dl.stage, "doubler");
         tx.send(true).unwrap();
@@ -568,12 +652,12 @@ mod tests {
         let stage = Arc::new(Failing(kind, Default::default()));
         let (tx, rx) = watch::channel(false);
         let h = tokio::spawn(run_stage(bus.clone(), stage.clone(), "g".into(), rx));
-        bus.publish(vec![Message::json("in", "k".into(), &1, "t")])
+        bus.publish(vec![Message::json("in", "k".into(), 1, "t")])
             .await
             .unwrap();
         let dead = dlq.poll(1, Duration::from_secs(10)).await.unwrap();
         assert_eq!(dead.len(), 1, "the message is dead-lettered");
-        let dl: DeadLetter = serde_json::from_slice(&dead[0].message.payload).unwrap();
+        let dl: DeadLetter = serde_json::from_slice(&dead[0].message.payload()).unwrap();
         assert!(dl.error.contains(kind.code()), "{}", dl.error);
         tx.send(true).unwrap();
         h.await.unwrap().unwrap();

@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use crate::{
     COMPONENT_INFO, CONSUMER_LAG, EMBED_BATCH_SIZE, EMBED_LATENCY, GRPC_REQUESTS, HTTP_REQUESTS,
-    HTTP_SHED, RECALL_CANDIDATES, RECALL_EMPTY, RECALL_LATENCY, STAGE_LATENCY, STAGE_MESSAGES,
-    STAGE_RETRIES, STORE_ERRORS, STORE_READ_LATENCY, STORE_WRITE_LATENCY, TURNS_ACCEPTED,
-    TURNS_REJECTED,
+    HTTP_SHED, RECALL_CANDIDATES, RECALL_EMPTY, RECALL_LATENCY, STAGE_BATCH_SIZE, STAGE_LATENCY,
+    STAGE_MESSAGES, STAGE_RETRIES, STORE_ERRORS, STORE_READ_LATENCY, STORE_WRITE_LATENCY,
+    TURNS_ACCEPTED, TURNS_REJECTED,
 };
 
 /// Something worth a log line and a metric update.
@@ -141,6 +141,9 @@ impl InternalEvent for StageBatchHandled {
         STAGE_LATENCY
             .with_label_values(&[self.stage])
             .observe(self.elapsed.as_secs_f64());
+        STAGE_BATCH_SIZE
+            .with_label_values(&[self.stage])
+            .observe(self.messages as f64);
     }
 }
 

@@ -86,6 +86,17 @@ pub(crate) static STAGE_LATENCY: Lazy<HistogramVec> = Lazy::new(|| {
         latency_buckets(),
     )
 });
+/// Messages per batch a stage handled: how much each of its store writes (and fsyncs) carries.
+pub(crate) static STAGE_BATCH_SIZE: Lazy<HistogramVec> = Lazy::new(|| {
+    histogram(
+        "recollect_pipeline_batch_size_messages",
+        "messages in one batch, per stage",
+        &["stage"],
+        vec![
+            1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+        ],
+    )
+});
 /// Messages waiting per topic (in-process queue depth, or Kafka consumer lag per partition).
 pub(crate) static CONSUMER_LAG: Lazy<IntGaugeVec> = Lazy::new(|| {
     gauge(
@@ -206,6 +217,7 @@ pub fn register_all() {
     Lazy::force(&STAGE_MESSAGES);
     Lazy::force(&STAGE_RETRIES);
     Lazy::force(&STAGE_LATENCY);
+    Lazy::force(&STAGE_BATCH_SIZE);
     Lazy::force(&CONSUMER_LAG);
     Lazy::force(&STORE_WRITE_LATENCY);
     Lazy::force(&STORE_READ_LATENCY);
@@ -230,6 +242,18 @@ pub fn register_all() {
 pub fn recall_duration_totals(path: &str) -> (f64, u64) {
     let h = RECALL_LATENCY.with_label_values(&[path]);
     (h.get_sample_sum(), h.get_sample_count())
+}
+
+/// `(sum, count)` so far of `recollect_pipeline_batch_size_messages{stage}` and the time those
+/// batches took (`recollect_pipeline_batch_duration_seconds{stage}`'s sum).
+pub fn stage_batch_totals(stage: &str) -> (f64, u64, f64) {
+    let size = STAGE_BATCH_SIZE.with_label_values(&[stage]);
+    let took = STAGE_LATENCY.with_label_values(&[stage]);
+    (
+        size.get_sample_sum(),
+        size.get_sample_count(),
+        took.get_sample_sum(),
+    )
 }
 
 /// `(sum, count)` so far of `recollect_recall_candidates_turns{path}`.
@@ -352,7 +376,7 @@ mod tests {
             .filter_map(|l| l.strip_prefix("# TYPE "))
             .filter_map(|l| l.split_once(' '))
             .collect();
-        assert_eq!(types.len(), 19, "every family was fed: {types:?}");
+        assert_eq!(types.len(), 20, "every family was fed: {types:?}");
         for (name, kind) in types {
             let parts: Vec<&str> = name.split('_').collect();
             let unit = *parts.last().unwrap();
@@ -365,7 +389,7 @@ mod tests {
             match kind {
                 "counter" => assert_eq!(unit, "total", "{name}"),
                 "histogram" => assert!(
-                    ["seconds", "texts", "turns"].contains(&unit),
+                    ["seconds", "texts", "turns", "messages"].contains(&unit),
                     "{name}: a histogram ends in its unit"
                 ),
                 "gauge" => assert!(["messages", "info"].contains(&unit), "{name}"),

@@ -358,12 +358,12 @@ fn uuid_like() -> String {
 /// Produces a message no stage can decode straight onto the raw topic, as a misbehaving producer
 /// would write it.
 pub fn plant_poison(bus: &KafkaBus, rt: &tokio::runtime::Runtime, tenant: &str) {
-    rt.block_on(bus.publish(vec![recollect_bus::Message {
-        topic: topics::RAW.into(),
-        key: format!("{tenant}/poison"),
-        payload: b"{\"schema_version\": 2, \"body\": {not json".to_vec(),
-        headers: vec![("trace_id".into(), "poison-trace".into())],
-    }]))
+    rt.block_on(bus.publish(vec![recollect_bus::Message::from_bytes(
+        topics::RAW,
+        format!("{tenant}/poison"),
+        b"{\"schema_version\": 2, \"body\": {not json".to_vec(),
+        vec![("trace_id".into(), "poison-trace".into())],
+    )]))
     .unwrap();
 }
 
@@ -437,7 +437,7 @@ pub fn topic_census(
             quiet = if batch.is_empty() { quiet + 1 } else { 0 };
             for d in batch {
                 messages += 1;
-                if let Ok(v) = serde_json::from_slice::<Value>(&d.message.payload) {
+                if let Ok(v) = serde_json::from_slice::<Value>(&d.message.payload()) {
                     if let (Some(c), Some(t)) = (find(&v, "conversation_id"), find(&v, "turn_id")) {
                         ids.insert((c.to_string(), t.to_string()));
                     }
