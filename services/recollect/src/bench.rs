@@ -286,6 +286,14 @@ fn file_bytes_on_disk(file: &Path) -> u64 {
 
 /// Where the bytes beyond the vector index go: each redb file's tables per turn, largest
 /// first, and what its file holds beyond them (free pages, page slack).
+/// Blocks on disk of the vector engine's write-ahead logs (one per shard).
+fn vector_log_bytes(dir: &Path) -> u64 {
+    ["turns", "keywords"]
+        .iter()
+        .map(|shard| dir_bytes(&dir.join("vectors").join(shard).join("wal")))
+        .sum()
+}
+
 fn print_footprint(dir: &Path, turns: u64) -> anyhow::Result<()> {
     let per_turn = |b: u64| b as f64 / turns.max(1) as f64;
     for file in ["raw.redb", "graph.redb"] {
@@ -744,6 +752,7 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
         let conversations = a.conversations.min(size / 10).max(1);
         let existing = app.raw.count()? as usize;
         let cpu0 = cpu_seconds();
+        let batches0 = stage_batches();
         let (durable, e2e) = if existing < size {
             let mut r = Rng(0xfeed_f00d ^ size as u64);
             ingest(&app, &tenants, conversations, size, |p| {
@@ -763,6 +772,10 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
                 size as f64 / durable,
                 size as f64 / e2e,
                 ingest_cpu / size as f64 * 1000.0
+            );
+            println!(
+                "{size}: ingest batches, mean messages / ms per batch: {}",
+                stage_batches_since(&batches0)
             );
         }
         // Recall is timed on a settled index: the background optimiser builds HNSW graphs for
@@ -836,14 +849,22 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
         };
         let n = app.raw.count()?.max(1);
         app.shutdown().await;
-        let total = dir_bytes(&dir);
-        let vectors = dir_bytes(&dir.join("vectors"));
+        let log_before = vector_log_bytes(&dir);
         print_footprint(&dir, n)?;
         // Reopen: the stores alone (the model is loaded once per process; see above).
         let t = Instant::now();
         let reopened = App::open_with(s, Arc::new(HashEmbedder::new(model.dim()))).await?;
         let reopen_s = t.elapsed().as_secs_f64();
         reopened.shutdown().await;
+        // Disk at rest, as a restarted store holds it: opening removes the vector engine's
+        // write-ahead log, which grows while a process runs (`prune_write_ahead_log`).
+        let total = dir_bytes(&dir);
+        let vectors = dir_bytes(&dir.join("vectors"));
+        println!(
+            "{size}: the vector engine's write-ahead log had grown to {:.0} B/turn since the store was opened; {:.0} B/turn after the reopen",
+            log_before as f64 / n as f64,
+            vector_log_bytes(&dir) as f64 / n as f64
+        );
         let row = Row {
             turns: size,
             durable_per_s: size as f64 / durable,
@@ -925,6 +946,35 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
         println!("figures written to {}", path.display());
     }
     Ok(())
+}
+
+/// The pipeline's stages, in the order a turn meets them.
+const STAGES: [&str; 4] = ["extractor", "embedder", "graph-writer", "consolidator"];
+
+/// Each stage's batch totals `(messages, batches, seconds)` at one moment.
+fn stage_batches() -> Vec<(f64, u64, f64)> {
+    STAGES
+        .iter()
+        .map(|s| recollect_telemetry::stage_batch_totals(s))
+        .collect()
+}
+
+/// Each stage's mean batch since `before`: how many turns share one round of its writes.
+fn stage_batches_since(before: &[(f64, u64, f64)]) -> String {
+    STAGES
+        .iter()
+        .zip(stage_batches().iter().zip(before))
+        .filter(|(_, ((_, n1, _), (_, n0, _)))| n1 > n0)
+        .map(|(stage, ((m1, n1, t1), (m0, n0, t0)))| {
+            let n = (n1 - n0) as f64;
+            format!(
+                "{stage} {:.1} / {:.1} ms",
+                (m1 - m0) / n,
+                (t1 - t0) / n * 1000.0
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Recall's phases in order, the retrievers inside `retrieve` (they overlap), and the paths

@@ -353,6 +353,47 @@ fn filter_on(tenant_key: &str, scope: &Scope) -> Filter {
     }
 }
 
+/// Removes the closed segments of a shard's write-ahead log but the newest; returns the bytes
+/// they took on disk.
+///
+/// qdrant-edge 0.7.2 writes every update to its log, but never reads the log back (a load
+/// rebuilds nothing from it) and never truncates it: the log grew by ~4.6 KB a turn (4.6 GB of
+/// a 1M-turn store's 10 GB), and opening it checked the CRC of every entry (most of a 1M store's
+/// reopen). What is durable is what a flush wrote to the segments, which every write here ends
+/// with, so nothing is lost with the log. The newest closed segment stays: the log numbers the
+/// operations on from its end, those numbers are the points' versions, and an update numbered
+/// below a point's version would be ignored. Runs before the engine opens the log (it maps every
+/// segment it finds), so a running index's log still grows until the next open.
+fn prune_write_ahead_log(shard_dir: &Path) -> Result<u64, StoreError> {
+    let wal = shard_dir.join("wal");
+    let Ok(entries) = std::fs::read_dir(&wal) else {
+        return Ok(0);
+    };
+    let mut closed: Vec<(u64, std::path::PathBuf, u64)> = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(start) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("closed-"))
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        use std::os::unix::fs::MetadataExt;
+        closed.push((start, entry.path(), entry.metadata()?.blocks() * 512));
+    }
+    closed.sort_unstable_by_key(|(start, ..)| *start);
+    closed.pop();
+    let mut freed = 0;
+    // Oldest first: a crash part way leaves the newest segments, still contiguous.
+    for (_, path, bytes) in closed {
+        std::fs::remove_file(&path)?;
+        freed += bytes;
+    }
+    Ok(freed)
+}
+
 /// `turn_fields`: the shard of turn points, which also gets the end-user and agent indexes.
 fn open_shard(
     path: &Path,
@@ -362,6 +403,14 @@ fn open_shard(
     std::fs::create_dir_all(path)?;
     let has_config = path.join("edge_config.json").exists();
     let shard = if has_config {
+        let freed = prune_write_ahead_log(path)?;
+        if freed > 0 {
+            tracing::info!(
+                shard = %path.display(),
+                freed_bytes = freed,
+                "removed the vector engine's unread write-ahead log"
+            );
+        }
         EdgeShard::load(path, Some(config))
     } else {
         EdgeShard::new(path, config)
@@ -1010,5 +1059,99 @@ impl EdgeVectorIndex {
             .map_err(err)? as u64)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shard whose log closes a segment every 64 KiB, so a test fills several.
+    fn small_log_config() -> qdrant_edge::EdgeConfig {
+        EdgeConfigBuilder::new()
+            .vector(
+                KEYWORD_VECTOR,
+                EdgeVectorParamsBuilder::new(4, Distance::Cosine).build(),
+            )
+            .wal_options(qdrant_edge::WalOptions {
+                segment_capacity: 64 * 1024,
+                segment_queue_len: 0,
+                retain_closed: std::num::NonZeroUsize::MIN,
+            })
+            .build()
+    }
+
+    fn upsert(shard: &EdgeShard, id: u64, tag: &str) {
+        let vector = Vectors::new_named([(KEYWORD_VECTOR, Vector::new_dense(vec![1.0; 4]))]);
+        let point = PointStruct::new(
+            PointId::NumId(id),
+            vector,
+            serde_json::json!({ "tag": tag, "pad": "x".repeat(512) }),
+        );
+        EdgeVectorIndex::upsert_in(shard, vec![point.into()]).unwrap();
+    }
+
+    fn tag(shard: &EdgeShard, id: u64) -> Option<String> {
+        let recs = shard
+            .retrieve(
+                &[PointId::NumId(id)],
+                Some(WithPayloadInterface::Bool(true)),
+                Some(WithVector::Bool(false)),
+            )
+            .unwrap();
+        let payload = serde_json::to_value(&recs.first()?.payload).unwrap();
+        payload["tag"].as_str().map(str::to_string)
+    }
+
+    fn closed_segments(dir: &Path) -> usize {
+        std::fs::read_dir(dir.join("wal"))
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("closed-")
+            })
+            .count()
+    }
+
+    /// The log is pruned on open, and what was written stays: every point, and updates after
+    /// the prune still apply (the operation numbers, the points' versions, keep growing).
+    #[test]
+    fn pruning_the_write_ahead_log_loses_nothing_and_later_updates_apply() {
+        // The point written last holds the highest version, which a numbering restarted by
+        // the prune would fall below.
+        const LAST: u64 = 399;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shard");
+        {
+            let shard = open_shard(&path, small_log_config(), false).unwrap();
+            for id in 0..=LAST {
+                upsert(&shard, id, "first");
+            }
+        }
+        let before = closed_segments(&path);
+        assert!(before > 2, "the test fills several log segments: {before}");
+
+        let shard = open_shard(&path, small_log_config(), false).unwrap();
+        assert_eq!(closed_segments(&path), 1, "all but the newest removed");
+        let n = shard
+            .count(CountRequest {
+                filter: None,
+                exact: true,
+            })
+            .unwrap();
+        assert_eq!(n, 400);
+        assert_eq!(tag(&shard, LAST).as_deref(), Some("first"));
+        upsert(&shard, LAST, "second");
+        assert_eq!(tag(&shard, LAST).as_deref(), Some("second"));
+        drop(shard);
+
+        // Once more, so the second prune runs on a log that was pruned before.
+        let shard = open_shard(&path, small_log_config(), false).unwrap();
+        assert_eq!(tag(&shard, LAST).as_deref(), Some("second"));
+        upsert(&shard, LAST, "third");
+        assert_eq!(tag(&shard, LAST).as_deref(), Some("third"));
     }
 }
