@@ -60,13 +60,22 @@ pub use vector::{
 
 /// Copies a directory tree (a backup of a store's files; the caller keeps writers away).
 pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> Result<(), StoreError> {
+    copy_dir_except(from, to, &Default::default())
+}
+
+/// [`copy_dir`] without the files in `skip` (paths under `from`).
+pub fn copy_dir_except(
+    from: &std::path::Path,
+    to: &std::path::Path,
+    skip: &std::collections::HashSet<std::path::PathBuf>,
+) -> Result<(), StoreError> {
     std::fs::create_dir_all(to)?;
     for e in std::fs::read_dir(from)? {
         let e = e?;
         let target = to.join(e.file_name());
         if e.file_type()?.is_dir() {
-            copy_dir(&e.path(), &target)?;
-        } else {
+            copy_dir_except(&e.path(), &target, skip)?;
+        } else if !skip.contains(&e.path()) {
             std::fs::copy(e.path(), &target)?;
         }
     }
