@@ -41,6 +41,7 @@ pub struct EdgeVectorIndex {
     /// Held by the optimiser while it rewrites segments and by a backup while it copies them.
     files: Arc<parking_lot::Mutex<()>>,
     dir: std::path::PathBuf,
+    log: Arc<LogRelease>,
 }
 
 /// Points written before the background optimiser runs (merging small segments, building the
@@ -50,8 +51,47 @@ pub struct EdgeVectorIndex {
 const OPTIMIZE_AFTER_POINTS: u64 = 20_000;
 const OPTIMIZE_WHEN_IDLE: Duration = Duration::from_secs(5);
 
-/// How often the optimiser thread (200 ms ticks) gives back the blocks of the stale log.
-const RELEASE_LOG_EVERY_TICKS: u64 = 25;
+/// How often the writers give back the blocks of the engine's stale log.
+const RELEASE_LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// Gives back the blocks of both shards' stale log ([`release_stale_log`]) at most every
+/// [`RELEASE_LOG_EVERY`], after a write: the log grows only when the index is written, and the
+/// optimiser's thread can be busy for minutes in one optimisation of a large store.
+struct LogRelease {
+    dirs: [std::path::PathBuf; 2],
+    last: parking_lot::Mutex<Instant>,
+    /// A file system without hole punching says so on every try: warn once, then stop.
+    failed: AtomicBool,
+}
+
+impl LogRelease {
+    fn new(dir: &Path) -> Self {
+        Self {
+            dirs: [dir.join("turns"), dir.join("keywords")],
+            last: parking_lot::Mutex::new(Instant::now()),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    fn release_if_due(&self) {
+        if self.failed.load(Ordering::Relaxed) {
+            return;
+        }
+        {
+            let mut last = self.last.lock();
+            if last.elapsed() < RELEASE_LOG_EVERY {
+                return;
+            }
+            *last = Instant::now();
+        }
+        for dir in &self.dirs {
+            if let Err(e) = release_stale_log(dir) {
+                self.failed.store(true, Ordering::Relaxed);
+                tracing::warn!(error = %e, shard = %dir.display(), "could not release the vector engine's stale log; it is removed at the next open");
+            }
+        }
+    }
+}
 
 /// Write-ahead log segments of 4 MiB instead of the engine's 32: the log is never read back
 /// (see [`prune_write_ahead_log`]), and what an open leaves of it is its newest closed segment
@@ -101,11 +141,7 @@ struct Optimizer {
 }
 
 impl Optimizer {
-    fn spawn(
-        shards: [Weak<EdgeShard>; 2],
-        dirs: [std::path::PathBuf; 2],
-        files: Arc<parking_lot::Mutex<()>>,
-    ) -> Self {
+    fn spawn(shards: [Weak<EdgeShard>; 2], files: Arc<parking_lot::Mutex<()>>) -> Self {
         // 1: the store may have been closed with unoptimised segments; look once after opening.
         let written = Arc::new(AtomicU64::new(1));
         let last_write = Arc::new(parking_lot::Mutex::new(Instant::now()));
@@ -114,20 +150,8 @@ impl Optimizer {
         let thread = std::thread::Builder::new()
             .name("vector-optimizer".into())
             .spawn(move || {
-                let mut ticks: u64 = 0;
-                // A file system without hole punching says so on every try: warn once.
-                let mut release_failed = false;
                 while !st.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(200));
-                    ticks += 1;
-                    if !release_failed && ticks.is_multiple_of(RELEASE_LOG_EVERY_TICKS) {
-                        for dir in &dirs {
-                            if let Err(e) = release_stale_log(dir) {
-                                release_failed = true;
-                                tracing::warn!(error = %e, shard = %dir.display(), "could not release the vector engine's stale log; it is removed at the next open");
-                            }
-                        }
-                    }
                     let n = w.load(Ordering::Relaxed);
                     let idle = lw.lock().elapsed() >= OPTIMIZE_WHEN_IDLE;
                     if n == 0 || (n < OPTIMIZE_AFTER_POINTS && !idle) {
@@ -544,7 +568,6 @@ impl EdgeVectorIndex {
         let files = Arc::new(parking_lot::Mutex::new(()));
         let optimizer = Optimizer::spawn(
             [Arc::downgrade(&turns), Arc::downgrade(&keywords)],
-            [dir.join("turns"), dir.join("keywords")],
             files.clone(),
         );
         Ok(Self {
@@ -554,6 +577,7 @@ impl EdgeVectorIndex {
             optimizer,
             writes: Arc::new(parking_lot::Mutex::new(())),
             files,
+            log: Arc::new(LogRelease::new(dir)),
             dir: dir.to_path_buf(),
         })
     }
@@ -572,10 +596,14 @@ impl EdgeVectorIndex {
         shard: &Arc<EdgeShard>,
         f: impl FnOnce(&EdgeShard) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let (s, writes) = (shard.clone(), self.writes.clone());
+        let (s, writes, log) = (shard.clone(), self.writes.clone(), self.log.clone());
         tokio::task::spawn_blocking(move || {
-            let _one_writer = writes.lock();
-            f(&s)
+            let written = {
+                let _one_writer = writes.lock();
+                f(&s)
+            };
+            log.release_if_due();
+            written
         })
         .await?
     }
@@ -1171,6 +1199,17 @@ mod tests {
         EdgeVectorIndex::upsert_in(shard, vec![point.into()]).unwrap();
     }
 
+    /// Points written per round. The one written last holds the highest version, which a
+    /// numbering restarted by a prune would fall below.
+    const LAST: u64 = 399;
+
+    /// Points 0..=LAST tagged `tag`: several of the test's log segments.
+    fn write_all(shard: &EdgeShard, tag: &str) {
+        for id in 0..=LAST {
+            upsert(shard, id, tag);
+        }
+    }
+
     fn tag(shard: &EdgeShard, id: u64) -> Option<String> {
         let recs = shard
             .retrieve(
@@ -1200,13 +1239,10 @@ mod tests {
     /// reading, and the next open removes the emptied segments.
     #[test]
     fn a_running_shards_stale_log_is_released_and_writing_goes_on() {
-        const LAST: u64 = 399;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("shard");
         let shard = open_shard(&path, small_log_config(64), false).unwrap();
-        for id in 0..=LAST {
-            upsert(&shard, id, "first");
-        }
+        write_all(&shard, "first");
         let stale = stale_log_segments(&path).unwrap();
         assert!(stale.len() >= 2, "several stale segments: {}", stale.len());
         let held: u64 = stale.iter().map(|(_, b)| b).sum();
@@ -1215,9 +1251,7 @@ mod tests {
             .unwrap()
             .iter()
             .all(|(_, b)| *b == 0));
-        for id in 0..=LAST {
-            upsert(&shard, id, "second");
-        }
+        write_all(&shard, "second");
         assert_eq!(tag(&shard, LAST).as_deref(), Some("second"));
         assert!(release_stale_log(&path).unwrap() > 0, "newly closed ones");
         drop(shard);
@@ -1229,21 +1263,37 @@ mod tests {
         assert_eq!(tag(&shard, LAST).as_deref(), Some("third"));
     }
 
+    /// The writers' release runs at most every `RELEASE_LOG_EVERY`, whatever the optimiser does.
+    #[test]
+    fn writers_release_the_log_when_due_and_not_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let shard = open_shard(&dir.path().join("turns"), small_log_config(64), false).unwrap();
+        write_all(&shard, "first");
+        let held =
+            |p: &Path| -> u64 { stale_log_segments(p).unwrap().iter().map(|(_, b)| b).sum() };
+        let path = dir.path().join("turns");
+        let log = LogRelease::new(dir.path());
+        log.release_if_due();
+        assert!(held(&path) > 0, "not due yet: nothing released");
+        *log.last.lock() = Instant::now() - RELEASE_LOG_EVERY;
+        log.release_if_due();
+        assert_eq!(held(&path), 0, "due: every stale segment released");
+        assert!(!log.failed.load(Ordering::Relaxed));
+        write_all(&shard, "second");
+        log.release_if_due();
+        assert!(held(&path) > 0, "released moments ago: not due again");
+    }
+
     /// The log is pruned on open, and what was written stays: every point, and updates after
     /// the prune still apply (the operation numbers, the points' versions, keep growing).
     #[test]
     fn pruning_the_write_ahead_log_loses_nothing_and_later_updates_apply() {
-        // The point written last holds the highest version, which a numbering restarted by
-        // the prune would fall below.
-        const LAST: u64 = 399;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("shard");
-        {
-            let shard = open_shard(&path, small_log_config(64), false).unwrap();
-            for id in 0..=LAST {
-                upsert(&shard, id, "first");
-            }
-        }
+        write_all(
+            &open_shard(&path, small_log_config(64), false).unwrap(),
+            "first",
+        );
         let before = closed_segments(&path);
         assert!(before > 2, "the test fills several log segments: {before}");
 
@@ -1285,9 +1335,7 @@ mod tests {
         // another segment size (a store written before `log_options`).
         let shard = open_shard(&path, small_log_config(16), false).unwrap();
         assert_eq!(tag(&shard, LAST).as_deref(), Some("second"));
-        for id in 0..=LAST {
-            upsert(&shard, id, "third");
-        }
+        write_all(&shard, "third");
         assert_eq!(tag(&shard, LAST).as_deref(), Some("third"));
         drop(shard);
         let shard = open_shard(&path, small_log_config(16), false).unwrap();
