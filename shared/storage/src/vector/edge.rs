@@ -1210,6 +1210,16 @@ mod tests {
         }
     }
 
+    fn points(shard: &EdgeShard) -> u64 {
+        let n = shard
+            .count(CountRequest {
+                filter: None,
+                exact: true,
+            })
+            .unwrap();
+        n as u64
+    }
+
     fn tag(shard: &EdgeShard, id: u64) -> Option<String> {
         let recs = shard
             .retrieve(
@@ -1308,24 +1318,12 @@ mod tests {
         crate::copy_dir_except(&path, &copy, &stale).unwrap();
         assert_eq!(closed_segments(&copy), 1);
         let copied = open_shard(&copy, small_log_config(64), false).unwrap();
-        let n = copied
-            .count(CountRequest {
-                filter: None,
-                exact: true,
-            })
-            .unwrap();
-        assert_eq!(n as u64, LAST + 1);
+        assert_eq!(points(&copied), LAST + 1);
         drop(copied);
 
         let shard = open_shard(&path, small_log_config(64), false).unwrap();
         assert_eq!(closed_segments(&path), 1, "all but the newest removed");
-        let n = shard
-            .count(CountRequest {
-                filter: None,
-                exact: true,
-            })
-            .unwrap();
-        assert_eq!(n as u64, LAST + 1);
+        assert_eq!(points(&shard), LAST + 1);
         assert_eq!(tag(&shard, LAST).as_deref(), Some("first"));
         upsert(&shard, LAST, "second");
         assert_eq!(tag(&shard, LAST).as_deref(), Some("second"));
