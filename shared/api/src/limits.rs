@@ -215,14 +215,33 @@ pub async fn guard(State(g): State<Arc<Guard>>, req: Request, next: Next) -> Res
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let tenant = match g.auth.tenant_for(authorization) {
-        Ok(t) => t,
-        Err(e) => return ApiError(e).into_response(),
+    let refused = match g.auth.tenant_for(authorization) {
+        Ok(tenant) => match g.admit(&tenant) {
+            Ok(_permit) => return next.run(req).await,
+            Err(shed) => shed.response(),
+        },
+        Err(e) => ApiError(e).into_response(),
     };
-    match g.admit(&tenant) {
-        Ok(_permit) => next.run(req).await,
-        Err(shed) => shed.response(),
+    close_if_body_unread(&req, refused)
+}
+
+/// A refusal is answered before the request's body is read, and the server then drops the
+/// connection rather than read a body it has refused. Saying so keeps an HTTP/1.1 client from
+/// sending its next request down that connection (seen as "connection closed before message
+/// completed" in clients that pool connections, under load shedding).
+fn close_if_body_unread(req: &Request, mut refused: Response) -> Response {
+    let http1 = req.version() <= axum::http::Version::HTTP_11;
+    let has_body = req.headers().contains_key(header::TRANSFER_ENCODING)
+        || req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0");
+    if http1 && has_body {
+        refused
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
+    refused
 }
 
 #[cfg(test)]
@@ -231,6 +250,48 @@ mod tests {
 
     fn t(s: &str) -> TenantId {
         TenantId(s.into())
+    }
+
+    fn request(version: axum::http::Version, headers: &[(&str, &str)]) -> Request {
+        let mut b = Request::builder().version(version).uri("/v1/recall");
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(axum::body::Body::empty()).unwrap()
+    }
+
+    #[test]
+    fn a_refusal_closes_an_http1_connection_whose_body_is_unread() {
+        use axum::http::Version;
+        let refused = || Shed::Overloaded.response();
+        let closes = |req: Request| {
+            close_if_body_unread(&req, refused())
+                .headers()
+                .get(header::CONNECTION)
+                .map(|v| v.to_str().unwrap().to_string())
+        };
+        assert_eq!(
+            closes(request(Version::HTTP_11, &[("content-length", "26")])),
+            Some("close".into())
+        );
+        assert_eq!(
+            closes(request(
+                Version::HTTP_11,
+                &[("transfer-encoding", "chunked")]
+            )),
+            Some("close".into())
+        );
+        // Nothing unread: the connection stays for the next request.
+        assert_eq!(closes(request(Version::HTTP_11, &[])), None);
+        assert_eq!(
+            closes(request(Version::HTTP_11, &[("content-length", "0")])),
+            None
+        );
+        // HTTP/2 multiplexes; a connection header is not allowed there.
+        assert_eq!(
+            closes(request(Version::HTTP_2, &[("content-length", "26")])),
+            None
+        );
     }
 
     #[test]
