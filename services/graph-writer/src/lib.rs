@@ -17,6 +17,9 @@ use recollect_storage::{
 
 /// Embedded-mode hook after the write: report the turns handled (stored, or dropped as erased),
 /// each with the `recorded_at` of the version handled (an edit made meanwhile stays pending).
+/// With hooks the writer leaves [`VectorIndex::sync`] to them (the single binary syncs once for
+/// several batches, then clears the turns' pending marks); without, it syncs every batch
+/// before the batch is acknowledged.
 pub trait StoreHooks: Send + Sync {
     fn stored(&self, turns: &[(MemoryId, chrono::DateTime<chrono::Utc>)]);
 }
@@ -304,9 +307,19 @@ impl Stage for GraphWriterStage {
                     .map_err(|e| StageError::Permanent(format!("undecodable embedded turn: {e}")))
             })
             .collect();
-        let erased = match self.erase_guarded_write(&decoded).await {
+        let written = match self.erase_guarded_write(&decoded).await {
+            Ok(erased) if self.hooks.is_some() => Ok(erased),
+            Ok(erased) => self
+                .vectors
+                .sync()
+                .await
+                .map(|()| erased)
+                .map_err(StageError::classified),
+            Err(e) => Err(e),
+        };
+        let erased = match written {
             Ok(e) => e,
-            // The failed store call was counted by the store (`recollect_StageError::classifieds_total`).
+            // The failed store call was counted by the store (`recollect_store_errors_total`).
             Err(e) => return batch.iter().map(|_| Err(e.clone())).collect(),
         };
         if let Some(h) = &self.hooks {

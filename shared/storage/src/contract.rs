@@ -1732,4 +1732,55 @@ mod tests {
         let v = EdgeVectorIndex::open(dir.path(), 8).unwrap();
         assert_eq!(v.count(&t, &Scope::all()).await.unwrap(), 1);
     }
+
+    /// The single binary's index: writes searchable at once, flushed by `sync`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn embedded_vectors_flushed_on_sync_pass_the_contract() {
+        let dir = tempfile::tempdir().unwrap();
+        let v =
+            Arc::new(EdgeVectorIndex::open_with(dir.path(), 32, crate::Flushes::OnSync).unwrap());
+        vector_contract(v.clone(), 32).await;
+        v.sync().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_synced_index_keeps_its_writes_across_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = TenantId("t".into());
+        {
+            let v = EdgeVectorIndex::open_with(dir.path(), 8, crate::Flushes::OnSync).unwrap();
+            v.upsert_turns(vec![first_point(&t)]).await.unwrap();
+            v.upsert_keywords(
+                &t,
+                "c",
+                vec![KeywordVector {
+                    keyword: "rex".into(),
+                    vector: vector(8, 3),
+                }],
+            )
+            .await
+            .unwrap();
+            assert_eq!(
+                v.unflushed_shards(),
+                (true, true),
+                "written, not yet flushed"
+            );
+            v.sync().await.unwrap();
+            assert_eq!(v.unflushed_shards(), (false, false));
+            // Nothing written since: nothing to flush.
+            v.sync().await.unwrap();
+        }
+        let v = EdgeVectorIndex::open(dir.path(), 8).unwrap();
+        assert_eq!(v.count(&t, &Scope::all()).await.unwrap(), 1);
+        assert_eq!(
+            v.search_keywords(&t, &Scope::of(&["c"]), &vector(8, 3), 5, 0.5)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+        // Flushing each write, the index has nothing left for `sync`.
+        assert_eq!(v.unflushed_shards(), (false, false));
+        v.sync().await.unwrap();
+    }
 }

@@ -44,7 +44,7 @@ pub use graph::{
     NodeKind, Scope, TurnErasure, TurnRecord, TurnVersion, VersionWrite,
 };
 pub use observed::Observed;
-pub use open::{open_graph, open_vectors};
+pub use open::{open_graph, open_vectors, open_vectors_with};
 #[cfg(feature = "embedded")]
 pub use raw::RawStore;
 #[cfg(feature = "embedded")]
@@ -54,7 +54,7 @@ pub use vector::qdrant::{QdrantSettings, QdrantVectorIndex};
 #[cfg(feature = "remote")]
 pub use vector::remote::RemoteVectorIndex;
 pub use vector::{
-    history_tenant, version_point_id, KeywordSet, ReplacedVersion, TurnPoint, VectorField,
+    history_tenant, version_point_id, Flushes, KeywordSet, ReplacedVersion, TurnPoint, VectorField,
     VectorIndex, VectorQuery,
 };
 

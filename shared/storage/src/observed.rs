@@ -4,7 +4,7 @@
 //! caller measures on its own. `open_graph` and `open_vectors` hand out wrapped stores.
 //!
 //! Every method of both traits is forwarded, the provided ones too (`copy_files_to`,
-//! `optimize`): a forgotten one would silently run the trait's default instead of the
+//! `optimize`, `sync`): a forgotten one would silently run the trait's default instead of the
 //! adapter's.
 
 use std::collections::HashMap;
@@ -433,6 +433,10 @@ impl<V: VectorIndex> VectorIndex for Observed<V> {
 
     async fn optimize(&self) -> Result<(), StoreError> {
         self.vectors(StoreOp::Optimize, self.inner.optimize()).await
+    }
+
+    async fn sync(&self) -> Result<(), StoreError> {
+        self.vectors(StoreOp::Sync, self.inner.sync()).await
     }
 }
 

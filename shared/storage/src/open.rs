@@ -12,7 +12,7 @@ use recollect_telemetry::events::StoreBackend;
 
 #[allow(unused_imports)]
 use crate::Observed;
-use crate::{Graph, StoreError, VectorIndex};
+use crate::{Flushes, Graph, StoreError, VectorIndex};
 
 /// Qdrant collections are `recollect_turns` and `recollect_keywords`.
 pub const QDRANT_COLLECTION_PREFIX: &str = "recollect";
@@ -80,10 +80,21 @@ pub async fn open_vectors(
     data_dir: &Path,
     dim: usize,
 ) -> Result<Arc<dyn VectorIndex>, StoreError> {
+    open_vectors_with(settings, data_dir, dim, Default::default()).await
+}
+
+/// [`open_vectors`], with the embedded index's flushes deferred to `sync` when `flushes` says
+/// so (the single binary, which replays what a crash loses); the servers ignore it.
+pub async fn open_vectors_with(
+    settings: &Settings,
+    data_dir: &Path,
+    dim: usize,
+    flushes: Flushes,
+) -> Result<Arc<dyn VectorIndex>, StoreError> {
     Ok(match settings.vectors.kind {
         #[cfg(feature = "embedded")]
         VectorKind::Embedded => Arc::new(Observed::new(
-            crate::EdgeVectorIndex::open(&data_dir.join("vectors"), dim)?,
+            crate::EdgeVectorIndex::open_with(&data_dir.join("vectors"), dim, flushes)?,
             StoreBackend::Edge,
         )),
         #[cfg(feature = "qdrant")]
@@ -98,7 +109,7 @@ pub async fn open_vectors(
         )),
         #[allow(unreachable_patterns)]
         other => {
-            let _ = (data_dir, dim);
+            let _ = (data_dir, dim, flushes);
             return Err(not_built(
                 &format!("{other:?} vector"),
                 vector_feature(other),

@@ -261,6 +261,7 @@ pub enum StoreOp {
     UpsertKeywords,
     DeleteTurns,
     Optimize,
+    Sync,
     // Vector reads.
     Search,
     FieldVectors,
@@ -297,6 +298,7 @@ impl StoreOp {
             StoreOp::UpsertKeywords => "upsert_keywords",
             StoreOp::DeleteTurns => "delete_turns",
             StoreOp::Optimize => "optimize",
+            StoreOp::Sync => "sync",
             StoreOp::Search => "search",
             StoreOp::FieldVectors => "field_vectors",
             StoreOp::VersionVectors => "version_vectors",
@@ -324,6 +326,7 @@ impl StoreOp {
                 | StoreOp::UpsertKeywords
                 | StoreOp::DeleteTurns
                 | StoreOp::Optimize
+                | StoreOp::Sync
         )
     }
 }

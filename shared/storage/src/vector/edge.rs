@@ -24,8 +24,9 @@ use qdrant_edge::{
 use recollect_model::{MemoryId, SparseVector, TenantId};
 
 use crate::vector::{
-    history_tenant, version_point_id, FieldVectors, KeywordSet, ReplacedVersion, TurnPoint,
-    VectorIndex, VectorQuery, ASSISTANT_VECTOR, KEYWORD_VECTOR, LEXICAL_VECTOR, USER_VECTOR,
+    history_tenant, version_point_id, FieldVectors, Flushes, KeywordSet, ReplacedVersion,
+    TurnPoint, VectorIndex, VectorQuery, ASSISTANT_VECTOR, KEYWORD_VECTOR, LEXICAL_VECTOR,
+    USER_VECTOR,
 };
 use crate::{Scope, StoreError};
 
@@ -42,6 +43,15 @@ pub struct EdgeVectorIndex {
     files: Arc<parking_lot::Mutex<()>>,
     dir: std::path::PathBuf,
     log: Arc<LogRelease>,
+    /// Set when opened with [`Flushes::OnSync`]: which shards hold upserts not yet flushed.
+    unflushed: Option<Arc<Unflushed>>,
+}
+
+/// The shards written since their last flush.
+#[derive(Default)]
+struct Unflushed {
+    turns: AtomicBool,
+    keywords: AtomicBool,
 }
 
 /// Points written before the background optimiser runs (merging small segments, building the
@@ -535,6 +545,10 @@ fn open_shard(
 
 impl EdgeVectorIndex {
     pub fn open(dir: &Path, dim: usize) -> Result<Self, StoreError> {
+        Self::open_with(dir, dim, Flushes::EachWrite)
+    }
+
+    pub fn open_with(dir: &Path, dim: usize, flushes: Flushes) -> Result<Self, StoreError> {
         let turns_cfg = EdgeConfigBuilder::new()
             .vector(
                 USER_VECTOR,
@@ -579,6 +593,7 @@ impl EdgeVectorIndex {
             files,
             log: Arc::new(LogRelease::new(dir)),
             dir: dir.to_path_buf(),
+            unflushed: (flushes == Flushes::OnSync).then(Default::default),
         })
     }
 
@@ -665,17 +680,25 @@ impl EdgeVectorIndex {
         .await
     }
 
-    /// Upserts points into `shard` and flushes it (the caller holds the write lock).
+    /// Upserts points into `shard` and flushes it, or only marks it unflushed when given the
+    /// shard's flag (the caller holds the write lock).
     fn upsert_in(
         shard: &EdgeShard,
         points: Vec<qdrant_edge::PointStructPersisted>,
+        defer: Option<&AtomicBool>,
     ) -> Result<(), StoreError> {
         shard
             .update(UpdateOperation::PointOperation(
                 PointOperations::UpsertPoints(PointInsertOperations::PointsList(points)),
             ))
             .map_err(err)?;
-        Self::flush(shard)
+        match defer {
+            Some(unflushed) => {
+                unflushed.store(true, Ordering::Release);
+                Ok(())
+            }
+            None => Self::flush(shard),
+        }
     }
 }
 
@@ -739,8 +762,11 @@ impl VectorIndex for EdgeVectorIndex {
             );
         }
         let n = structs.len();
-        self.write(&self.turns, move |s| Self::upsert_in(s, structs))
-            .await?;
+        let unflushed = self.unflushed.clone();
+        self.write(&self.turns, move |s| {
+            Self::upsert_in(s, structs, unflushed.as_ref().map(|u| &u.turns))
+        })
+        .await?;
         self.optimizer.wrote(n);
         Ok(())
     }
@@ -879,7 +905,9 @@ impl VectorIndex for EdgeVectorIndex {
             if keep.is_empty() {
                 return Ok(());
             }
-            Self::upsert_in(s, keep)
+            // Always flushed: the edit's graph write comes next, and once it is durable a
+            // replay finds the new version stored and would not keep the old one again.
+            Self::upsert_in(s, keep, None)
         })
         .await?;
         self.optimizer.wrote(n);
@@ -927,6 +955,7 @@ impl VectorIndex for EdgeVectorIndex {
         if structs.is_empty() {
             return Ok(());
         }
+        let unflushed = self.unflushed.clone();
         let n = self
             .write(&self.keywords, move |s| {
                 let ids: Vec<PointId> = structs.iter().map(|(id, _)| *id).collect();
@@ -947,7 +976,7 @@ impl VectorIndex for EdgeVectorIndex {
                     .collect();
                 let n = new.len();
                 if n > 0 {
-                    Self::upsert_in(s, new)?;
+                    Self::upsert_in(s, new, unflushed.as_ref().map(|u| &u.keywords))?;
                 }
                 Ok(n)
             })
@@ -1124,6 +1153,30 @@ impl VectorIndex for EdgeVectorIndex {
         .await?
     }
 
+    async fn sync(&self) -> Result<(), StoreError> {
+        let Some(unflushed) = self.unflushed.clone() else {
+            return Ok(());
+        };
+        let (writes, turns, keywords) = (
+            self.writes.clone(),
+            self.turns.clone(),
+            self.keywords.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            let _one_writer = writes.lock();
+            for (flag, shard) in [(&unflushed.turns, &turns), (&unflushed.keywords, &keywords)] {
+                if flag.swap(false, Ordering::AcqRel) {
+                    if let Err(e) = Self::flush(shard) {
+                        flag.store(true, Ordering::Release);
+                        return Err(e);
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await?
+    }
+
     /// Waits out a background optimisation in progress, then optimises what is left, so
     /// the caller meets a settled index (the bench times recall on one).
     async fn optimize(&self) -> Result<(), StoreError> {
@@ -1140,6 +1193,16 @@ impl VectorIndex for EdgeVectorIndex {
 }
 
 impl EdgeVectorIndex {
+    /// Whether the (turn, keyword) shards hold writes not yet flushed.
+    pub fn unflushed_shards(&self) -> (bool, bool) {
+        self.unflushed.as_ref().map_or((false, false), |u| {
+            (
+                u.turns.load(Ordering::Acquire),
+                u.keywords.load(Ordering::Acquire),
+            )
+        })
+    }
+
     /// (turn points, keyword points) in scope, without an async runtime: erasure audits and tests.
     pub fn audit_counts(&self, tenant: &TenantId, scope: &Scope) -> Result<(u64, u64), StoreError> {
         // Kept versions count as turn points: they hold the turn's words too.
@@ -1196,7 +1259,7 @@ mod tests {
             vector,
             serde_json::json!({ "tag": tag, "pad": "x".repeat(512) }),
         );
-        EdgeVectorIndex::upsert_in(shard, vec![point.into()]).unwrap();
+        EdgeVectorIndex::upsert_in(shard, vec![point.into()], None).unwrap();
     }
 
     /// Points written per round. The one written last holds the highest version, which a

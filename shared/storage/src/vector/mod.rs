@@ -122,11 +122,25 @@ pub struct FieldVectors {
     pub assistant: Option<Vec<f32>>,
 }
 
+/// When an embedded index makes its turn and keyword upserts durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Flushes {
+    /// Each upsert flushes before it returns.
+    #[default]
+    EachWrite,
+    /// Upserts return once written; [`VectorIndex::sync`] flushes them, one flush for every
+    /// write since the last. For a caller that can replay what a crash loses (the single
+    /// binary replays turns not yet marked stored): a flush costs the same for one batch as
+    /// for ten, most of it fixed (every segment's files synced, small files rewritten).
+    OnSync,
+}
+
 #[async_trait]
 pub trait VectorIndex: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
 
-    /// Upserts turn points (idempotent on memory id); returns when durable.
+    /// Upserts turn points (idempotent on memory id); returns when durable, or, for an index
+    /// opened to defer its flushes ([`VectorIndex::sync`]), once written.
     async fn upsert_turns(&self, points: Vec<TurnPoint>) -> Result<(), StoreError>;
 
     /// Best `limit` turns in scope (its conversations and its turn filter) for the query,
@@ -222,6 +236,13 @@ pub trait VectorIndex: Send + Sync + 'static {
     /// (a server, backed up with its own tools).
     async fn copy_files_to(&self, _dir: &std::path::Path) -> Result<bool, StoreError> {
         Ok(false)
+    }
+
+    /// Makes every turn and keyword upsert returned so far durable. Only an index opened to
+    /// defer its flushes has anything to do here: one flush then covers every write since
+    /// the last (a group commit); the others are durable when each write returns.
+    async fn sync(&self) -> Result<(), StoreError> {
+        Ok(())
     }
 
     /// Background maintenance (index building); never required for correctness.
