@@ -575,10 +575,11 @@ mod tests {
             .collect()
     }
 
-    /// The vector index is flushed for many writer batches at once, yet a turn stored with
-    /// `wait` is recallable when the answer comes, and a clean stop leaves nothing to replay.
+    /// With the vector index flushed for several writer batches at once, a turn stored with
+    /// `wait` is still answered once recallable, and a clean stop leaves nothing to replay
+    /// (the writer's last turns are settled at shutdown).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn turns_are_marked_stored_only_after_the_group_flush_and_none_are_left_at_stop() {
+    async fn with_group_flushes_a_waited_turn_is_recallable_and_a_clean_stop_leaves_none_pending() {
         let dir = tempfile::tempdir().unwrap();
         let mut settings = Settings::defaults();
         settings.storage.data_dir = dir.path().to_path_buf();
