@@ -19,7 +19,7 @@ use recollect_storage::{
 /// each with the `recorded_at` of the version handled (an edit made meanwhile stays pending).
 /// With hooks the writer leaves [`VectorIndex::sync`] to them (the single binary syncs once for
 /// several batches, then clears the turns' pending marks); without, it syncs every batch
-/// before the batch is acknowledged.
+/// before the batch is acknowledged. Called on an async worker: it must not block.
 pub trait StoreHooks: Send + Sync {
     fn stored(&self, turns: &[(MemoryId, chrono::DateTime<chrono::Utc>)]);
 }
@@ -328,9 +328,7 @@ impl Stage for GraphWriterStage {
                 .flatten()
                 .map(|e| (e.body.turn.memory_id, e.body.turn.recorded_at))
                 .collect();
-            // The hook writes (and fsyncs) the raw store: keep it off the async workers.
-            let h = h.clone();
-            let _ = tokio::task::spawn_blocking(move || h.stored(&ids)).await;
+            h.stored(&ids);
         }
         decoded
             .into_iter()

@@ -84,7 +84,7 @@ impl EmbeddedHooks {
         }
         let raw = self.raw.clone();
         let marked = tokio::task::spawn_blocking(move || raw.mark_stored(&turns)).await;
-        if let Err(e) = marked.map_err(anyhow::Error::from).and_then(|r| Ok(r?)) {
+        if let Err(e) = marked.unwrap_or_else(|joined| Err(joined.into())) {
             tracing::error!(error = %e, "could not clear pending marks; turns will be replayed at start");
         }
         self.stored.notify_waiters();

@@ -1194,7 +1194,8 @@ impl VectorIndex for EdgeVectorIndex {
 
 impl EdgeVectorIndex {
     /// Whether the (turn, keyword) shards hold writes not yet flushed.
-    pub fn unflushed_shards(&self) -> (bool, bool) {
+    #[cfg(test)]
+    pub(crate) fn unflushed_shards(&self) -> (bool, bool) {
         self.unflushed.as_ref().map_or((false, false), |u| {
             (
                 u.turns.load(Ordering::Acquire),
