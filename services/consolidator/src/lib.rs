@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::Utc;
+use futures::StreamExt;
 use recollect_bus::{Delivery, Message, Stage, StageError};
 use recollect_llm::ChatModel;
 use recollect_model::{dot, topics, Envelope, Fragment, MemoryId, StoredTurn, TenantId};
@@ -237,26 +238,51 @@ impl ConsolidatorStage {
                 return Ok(made);
             }
             let from = state.consolidated_until;
+            // Every complete window from `from` on, up to WINDOWS_AT_ONCE of them, read and
+            // written together: a conversation stored in one request has many.
             let records = self
                 .graph
-                .conversation_turns(tenant, conversation, from, from + self.window)
+                .conversation_turns(
+                    tenant,
+                    conversation,
+                    from,
+                    from + self.window * WINDOWS_AT_ONCE,
+                )
                 .await
                 .map_err(StageError::classified)?;
-            // A position whose turn was erased on its own stays empty for good (unless the turn
-            // is stored again there): the window is complete without it.
-            let present: std::collections::BTreeSet<u64> =
-                records.iter().map(|r| r.turn.position).collect();
-            let gaps = marks
-                .erased_positions(from, from + self.window)
-                .difference(&present)
-                .count() as u64;
-            if (present.len() as u64) + gaps < self.window || records.is_empty() {
-                return Ok(made);
+            let mut windows: Vec<(u64, &[TurnRecord])> = Vec::new();
+            let mut rest = records.as_slice();
+            let mut start = from;
+            while !rest.is_empty() {
+                let end = start + self.window;
+                let n = rest.iter().take_while(|r| r.turn.position < end).count();
+                let (these, after) = rest.split_at(n);
+                // A position whose turn was erased on its own stays empty for good (unless the
+                // turn is stored again there): the window is complete without it.
+                let present: std::collections::BTreeSet<u64> =
+                    these.iter().map(|r| r.turn.position).collect();
+                let gaps = marks
+                    .erased_positions(start, end)
+                    .difference(&present)
+                    .count() as u64;
+                if (present.len() as u64) + gaps < self.window || these.is_empty() {
+                    break;
+                }
+                if these.iter().any(|r| marks.covers_turn(&r.turn)) {
+                    break;
+                }
+                windows.push((start, these));
+                rest = after;
+                start = end;
             }
-            if records.iter().any(|r| marks.covers_turn(&r.turn)) {
+            let Some(&(last, _)) = windows.last() else {
                 return Ok(made);
-            }
-            let ids: Vec<MemoryId> = records.iter().map(|r| r.turn.memory_id).collect();
+            };
+            let until = last + self.window;
+            let ids: Vec<MemoryId> = windows
+                .iter()
+                .flat_map(|(_, w)| w.iter().map(|r| r.turn.memory_id))
+                .collect();
             let fv = self
                 .vectors
                 .field_vectors(tenant, &ids)
@@ -266,27 +292,26 @@ impl ConsolidatorStage {
                 .into_iter()
                 .map(|(id, f)| (id, std::iter::once(f.user).chain(f.assistant).collect()))
                 .collect();
-            let rules = || {
-                group_window(&records, &vectors)
-                    .into_iter()
-                    .map(|m| (m, None))
-                    .collect::<Vec<(Vec<usize>, Option<String>)>>()
-            };
-            let groups = match &self.llm {
-                None => rules(),
-                Some(model) => match llm_groups(model, &records).await {
-                    Ok(g) => g,
-                    Err(e) => {
-                        tracing::warn!(error = %e, conversation, "llm consolidation failed; grouping by the rules");
-                        rules()
-                    }
-                },
-            };
             let now = Utc::now();
-            let fragments: Vec<Fragment> = groups
-                .iter()
-                .enumerate()
-                .map(|(g, (members, topic))| {
+            let mut fragments: Vec<Fragment> = Vec::new();
+            for &(window_start, records) in &windows {
+                let rules = || {
+                    group_window(records, &vectors)
+                        .into_iter()
+                        .map(|m| (m, None))
+                        .collect::<Vec<(Vec<usize>, Option<String>)>>()
+                };
+                let groups = match &self.llm {
+                    None => rules(),
+                    Some(model) => match llm_groups(model, records).await {
+                        Ok(g) => g,
+                        Err(e) => {
+                            tracing::warn!(error = %e, conversation, "llm consolidation failed; grouping by the rules");
+                            rules()
+                        }
+                    },
+                };
+                fragments.extend(groups.iter().enumerate().map(|(g, (members, topic))| {
                     let mut vocab = BTreeSet::new();
                     let mut counts: HashMap<&str, usize> = HashMap::new();
                     for &i in members {
@@ -305,7 +330,7 @@ impl ConsolidatorStage {
                             .join(", ")
                     });
                     Fragment {
-                        id: fragment_id(tenant, conversation, from, g),
+                        id: fragment_id(tenant, conversation, window_start, g),
                         tenant: tenant.clone(),
                         conversation_id: conversation.to_string(),
                         description,
@@ -313,18 +338,18 @@ impl ConsolidatorStage {
                         keywords: vocab.into_iter().collect(),
                         created_at: now,
                     }
-                })
-                .collect();
+                }));
+            }
             self.graph
                 .write_fragments(&fragments)
                 .await
                 .map_err(StageError::classified)?;
             // Only our field: the extractor saves the rest of the state concurrently.
             self.graph
-                .advance_consolidated_until(tenant, conversation, from + self.window)
+                .advance_consolidated_until(tenant, conversation, until)
                 .await
                 .map_err(StageError::classified)?;
-            // Erased while the window was read: remove what the fragments or the advance may
+            // Erased while the windows were read: remove what the fragments or the advance may
             // have put back (purging what no marker covers removes nothing).
             let now = markers(self.graph.clone()).await?;
             if now != marks {
@@ -335,9 +360,22 @@ impl ConsolidatorStage {
                 return Ok(made);
             }
             made += fragments.len();
+            if (windows.len() as u64) < WINDOWS_AT_ONCE {
+                return Ok(made);
+            }
         }
     }
 }
+
+/// Windows of one conversation consolidated in one pass (one read of their turns, one write
+/// of their fragments, one advance), instead of a round of store calls for each.
+const WINDOWS_AT_ONCE: u64 = 16;
+
+/// Conversations of one batch consolidated at once. One at a time, the stage was the
+/// pipeline's slowest: each window is a chain of small store calls (state, turns, vectors,
+/// fragments, the advance), each waiting on the blocking pool; their writes still go one at
+/// a time through the store.
+const CONVERSATIONS_AT_ONCE: usize = 4;
 
 #[async_trait]
 impl Stage for ConsolidatorStage {
@@ -389,10 +427,24 @@ impl Stage for ConsolidatorStage {
                 convs.push(k);
             }
         }
+        // Conversations are independent: while one waits on a store call, others use the CPU.
+        let mut running = futures::stream::FuturesUnordered::new();
+        let mut failed = None;
         for (tenant, conv) in &convs {
-            if let Err(e) = self.consolidate(tenant, conv).await {
-                return batch.iter().map(|_| Err(e.clone())).collect();
+            if running.len() >= CONVERSATIONS_AT_ONCE {
+                if let Some(Err(e)) = running.next().await {
+                    failed.get_or_insert(e);
+                }
             }
+            running.push(self.consolidate(tenant, conv));
+        }
+        while let Some(done) = running.next().await {
+            if let Err(e) = done {
+                failed.get_or_insert(e);
+            }
+        }
+        if let Some(e) = failed {
+            return batch.iter().map(|_| Err(e.clone())).collect();
         }
         decoded.into_iter().map(|r| r.map(|_| vec![])).collect()
     }
@@ -456,6 +508,66 @@ mod tests {
             fragments: vec![],
             history: vec![],
         }
+    }
+
+    /// Every complete window is consolidated, however many came at once (more than one
+    /// pass of WINDOWS_AT_ONCE), each turn into one fragment; an incomplete window waits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_complete_window_is_consolidated_and_an_incomplete_one_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let graph: Arc<dyn Graph> =
+            Arc::new(recollect_storage::EmbeddedGraph::open(&dir.path().join("g.redb")).unwrap());
+        let vectors: Arc<dyn VectorIndex> =
+            Arc::new(recollect_storage::EdgeVectorIndex::open(&dir.path().join("v"), 8).unwrap());
+        let t = TenantId("t".into());
+        let topics = ["pottery", "the dog", "clay", "hiking"];
+        let stored = |from: u64, to: u64| {
+            (from..to)
+                .map(|i| {
+                    let r = record(i, topics[i as usize % 4]);
+                    let x = Extraction {
+                        keywords: vec![recollect_model::Keyword {
+                            key: topics[i as usize % 4].into(),
+                            text: topics[i as usize % 4].into(),
+                        }],
+                        ..Default::default()
+                    };
+                    (r.turn, x)
+                })
+                .collect::<Vec<_>>()
+        };
+        let window = 10u64;
+        let stage = ConsolidatorStage::new(graph.clone(), vectors, window as usize);
+        let total = window * (WINDOWS_AT_ONCE + 1) + 5;
+        graph.write_turns(&stored(0, total)).await.unwrap();
+        let made = stage.consolidate(&t, "c").await.unwrap();
+        let until = window * (WINDOWS_AT_ONCE + 1);
+        let state = graph.conversation_state(&t, "c").await.unwrap();
+        assert_eq!(state.consolidated_until, until);
+        let records = graph.conversation_turns(&t, "c", 0, total).await.unwrap();
+        for r in &records {
+            let expected = usize::from(r.turn.position < until);
+            assert_eq!(r.fragments.len(), expected, "turn {}", r.turn.position);
+        }
+        // Four topics a window, each its own fragment, named by its window's start.
+        assert_eq!(made, 4 * (WINDOWS_AT_ONCE as usize + 1));
+        let ids: Vec<String> = (0..=WINDOWS_AT_ONCE)
+            .flat_map(|w| (0..4).map(move |g| (w, g)))
+            .map(|(w, g)| fragment_id(&t, "c", w * window, g))
+            .collect();
+        let fragments = graph.fragments(&TenantId("t".into()), &ids).await.unwrap();
+        assert_eq!(fragments.len(), ids.len());
+        assert!(fragments.iter().all(|f| f.members.len() >= 2));
+
+        // Nothing new complete: nothing made, nothing moved.
+        assert_eq!(stage.consolidate(&t, "c").await.unwrap(), 0);
+        graph
+            .write_turns(&stored(total, until + window))
+            .await
+            .unwrap();
+        assert!(stage.consolidate(&t, "c").await.unwrap() > 0);
+        let state = graph.conversation_state(&t, "c").await.unwrap();
+        assert_eq!(state.consolidated_until, until + window);
     }
 
     #[tokio::test]
