@@ -404,6 +404,8 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
     let mut dia_of: BTreeMap<MemoryId, Vec<String>> = BTreeMap::new();
     let mut questions = Vec::new();
     let mut rounds_total = 0usize;
+    // Each conversation's rounds, to wait for its fragments.
+    let mut sizes: Vec<(String, u64)> = Vec::new();
     let known: HashSet<String> = app
         .graph
         .conversations(&tenant)
@@ -419,6 +421,7 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
             .to_string();
         let rounds = rounds_of(s)?;
         rounds_total += rounds.len();
+        sizes.push((sample.clone(), rounds.len() as u64));
         let valid: HashSet<String> = rounds
             .iter()
             .flat_map(|r| r.dia_ids.iter().cloned())
@@ -463,6 +466,26 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
         }
     }
     app.wait_enriched().await?;
+    // The fragments too: the consolidator runs behind the graph writer, and questions asked
+    // before it caught up were scored without the last windows' fragments (how far behind
+    // depended on its speed).
+    let window = settings.consolidation.window.max(1) as u64;
+    let deadline = Instant::now() + std::time::Duration::from_secs(600);
+    for (conversation, rounds) in &sizes {
+        let complete = rounds / window * window;
+        loop {
+            let state = app.graph.conversation_state(&tenant, conversation).await?;
+            if state.consolidated_until >= complete {
+                break;
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "conversation {conversation}: consolidated up to round {} of {complete} after 10 minutes; see the consolidator's log",
+                state.consolidated_until
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
     let ingest_secs = started.elapsed().as_secs_f64();
     if ingested > 0 {
         println!(
