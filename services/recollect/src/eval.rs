@@ -168,6 +168,9 @@ struct Ranking {
     sample_id: String,
     qa_index: usize,
     ranked: Vec<Vec<String>>,
+    /// Each result's fused score, in rank order (the reference tool ignores it; offline
+    /// rescoring experiments read it).
+    scores: Vec<f32>,
 }
 
 #[derive(Default)]
@@ -558,6 +561,7 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
                 sample_id: q.sample.clone(),
                 qa_index: q.qa_index,
                 ranked,
+                scores: mems.iter().map(|m| m.score).collect(),
             });
         }
         bar.finish_and_clear();
