@@ -24,6 +24,10 @@ pub trait StoreHooks: Send + Sync {
     fn stored(&self, turns: &[(MemoryId, chrono::DateTime<chrono::Utc>)]);
 }
 
+/// Turns a graph write takes while the vector index takes the next ones' points (see
+/// `write_run`).
+const PIPELINE_CHUNK: usize = 512;
+
 pub struct GraphWriterStage {
     graph: Arc<dyn Graph>,
     vectors: Arc<dyn VectorIndex>,
@@ -119,32 +123,6 @@ impl GraphWriterStage {
                 .await
                 .map_err(StageError::classified)?;
         }
-        let points: Vec<TurnPoint> = turns
-            .iter()
-            .map(|e| TurnPoint {
-                memory_id: e.turn.memory_id,
-                tenant: e.turn.tenant.clone(),
-                conversation_id: e.turn.conversation_id.clone(),
-                turn_id: e.turn.turn_id.clone(),
-                position: e.turn.position,
-                timestamp: e.turn.timestamp,
-                user_speaker: e.turn.user_speaker.clone(),
-                assistant_speaker: e.turn.assistant_speaker.clone(),
-                user_id: e.turn.user_id.clone(),
-                agent_id: e.turn.agent_id.clone(),
-                metadata: e.turn.metadata.clone(),
-                user: e.embeddings.user.clone(),
-                assistant: (!e.embeddings.assistant.is_empty())
-                    .then(|| e.embeddings.assistant.clone()),
-                lexical: e.embeddings.lexical.clone(),
-                recorded_at: e.turn.recorded_at,
-            })
-            .collect();
-        // Vectors first, graph last: a turn is recallable once its Turn node exists.
-        self.vectors
-            .upsert_turns(points)
-            .await
-            .map_err(StageError::classified)?;
         let mut keywords: BTreeMap<(String, String), BTreeMap<String, Vec<f32>>> = BTreeMap::new();
         for e in turns {
             let slot = keywords
@@ -171,6 +149,55 @@ impl GraphWriterStage {
             .upsert_keyword_sets(sets)
             .await
             .map_err(StageError::classified)?;
+        // Vectors first, graph last: a turn is recallable once its Turn node exists. The two
+        // stores are independent, so the batch is pipelined in chunks: while the graph writes
+        // one chunk, the vector index takes the next one's points. Each turn's points still
+        // land before its node.
+        let mut chunks = turns.chunks(PIPELINE_CHUNK);
+        let Some(first) = chunks.next() else {
+            return Ok(());
+        };
+        self.upsert_points(first).await?;
+        let mut written = first;
+        for next in chunks {
+            let (graph, vectors) =
+                futures::future::join(self.write_nodes(written), self.upsert_points(next)).await;
+            graph?;
+            vectors?;
+            written = next;
+        }
+        self.write_nodes(written).await
+    }
+
+    async fn upsert_points(&self, turns: &[EmbeddedTurn]) -> Result<(), StageError> {
+        let points: Vec<TurnPoint> = turns
+            .iter()
+            .map(|e| TurnPoint {
+                memory_id: e.turn.memory_id,
+                tenant: e.turn.tenant.clone(),
+                conversation_id: e.turn.conversation_id.clone(),
+                turn_id: e.turn.turn_id.clone(),
+                position: e.turn.position,
+                timestamp: e.turn.timestamp,
+                user_speaker: e.turn.user_speaker.clone(),
+                assistant_speaker: e.turn.assistant_speaker.clone(),
+                user_id: e.turn.user_id.clone(),
+                agent_id: e.turn.agent_id.clone(),
+                metadata: e.turn.metadata.clone(),
+                user: e.embeddings.user.clone(),
+                assistant: (!e.embeddings.assistant.is_empty())
+                    .then(|| e.embeddings.assistant.clone()),
+                lexical: e.embeddings.lexical.clone(),
+                recorded_at: e.turn.recorded_at,
+            })
+            .collect();
+        self.vectors
+            .upsert_turns(points)
+            .await
+            .map_err(StageError::classified)
+    }
+
+    async fn write_nodes(&self, turns: &[EmbeddedTurn]) -> Result<(), StageError> {
         let nodes: Vec<_> = turns
             .iter()
             .map(|e| (e.turn.clone(), e.extraction.clone()))
@@ -178,8 +205,7 @@ impl GraphWriterStage {
         self.graph
             .write_turns(&nodes)
             .await
-            .map_err(StageError::classified)?;
-        Ok(())
+            .map_err(StageError::classified)
     }
 }
 
@@ -294,12 +320,12 @@ impl Stage for GraphWriterStage {
         topics::EMBEDDED
     }
 
-    /// What a batch costs whatever its size (the erasure reads before and after, one graph
-    /// commit, the vector index's writes) is spread over up to 1,024 turns: at 256 this was
-    /// the pipeline's slowest stage. A batch takes what is waiting, so a lone turn waits for
+    /// What a batch costs whatever its size (the erasure reads before and after, the vector
+    /// index's writes) is spread over up to 2,048 turns: at 256, then at 1,024, this was the
+    /// pipeline's slowest stage. A batch takes what is waiting, so a lone turn waits for
     /// nothing.
     fn max_batch(&self) -> usize {
-        1024
+        2048
     }
 
     async fn handle(&self, batch: &[Delivery]) -> Vec<Result<Vec<Message>, StageError>> {
@@ -387,6 +413,8 @@ mod tests {
         MarkerBeforeWriteEraserGone,
         /// The marker lands right after the write; the eraser's deletes never come.
         MarkerAfterWrite,
+        /// No erase: every graph write checks that its turns' points are already stored.
+        Never,
     }
 
     struct Racing {
@@ -490,6 +518,21 @@ mod tests {
     #[async_trait]
     impl Graph for Racing {
         async fn write_turns(&self, turns: &[(Turn, Extraction)]) -> Result<(), StoreError> {
+            if self.race == Race::Never {
+                for (turn, _) in turns {
+                    let stored = self
+                        .vectors
+                        .field_vectors(&turn.tenant, &[turn.memory_id])
+                        .await?;
+                    assert_eq!(
+                        stored.len(),
+                        1,
+                        "turn {} reached the graph before its points",
+                        turn.turn_id
+                    );
+                }
+                return self.inner.write_turns(turns).await;
+            }
             if turns.is_empty() || self.fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
                 return self.inner.write_turns(turns).await;
             }
@@ -500,7 +543,7 @@ mod tests {
             match self.race {
                 Race::EraseBeforeWrite => self.erase(&tenant, &conv, true).await,
                 Race::MarkerBeforeWriteEraserGone => self.erase(&tenant, &conv, false).await,
-                Race::MarkerAfterWrite => {}
+                Race::MarkerAfterWrite | Race::Never => {}
             }
             self.inner.write_turns(turns).await?;
             if self.race == Race::MarkerAfterWrite {
@@ -653,5 +696,42 @@ mod tests {
         ] {
             assert_eq!(run(race).await, (0, 0, 0), "interleaving {}", race as u8);
         }
+    }
+
+    /// A batch several pipeline chunks long: every turn is written, each one's points before
+    /// its node, and each goes on to the consolidator.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_batch_is_written_whole_points_before_nodes() {
+        let dir = scratch("long");
+        let vectors: Arc<dyn VectorIndex> =
+            Arc::new(EdgeVectorIndex::open(&dir.join("v"), 4).unwrap());
+        let inner = EmbeddedGraph::open(&dir.join("g.redb")).unwrap();
+        let graph = Arc::new(Racing {
+            inner: inner.clone(),
+            vectors: vectors.clone(),
+            race: Race::Never,
+            at: t("2025-01-01T00:00:00Z"),
+            fired: Default::default(),
+        });
+        let stage = GraphWriterStage::new(graph, vectors.clone(), None);
+        let n = 2 * PIPELINE_CHUNK + 77;
+        let batch: Vec<Delivery> = (0..n)
+            .map(|i| delivery(i, "2024-12-31T00:00:00Z"))
+            .collect();
+        let out = stage.handle(&batch).await;
+        assert!(out.iter().all(|r| r.as_ref().is_ok_and(|m| m.len() == 1)));
+        let tenant = TenantId("acme".into());
+        assert_eq!(
+            vectors.count(&tenant, &Scope::all()).await.unwrap(),
+            n as u64
+        );
+        let ids: Vec<MemoryId> = (0..n)
+            .map(|i| MemoryId::derive(&tenant, "c", &i.to_string()))
+            .collect();
+        assert_eq!(inner.turns(&tenant, &ids).await.unwrap().len(), n);
+        drop(stage);
+        drop(inner);
+        drop(vectors);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
