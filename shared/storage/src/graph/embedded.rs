@@ -436,6 +436,10 @@ impl EmbeddedGraph {
             let erased = w.open_table(ERASURES)?;
             let erased_turns = w.open_table(TURN_ERASURES)?;
             let mut markers: HashMap<(&str, &str), Erasures> = HashMap::new();
+            // The batch's new links, per node: added together at the end, one read and write
+            // per block rather than per link (a node's earlier links are flushed before one of
+            // them is taken away).
+            let mut pending: HashMap<Vec<u8>, Vec<Posting>> = HashMap::new();
             for (turn, x) in turns {
                 let tenant = turn.tenant.as_str();
                 let cid = turn.conversation_id.as_str();
@@ -522,6 +526,9 @@ impl EmbeddedGraph {
                     // A re-derived extraction replaces its own links; an edit expires them.
                     for name in old_names.difference(&new_names) {
                         let prefix = postings::name_prefix(num, kind, name);
+                        if let Some(adds) = pending.remove(&prefix) {
+                            postings::insert_many(&mut links, &prefix, adds)?;
+                        }
                         let Some(p) = postings::remove(&mut links, &prefix, old_position)? else {
                             continue;
                         };
@@ -540,9 +547,12 @@ impl EmbeddedGraph {
                             position: turn.position,
                             times,
                         };
-                        postings::insert(&mut links, &prefix, p)?;
+                        pending.entry(prefix).or_default().push(p);
                     }
                 }
+            }
+            for (prefix, adds) in pending {
+                postings::insert_many(&mut links, &prefix, adds)?;
             }
         }
         w.commit()?;
