@@ -643,8 +643,11 @@ mod tests {
         d
     }
 
-    async fn run(race: Race) -> (u64, u64, usize) {
-        let dir = scratch(&format!("{}", race as u8));
+    /// A writer over a fresh embedded graph (wrapped in [`Racing`]) and vector index in `dir`.
+    fn writer(
+        dir: &std::path::Path,
+        race: Race,
+    ) -> (GraphWriterStage, EmbeddedGraph, Arc<dyn VectorIndex>) {
         let vectors: Arc<dyn VectorIndex> =
             Arc::new(EdgeVectorIndex::open(&dir.join("v"), 4).unwrap());
         let inner = EmbeddedGraph::open(&dir.join("g.redb")).unwrap();
@@ -656,6 +659,12 @@ mod tests {
             fired: Default::default(),
         });
         let stage = GraphWriterStage::new(graph, vectors.clone(), None);
+        (stage, inner, vectors)
+    }
+
+    async fn run(race: Race) -> (u64, u64, usize) {
+        let dir = scratch(&format!("{}", race as u8));
+        let (stage, inner, vectors) = writer(&dir, race);
         let batch: Vec<Delivery> = (0..5)
             .map(|i| delivery(i, "2024-12-31T00:00:00Z"))
             .collect();
@@ -703,17 +712,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_long_batch_is_written_whole_points_before_nodes() {
         let dir = scratch("long");
-        let vectors: Arc<dyn VectorIndex> =
-            Arc::new(EdgeVectorIndex::open(&dir.join("v"), 4).unwrap());
-        let inner = EmbeddedGraph::open(&dir.join("g.redb")).unwrap();
-        let graph = Arc::new(Racing {
-            inner: inner.clone(),
-            vectors: vectors.clone(),
-            race: Race::Never,
-            at: t("2025-01-01T00:00:00Z"),
-            fired: Default::default(),
-        });
-        let stage = GraphWriterStage::new(graph, vectors.clone(), None);
+        let (stage, inner, vectors) = writer(&dir, Race::Never);
         let n = 2 * PIPELINE_CHUNK + 77;
         let batch: Vec<Delivery> = (0..n)
             .map(|i| delivery(i, "2024-12-31T00:00:00Z"))

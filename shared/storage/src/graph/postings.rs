@@ -273,9 +273,9 @@ pub fn insert(
 }
 
 /// Adds several links to one node, as [`insert`] would one at a time in position order (the
-/// same blocks), but
-/// when they all come after the node's last link (an ingest in order) with one read of its
-/// last block and one write per block touched instead of a read and a write per link.
+/// same blocks), but when they all come after the node's last link (an ingest in order) with
+/// one read of its last block and one write per block touched instead of a read and a write
+/// per link.
 pub fn insert_many(
     table: &mut Table<&'static [u8], &'static [u8]>,
     prefix: &[u8],
@@ -287,16 +287,8 @@ pub fn insert_many(
     let Some(first) = postings.first().map(|p| p.position) else {
         return Ok(());
     };
-    let end = crate::keys::prefix_end(prefix);
-    let last = match table.range(prefix..end.as_slice())?.next_back() {
-        Some(e) => {
-            let (k, v) = e?;
-            let (_, _, _, bound) = parse_key(k.value())?;
-            Some((bound, decode(bound, v.value())?))
-        }
-        None => None,
-    };
-    let rest = match last {
+    // The block that would hold the highest position is the node's last.
+    let rest = match block_of(table, prefix, u64::MAX)? {
         None => postings.as_slice(),
         Some((bound, mut entries)) if entries.last().is_none_or(|e| e.position < first) => {
             let take = MAX_BLOCK.saturating_sub(entries.len()).min(postings.len());
