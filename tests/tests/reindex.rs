@@ -83,8 +83,22 @@ fn poll(s: &Deployment, ids: &[String], done: impl Fn(&Value) -> bool) -> Value 
     }
 }
 
-fn settles_to(s: &Deployment, ids: &[String], want: &Value) -> Value {
-    poll(s, ids, |got| got == want)
+/// Polls until what is derived equals `want`; else fails naming each part that differs (the
+/// whole of both would be cut short in a CI log).
+fn assert_settles_to(s: &Deployment, ids: &[String], want: &Value, what: &str) {
+    let got = poll(s, ids, |got| got == want);
+    let differs: Vec<String> = want
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, v)| got.get(k.as_str()) != Some(*v))
+        .map(|(k, v)| format!("{k}:\n  want {v}\n  got  {}", got[k.as_str()]))
+        .collect();
+    assert!(
+        got == *want,
+        "{what}: not as before the reindex after a minute\n{}",
+        differs.join("\n")
+    );
 }
 
 /// Fragments exist for the 10-turn window of r1: consolidation ran.
@@ -180,8 +194,12 @@ fn reindex_rebuilds_graph_vectors_and_fragments_from_the_raw_store_embedded() {
             &json!({"query": "greyhound Biscuit"}),
         );
         assert_eq!(st, 200);
-        let after = settles_to(&s, &ids, &before);
-        assert_eq!(after, before, "rebuilt (killed part-way: {kill_part_way})");
+        assert_settles_to(
+            &s,
+            &ids,
+            &before,
+            &format!("rebuilt (killed part-way: {kill_part_way})"),
+        );
         s.stop();
     }
 }
@@ -197,11 +215,13 @@ fn reindex_from_the_graph_distributed() {
     let ids = seed(&s);
     let before = steady(&s, &ids);
     reindex_answering_recall(&s);
-    let after = settles_to(&s, &ids, &before);
-    assert_eq!(after, before);
+    assert_settles_to(&s, &ids, &before, "reindexed from the graph");
     s.stop();
 }
 
+/// Only the vector index is gone: the graph still holds every turn's old record while the
+/// workers go through them, and a window is consolidated only once all of its turns are
+/// derived again (from the old records it grouped without their vectors, differently).
 #[test]
 fn recollect_reindex_on_a_data_dir() {
     let dir = tempfile::tempdir().unwrap();
@@ -223,5 +243,5 @@ fn recollect_reindex_on_a_data_dir() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("reindexed in"));
     let s = Deployment::start(Mode::Embedded, dir.path(), &env_refs(&env));
-    assert_eq!(settles_to(&s, &ids, &before), before);
+    assert_settles_to(&s, &ids, &before, "reindexed on the data dir");
 }

@@ -271,6 +271,11 @@ impl ConsolidatorStage {
                 if these.iter().any(|r| marks.covers_turn(&r.turn)) {
                     break;
                 }
+                // A reindex under way: the window waits for every turn's new derivation (its
+                // old extraction and points would group it as before the reindex).
+                if these.iter().any(|r| r.rederiving) {
+                    break;
+                }
                 windows.push((start, these));
                 rest = after;
                 start = end;
@@ -507,7 +512,65 @@ mod tests {
             extraction: Extraction::default(),
             fragments: vec![],
             history: vec![],
+            rederiving: false,
         }
+    }
+
+    /// A reindex re-derives a conversation whose old turns stay in the graph: a window is
+    /// consolidated from the new derivation once all of it is written, never from the old
+    /// records of the turns not yet re-enriched.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reindexed_window_waits_for_all_of_its_new_derivation() {
+        let dir = tempfile::tempdir().unwrap();
+        let graph: Arc<dyn Graph> =
+            Arc::new(recollect_storage::EmbeddedGraph::open(&dir.path().join("g.redb")).unwrap());
+        let vectors: Arc<dyn VectorIndex> =
+            Arc::new(recollect_storage::EdgeVectorIndex::open(&dir.path().join("v"), 8).unwrap());
+        let t = TenantId("t".into());
+        // Before: ten turns on ten topics. After the reindex: one topic.
+        let derived = |from: u64, to: u64, topic: &dyn Fn(u64) -> String| {
+            (from..to)
+                .map(|i| {
+                    let key = topic(i);
+                    let x = Extraction {
+                        keywords: vec![recollect_model::Keyword {
+                            key: key.clone(),
+                            text: key,
+                        }],
+                        ..Default::default()
+                    };
+                    (record(i, "a turn").turn, x)
+                })
+                .collect::<Vec<_>>()
+        };
+        let stage = ConsolidatorStage::new(graph.clone(), vectors, 10);
+        graph
+            .write_turns(&derived(0, 10, &|i| format!("topic{i}")))
+            .await
+            .unwrap();
+        assert_eq!(stage.consolidate(&t, "c").await.unwrap(), 10);
+
+        graph.restart_derivation(&t, "c").await.unwrap();
+        let pottery = |_| "pottery".to_string();
+        graph.write_turns(&derived(0, 6, &pottery)).await.unwrap();
+        assert_eq!(
+            stage.consolidate(&t, "c").await.unwrap(),
+            0,
+            "four turns still hold their old derivation"
+        );
+        let state = graph.conversation_state(&t, "c").await.unwrap();
+        assert_eq!(state.consolidated_until, 0);
+
+        graph.write_turns(&derived(6, 10, &pottery)).await.unwrap();
+        assert_eq!(stage.consolidate(&t, "c").await.unwrap(), 1);
+        let f = graph
+            .fragments(&t, &[fragment_id(&t, "c", 0, 0)])
+            .await
+            .unwrap();
+        assert_eq!(
+            (f[0].members.len(), f[0].keywords.clone()),
+            (10, vec!["pottery".to_string()])
+        );
     }
 
     /// Every complete window is consolidated, however many came at once (more than one

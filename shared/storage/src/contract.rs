@@ -111,7 +111,100 @@ pub async fn graph_contract(g: Arc<dyn Graph>, residue: Residue) {
     graph_participants(g.clone()).await;
     graph_turn_erasure(g.clone()).await;
     graph_versions(g.clone(), residue.clone()).await;
+    graph_restart(g.clone(), residue.clone()).await;
     graph_batch_sizes(g, residue).await;
+}
+
+/// A reindex's restart of one conversation: its fragments and derived state go, its positions
+/// stay; its turns stay (recall goes on), each marked rederiving until it is written again.
+/// Another conversation is untouched.
+async fn graph_restart(g: Arc<dyn Graph>, residue: Residue) {
+    let t = TenantId("tenant-restart".into());
+    let batch = |conv: &str| -> Vec<(Turn, Extraction)> {
+        (0..3)
+            .map(|i| {
+                (
+                    turn(&t, conv, i, &format!("the kiln, part {i}")),
+                    extraction(&["kiln"], "Zoë", 1),
+                )
+            })
+            .collect()
+    };
+    for conv in ["r", "other"] {
+        let turns = batch(conv);
+        g.write_turns(&turns).await.unwrap();
+        g.write_fragments(&[Fragment {
+            id: format!("frag-{conv}"),
+            tenant: t.clone(),
+            conversation_id: conv.into(),
+            description: "kilns".into(),
+            members: turns.iter().map(|(t, _)| t.memory_id).collect(),
+            keywords: vec!["kiln".into()],
+            created_at: Utc::now(),
+        }])
+        .await
+        .unwrap();
+        let mut st = g.conversation_state(&t, conv).await.unwrap();
+        st.next_position = 3;
+        st.reference.entities.push("Zoë".into());
+        g.save_conversation_state(&t, conv, &st).await.unwrap();
+        g.advance_consolidated_until(&t, conv, 10).await.unwrap();
+    }
+    g.restart_derivation(&t, "r").await.unwrap();
+
+    let recs = g.conversation_turns(&t, "r", 0, u64::MAX).await.unwrap();
+    assert_eq!(recs.len(), 3);
+    for r in &recs {
+        assert!(r.rederiving, "turn {}", r.turn.position);
+        assert!(r.fragments.is_empty(), "turn {}", r.turn.position);
+        assert_eq!(r.extraction, extraction(&["kiln"], "Zoë", 1));
+    }
+    let ids: Vec<MemoryId> = recs.iter().map(|r| r.turn.memory_id).collect();
+    assert!(g
+        .turns(&t, &ids)
+        .await
+        .unwrap()
+        .iter()
+        .all(|r| r.rederiving));
+    assert!(g
+        .fragments(&t, &["frag-r".into()])
+        .await
+        .unwrap()
+        .is_empty());
+    let st = g.conversation_state(&t, "r").await.unwrap();
+    assert_eq!(
+        (
+            st.consolidated_until,
+            st.next_position,
+            st.reference.entities.len()
+        ),
+        (0, 3, 0)
+    );
+
+    // Written again (a new derivation), a turn is no longer marked; the others wait.
+    g.write_turns(&batch("r")[..1]).await.unwrap();
+    let recs = g.conversation_turns(&t, "r", 0, u64::MAX).await.unwrap();
+    let marks: Vec<bool> = recs.iter().map(|r| r.rederiving).collect();
+    assert_eq!(marks, [false, true, true]);
+
+    let other = g
+        .conversation_turns(&t, "other", 0, u64::MAX)
+        .await
+        .unwrap();
+    for r in &other {
+        assert!(!r.rederiving, "turn {}", r.turn.position);
+        assert_eq!(r.fragments, ["frag-other".to_string()]);
+    }
+    let st = g.conversation_state(&t, "other").await.unwrap();
+    assert_eq!(
+        (st.consolidated_until, st.reference.entities.len()),
+        (10, 1)
+    );
+
+    for conv in ["r", "other"] {
+        assert_eq!(g.delete_conversation(&t, conv).await.unwrap(), 3);
+        assert_eq!(residue(t.clone(), conv.into()).await, 0, "{conv}");
+    }
 }
 
 /// Edits: a later version supersedes the stored one (kept in the record's history, its lost

@@ -7,7 +7,9 @@
 //! recall reads.
 //!
 //! Part of the stored format: a field is only ever appended at the end of a struct (postcard
-//! has no field names), and then under a new version byte.
+//! has no field names), and then under a new version byte. The one exception is a turn
+//! record's trailing flag byte ([`RECORD_REDERIVING`]): optional, absent on every record
+//! written before it, so they read as they always did.
 
 use chrono::{DateTime, NaiveDate, Utc};
 use recollect_model::{
@@ -374,8 +376,12 @@ pub fn numbered_turn_of(
     turn(s)
 }
 
+/// Follows a record's struct when it is [`TurnRecord::rederiving`]; nothing follows otherwise.
+const RECORD_REDERIVING: u8 = 1;
+
 /// A turn record in the binary layout.
 pub fn record_bytes(r: TurnRecord) -> Result<Vec<u8>, StoreError> {
+    let rederiving = r.rederiving;
     let rec = StoredRecord {
         turn: stored_turn(r.turn)?,
         extraction: stored_extraction(r.extraction),
@@ -386,12 +392,22 @@ pub fn record_bytes(r: TurnRecord) -> Result<Vec<u8>, StoreError> {
             .map(|v| Ok((stored_turn(v.turn)?, stored_extraction(v.extraction))))
             .collect::<Result<_, StoreError>>()?,
     };
-    encoded("turn record", &rec)
+    let mut b = encoded("turn record", &rec)?;
+    if rederiving {
+        b.push(RECORD_REDERIVING);
+    }
+    Ok(b)
 }
 
 /// Reads [`record_bytes`].
 pub fn record_of(b: &[u8]) -> Result<TurnRecord, StoreError> {
-    let s: StoredRecord = decoded("turn record", b)?;
+    let (s, rest): (StoredRecord, &[u8]) =
+        postcard::take_from_bytes(b).map_err(|e| StoreError::corrupt("turn record", e))?;
+    let rederiving = match rest {
+        [] => false,
+        [RECORD_REDERIVING] => true,
+        _ => return Err(StoreError::corrupt_msg("turn record: bytes after its end")),
+    };
     Ok(TurnRecord {
         turn: turn(s.turn)?,
         extraction: extraction(s.extraction)?,
@@ -406,6 +422,7 @@ pub fn record_of(b: &[u8]) -> Result<TurnRecord, StoreError> {
                 })
             })
             .collect::<Result<_, StoreError>>()?,
+        rederiving,
     })
 }
 
@@ -598,8 +615,20 @@ mod tests {
                 turn: old,
                 extraction: Extraction::default(),
             }],
+            rederiving: false,
         };
         assert_eq!(record_of(&record_bytes(rec.clone()).unwrap()).unwrap(), rec);
+        let rederiving = TurnRecord {
+            rederiving: true,
+            ..rec.clone()
+        };
+        let b = record_bytes(rederiving.clone()).unwrap();
+        assert_eq!(record_of(&b).unwrap(), rederiving);
+        // One flag byte more than the same record not rederiving; any other tail is damage.
+        assert_eq!(b.len(), record_bytes(rec).unwrap().len() + 1);
+        let mut tail = b.clone();
+        tail.push(0);
+        assert!(matches!(record_of(&tail), Err(StoreError::Corrupt { .. })));
         let f = Fragment {
             id: MemoryId::from_u128(9).to_string(),
             tenant: TenantId("acme".into()),
@@ -620,6 +649,7 @@ mod tests {
             extraction: extraction(),
             fragments: vec![],
             history: vec![],
+            rederiving: false,
         })
         .unwrap();
         for n in [0, 1, good.len() / 2, good.len() - 1] {
@@ -638,12 +668,13 @@ mod tests {
             text in ".{0,12}",
             secs in -62_000_000_000i64..250_000_000_000,
             nanos in 0u32..1_000_000_000,
+            rederiving in any::<bool>(),
         ) {
             let mut t = turn(&user, None);
             t.timestamp = at(secs, nanos);
             let mut e = Extraction::default();
             e.keywords.push(Keyword { key, text });
-            let rec = TurnRecord { turn: t, extraction: e, fragments: vec![], history: vec![] };
+            let rec = TurnRecord { turn: t, extraction: e, fragments: vec![], history: vec![], rederiving };
             prop_assert_eq!(record_of(&record_bytes(rec.clone()).unwrap()).unwrap(), rec);
         }
     }

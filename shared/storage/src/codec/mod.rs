@@ -258,6 +258,7 @@ mod tests {
             },
             fragments: vec![MemoryId::from_u128(3).to_string()],
             history: vec![],
+            rederiving: false,
         }
     }
 

@@ -463,6 +463,7 @@ impl EmbeddedGraph {
                             extraction: x.clone(),
                             fragments: vec![],
                             history: vec![],
+                            rederiving: false,
                         },
                         None,
                     ),
@@ -472,6 +473,7 @@ impl EmbeddedGraph {
                             TurnRecord {
                                 turn: turn.clone(),
                                 extraction: x.clone(),
+                                rederiving: false,
                                 ..o.clone()
                             },
                             None,
@@ -980,8 +982,9 @@ impl Graph for EmbeddedGraph {
                         Some(v) => Some(record_of(v.value())?),
                         None => None,
                     };
-                    if let Some(mut rec) = rec.filter(|r| !r.fragments.is_empty()) {
+                    if let Some(mut rec) = rec {
                         rec.fragments.clear();
+                        rec.rederiving = true;
                         nodes.insert(id, record_bytes(&rec)?.as_slice())?;
                     }
                 }
@@ -1741,6 +1744,7 @@ mod tests {
                         extraction: x.clone(),
                         fragments: vec![],
                         history: vec![],
+                        rederiving: false,
                     };
                     nodes
                         .insert(id, record_bytes(&rec).unwrap().as_slice())

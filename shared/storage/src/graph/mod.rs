@@ -139,6 +139,10 @@ pub struct TurnRecord {
     /// Earlier versions, oldest first, each with `expired_at` set (`PATCH /v1/memories/{id}`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<TurnVersion>,
+    /// Derived before its conversation's derivation was restarted (a reindex) and not written
+    /// again since: its extraction and points are the old ones, so consolidation waits for it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rederiving: bool,
 }
 
 /// A superseded version of a turn and what was extracted from it.
@@ -161,6 +165,7 @@ impl TurnRecord {
             extraction: v.extraction.clone(),
             fragments: self.fragments.clone(),
             history: vec![],
+            rederiving: self.rederiving,
         })
     }
 
@@ -205,6 +210,7 @@ impl TurnRecord {
             turn: old,
             extraction: old_x,
         });
+        self.rederiving = false;
     }
 }
 
@@ -542,7 +548,9 @@ pub trait Graph: GraphRead {
     /// Starts a conversation's derivation over (a reindex): its fragments go, and its state
     /// forgets the reference state and how far consolidation got, so that re-enriching its
     /// turns in order derives them afresh. Turns, links and positions stay (recall goes on;
-    /// each re-enriched turn replaces its own links).
+    /// each re-enriched turn replaces its own links), each marked
+    /// [`rederiving`](TurnRecord::rederiving) until it is written again: a window is
+    /// consolidated from the new derivation only, never from old records still in place.
     async fn restart_derivation(
         &self,
         tenant: &TenantId,
@@ -586,6 +594,7 @@ mod version_tests {
             extraction: Extraction::default(),
             fragments: vec![],
             history: vec![],
+            rederiving: false,
         }
     }
 

@@ -319,7 +319,7 @@ impl Neo4jGraph {
                     query(
                         "MATCH (t:Turn) WHERE t.key IN $ids \
                          RETURN t.key AS id, t.turn_json AS turn_json, \
-                         t.extraction_json AS extraction_json, t.history_json AS history_json",
+                         t.extraction_json AS extraction_json, t.history_json AS history_json, t.rederiving AS rederiving",
                     )
                     .param("ids", chunk.to_vec()),
                 )
@@ -459,8 +459,8 @@ fn history_json(history: &[TurnVersion]) -> Result<Option<String>, StoreError> {
     })
 }
 
-/// A turn record (without fragments) from a row with `turn_json`, `extraction_json` and
-/// `history_json`.
+/// A turn record (without fragments) from a row with `turn_json`, `extraction_json`,
+/// `history_json` and `rederiving`.
 fn record_of(r: &Row) -> Result<TurnRecord, StoreError> {
     let history = match get::<Option<String>>(r, "history_json")? {
         Some(h) => serde_json::from_str(&h)?,
@@ -471,6 +471,8 @@ fn record_of(r: &Row) -> Result<TurnRecord, StoreError> {
         extraction: serde_json::from_str(&get::<String>(r, "extraction_json")?)?,
         fragments: Vec::new(),
         history,
+        // Unset on a turn never reindexed.
+        rederiving: get::<Option<bool>>(r, "rederiving")?.unwrap_or(false),
     })
 }
 
@@ -490,14 +492,14 @@ fn write_turns_statement(new_turns: bool) -> String {
          conversation: r.conversation, turn_id: r.turn_id, position: r.position, \
          timestamp: r.timestamp, user: r.user, assistant: r.assistant, turn_json: r.turn_json, \
          extraction_json: r.extraction_json, user_id: r.user_id, agent_id: r.agent_id, \
-         history_json: r.history_json})"
+         history_json: r.history_json, rederiving: false})"
     } else {
         "UNWIND $rows AS r MERGE (t:Turn {key: r.key}) \
          SET t.tenant = r.tenant, t.conversation = r.conversation, t.turn_id = r.turn_id, \
          t.position = r.position, t.timestamp = r.timestamp, t.user = r.user, \
          t.assistant = r.assistant, t.turn_json = r.turn_json, \
          t.extraction_json = r.extraction_json, t.user_id = r.user_id, t.agent_id = r.agent_id, \
-         t.history_json = r.history_json"
+         t.history_json = r.history_json, t.rederiving = false"
     });
     for kind in NodeKind::ALL {
         let (label, edge, field) = (kind.label(), kind.edge(), links_field(kind));
@@ -605,7 +607,7 @@ impl GraphRead for Neo4jGraph {
                 query(
                     "MATCH (t:Turn) WHERE t.key IN $ids AND t.tenant = $tenant \
                      RETURN t.key AS id, t.turn_json AS turn_json, t.extraction_json AS extraction_json, \
-                     t.history_json AS history_json",
+                     t.history_json AS history_json, t.rederiving AS rederiving",
                 )
                 .param("ids", keys)
                 .param("tenant", tenant.as_str()),
@@ -633,7 +635,7 @@ impl GraphRead for Neo4jGraph {
                     "MATCH (t:Turn) WHERE t.tenant = $tenant AND t.conversation = $conv \
                      AND t.position >= $from AND t.position < $to \
                      RETURN t.key AS id, t.turn_json AS turn_json, \
-                     t.extraction_json AS extraction_json, t.history_json AS history_json, \
+                     t.extraction_json AS extraction_json, t.history_json AS history_json, t.rederiving AS rederiving, \
                      t.position AS position \
                      ORDER BY t.position",
                 )
@@ -1140,6 +1142,17 @@ impl Graph for Neo4jGraph {
             .param("conv", conversation),
         )
         .await?;
+        // Each turn waits for its re-enrichment before consolidation takes it (its write sets
+        // the flag back).
+        self.run(
+            query(
+                "MATCH (t:Turn) WHERE t.tenant = $tenant AND t.conversation = $conv \
+                 SET t.rederiving = true",
+            )
+            .param("tenant", tenant.as_str())
+            .param("conv", conversation),
+        )
+        .await?;
         // The consolidator's own property goes back too (it never moves back otherwise).
         self.run(
             query(
@@ -1290,7 +1303,7 @@ impl Neo4jGraph {
                 query(
                     "MATCH (t:Turn) WHERE t.tenant = $tenant AND t.conversation = $conv \
                      RETURN t.key AS id, t.turn_json AS turn_json, \
-                     t.extraction_json AS extraction_json, t.history_json AS history_json",
+                     t.extraction_json AS extraction_json, t.history_json AS history_json, t.rederiving AS rederiving",
                 )
                 .param("tenant", tenant.as_str())
                 .param("conv", conversation),
