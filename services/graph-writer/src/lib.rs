@@ -2,6 +2,7 @@
 //! `recollect.turns.stored`. Every write is an idempotent upsert keyed by deterministic ids, so
 //! a redelivered message changes nothing.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
@@ -47,7 +48,7 @@ impl GraphWriterStage {
         }
     }
 
-    async fn write(&self, turns: &[EmbeddedTurn]) -> Result<(), StageError> {
+    async fn write(&self, turns: &[&EmbeddedTurn]) -> Result<(), StageError> {
         // A turn and its edit in one batch are written one after the other.
         for run in distinct_runs(turns, usize::MAX, |e| e.turn.memory_id) {
             self.write_run(run).await?;
@@ -60,7 +61,7 @@ impl GraphWriterStage {
     /// older edit redelivered after a later one: writing its vectors would undo the later one).
     async fn versions_replaced(
         &self,
-        turns: &[EmbeddedTurn],
+        turns: &[&EmbeddedTurn],
     ) -> Result<(Vec<(TenantId, ReplacedVersion)>, HashSet<MemoryId>), StageError> {
         let mut by_tenant: BTreeMap<TenantId, Vec<&Turn>> = BTreeMap::new();
         for e in turns.iter().filter(|e| e.turn.is_edit()) {
@@ -100,16 +101,16 @@ impl GraphWriterStage {
         Ok((replaced, skip))
     }
 
-    async fn write_run(&self, turns: &[EmbeddedTurn]) -> Result<(), StageError> {
+    async fn write_run(&self, turns: &[&EmbeddedTurn]) -> Result<(), StageError> {
         let (replaced, skip) = self.versions_replaced(turns).await?;
-        let kept: Vec<EmbeddedTurn>;
+        let kept: Vec<&EmbeddedTurn>;
         let turns = if skip.is_empty() {
             turns
         } else {
             kept = turns
                 .iter()
+                .copied()
                 .filter(|e| !skip.contains(&e.turn.memory_id))
-                .cloned()
                 .collect();
             &kept
         };
@@ -169,7 +170,7 @@ impl GraphWriterStage {
         self.write_nodes(written).await
     }
 
-    async fn upsert_points(&self, turns: &[EmbeddedTurn]) -> Result<(), StageError> {
+    async fn upsert_points(&self, turns: &[&EmbeddedTurn]) -> Result<(), StageError> {
         let points: Vec<TurnPoint> = turns
             .iter()
             .map(|e| TurnPoint {
@@ -197,7 +198,7 @@ impl GraphWriterStage {
             .map_err(StageError::classified)
     }
 
-    async fn write_nodes(&self, turns: &[EmbeddedTurn]) -> Result<(), StageError> {
+    async fn write_nodes(&self, turns: &[&EmbeddedTurn]) -> Result<(), StageError> {
         let nodes: Vec<_> = turns
             .iter()
             .map(|e| (e.turn.clone(), e.extraction.clone()))
@@ -228,7 +229,7 @@ impl GraphWriterStage {
     /// so whichever of the two deletes last leaves nothing). Returns the turns dropped.
     async fn erase_guarded_write(
         &self,
-        decoded: &[Result<Envelope<EmbeddedTurn>, StageError>],
+        decoded: &[Result<Cow<'_, Envelope<EmbeddedTurn>>, StageError>],
     ) -> Result<std::collections::HashSet<MemoryId>, StageError> {
         let turns: Vec<&EmbeddedTurn> = decoded.iter().flatten().map(|e| &e.body).collect();
         let before = ErasureMap::read(self.graph.as_ref(), pairs(&turns))
@@ -239,8 +240,7 @@ impl GraphWriterStage {
         // A redelivery of a batch whose first attempt wrote before an erasure and died before
         // its own check: undo that write (idempotent; nothing to do otherwise).
         self.undo(&dropped).await?;
-        let owned: Vec<EmbeddedTurn> = live.iter().map(|e| (*e).clone()).collect();
-        self.write(&owned).await?;
+        self.write(&live).await?;
         let after = ErasureMap::read(self.graph.as_ref(), pairs(&live))
             .await
             .map_err(StageError::classified)?;
@@ -329,11 +329,13 @@ impl Stage for GraphWriterStage {
     }
 
     async fn handle(&self, batch: &[Delivery]) -> Vec<Result<Vec<Message>, StageError>> {
-        let decoded: Vec<Result<Envelope<EmbeddedTurn>, StageError>> = batch
+        // Borrowed from the batch where the embedder's values never left the process (the
+        // single binary): the batch's vectors were copied twice over before.
+        let decoded: Vec<Result<Cow<'_, Envelope<EmbeddedTurn>>, StageError>> = batch
             .iter()
             .map(|d| {
                 d.message
-                    .decode()
+                    .decode_ref()
                     .map_err(|e| StageError::Permanent(format!("undecodable embedded turn: {e}")))
             })
             .collect();

@@ -118,12 +118,20 @@ impl Message {
     /// The body as `T`: a copy of the value when the message was made from one of that type
     /// and never left the process, otherwise parsed from the JSON bytes.
     pub fn decode<T: DeserializeOwned + Clone + 'static>(&self) -> Result<T, serde_json::Error> {
+        self.decode_ref::<T>().map(Cow::into_owned)
+    }
+
+    /// The body as `T`, borrowed when the message was made from a value of that type and never
+    /// left the process (a stage that only reads its input copies nothing), else parsed.
+    pub fn decode_ref<T: DeserializeOwned + Clone + 'static>(
+        &self,
+    ) -> Result<Cow<'_, T>, serde_json::Error> {
         if let Payload::Value { value, .. } = &self.payload {
             if let Some(v) = value.downcast_ref::<T>() {
-                return Ok(v.clone());
+                return Ok(Cow::Borrowed(v));
             }
         }
-        serde_json::from_slice(&self.payload())
+        serde_json::from_slice(&self.payload()).map(Cow::Owned)
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {
@@ -542,6 +550,25 @@ async fn settle(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A value that never left the process is read in place; bytes (a Kafka record) and a
+    /// value of another type are parsed, to the same body.
+    #[test]
+    fn a_value_is_borrowed_bytes_are_parsed() {
+        let m = Message::json("t", "k".into(), vec![1.5f32, 2.0], "trace");
+        let body = m.decode_ref::<Vec<f32>>().unwrap();
+        assert!(matches!(body, Cow::Borrowed(_)));
+        assert_eq!(*body, [1.5, 2.0]);
+        let wire = Message::from_bytes("t", "k".into(), m.payload().into_owned(), vec![]);
+        let parsed = wire.decode_ref::<Vec<f32>>().unwrap();
+        assert!(matches!(parsed, Cow::Owned(_)));
+        assert_eq!(parsed, body);
+        let widened = m.decode_ref::<Vec<f64>>().unwrap();
+        assert!(matches!(widened, Cow::Owned(_)));
+        assert_eq!(*widened, [1.5, 2.0]);
+        assert_eq!(m.decode::<Vec<f32>>().unwrap(), [1.5, 2.0]);
+        assert!(wire.decode_ref::<String>().is_err());
+    }
 
     struct Doubler;
 

@@ -319,7 +319,8 @@ impl Neo4jGraph {
                     query(
                         "MATCH (t:Turn) WHERE t.key IN $ids \
                          RETURN t.key AS id, t.turn_json AS turn_json, \
-                         t.extraction_json AS extraction_json, t.history_json AS history_json, t.rederiving AS rederiving",
+                         t.extraction_json AS extraction_json, t.history_json AS history_json, \
+                         t.rederiving AS rederiving",
                     )
                     .param("ids", chunk.to_vec()),
                 )
@@ -635,8 +636,8 @@ impl GraphRead for Neo4jGraph {
                     "MATCH (t:Turn) WHERE t.tenant = $tenant AND t.conversation = $conv \
                      AND t.position >= $from AND t.position < $to \
                      RETURN t.key AS id, t.turn_json AS turn_json, \
-                     t.extraction_json AS extraction_json, t.history_json AS history_json, t.rederiving AS rederiving, \
-                     t.position AS position \
+                     t.extraction_json AS extraction_json, t.history_json AS history_json, \
+                     t.rederiving AS rederiving, t.position AS position \
                      ORDER BY t.position",
                 )
                 .param("tenant", tenant.as_str())
@@ -1303,7 +1304,8 @@ impl Neo4jGraph {
                 query(
                     "MATCH (t:Turn) WHERE t.tenant = $tenant AND t.conversation = $conv \
                      RETURN t.key AS id, t.turn_json AS turn_json, \
-                     t.extraction_json AS extraction_json, t.history_json AS history_json, t.rederiving AS rederiving",
+                     t.extraction_json AS extraction_json, t.history_json AS history_json, \
+                     t.rederiving AS rederiving",
                 )
                 .param("tenant", tenant.as_str())
                 .param("conv", conversation),
