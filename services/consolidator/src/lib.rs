@@ -516,43 +516,49 @@ mod tests {
         }
     }
 
+    /// An embedded graph and vector index in `dir`.
+    fn stores(dir: &std::path::Path) -> (Arc<dyn Graph>, Arc<dyn VectorIndex>) {
+        let graph = recollect_storage::EmbeddedGraph::open(&dir.join("g.redb")).unwrap();
+        let vectors = recollect_storage::EdgeVectorIndex::open(&dir.join("v"), 8).unwrap();
+        (Arc::new(graph), Arc::new(vectors))
+    }
+
+    /// Turns `from..to`, each with one keyword, `key(position)`.
+    fn keyed(from: u64, to: u64, key: impl Fn(u64) -> String) -> Vec<(Turn, Extraction)> {
+        (from..to)
+            .map(|i| {
+                let k = key(i);
+                let x = Extraction {
+                    keywords: vec![recollect_model::Keyword {
+                        key: k.clone(),
+                        text: k.clone(),
+                    }],
+                    ..Default::default()
+                };
+                (record(i, &k).turn, x)
+            })
+            .collect()
+    }
+
     /// A reindex re-derives a conversation whose old turns stay in the graph: a window is
     /// consolidated from the new derivation once all of it is written, never from the old
     /// records of the turns not yet re-enriched.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_reindexed_window_waits_for_all_of_its_new_derivation() {
         let dir = tempfile::tempdir().unwrap();
-        let graph: Arc<dyn Graph> =
-            Arc::new(recollect_storage::EmbeddedGraph::open(&dir.path().join("g.redb")).unwrap());
-        let vectors: Arc<dyn VectorIndex> =
-            Arc::new(recollect_storage::EdgeVectorIndex::open(&dir.path().join("v"), 8).unwrap());
+        let (graph, vectors) = stores(dir.path());
         let t = TenantId("t".into());
         // Before: ten turns on ten topics. After the reindex: one topic.
-        let derived = |from: u64, to: u64, topic: &dyn Fn(u64) -> String| {
-            (from..to)
-                .map(|i| {
-                    let key = topic(i);
-                    let x = Extraction {
-                        keywords: vec![recollect_model::Keyword {
-                            key: key.clone(),
-                            text: key,
-                        }],
-                        ..Default::default()
-                    };
-                    (record(i, "a turn").turn, x)
-                })
-                .collect::<Vec<_>>()
-        };
         let stage = ConsolidatorStage::new(graph.clone(), vectors, 10);
         graph
-            .write_turns(&derived(0, 10, &|i| format!("topic{i}")))
+            .write_turns(&keyed(0, 10, |i| format!("topic{i}")))
             .await
             .unwrap();
         assert_eq!(stage.consolidate(&t, "c").await.unwrap(), 10);
 
         graph.restart_derivation(&t, "c").await.unwrap();
         let pottery = |_| "pottery".to_string();
-        graph.write_turns(&derived(0, 6, &pottery)).await.unwrap();
+        graph.write_turns(&keyed(0, 6, pottery)).await.unwrap();
         assert_eq!(
             stage.consolidate(&t, "c").await.unwrap(),
             0,
@@ -561,7 +567,7 @@ mod tests {
         let state = graph.conversation_state(&t, "c").await.unwrap();
         assert_eq!(state.consolidated_until, 0);
 
-        graph.write_turns(&derived(6, 10, &pottery)).await.unwrap();
+        graph.write_turns(&keyed(6, 10, pottery)).await.unwrap();
         assert_eq!(stage.consolidate(&t, "c").await.unwrap(), 1);
         let f = graph
             .fragments(&t, &[fragment_id(&t, "c", 0, 0)])
@@ -578,27 +584,10 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_complete_window_is_consolidated_and_an_incomplete_one_waits() {
         let dir = tempfile::tempdir().unwrap();
-        let graph: Arc<dyn Graph> =
-            Arc::new(recollect_storage::EmbeddedGraph::open(&dir.path().join("g.redb")).unwrap());
-        let vectors: Arc<dyn VectorIndex> =
-            Arc::new(recollect_storage::EdgeVectorIndex::open(&dir.path().join("v"), 8).unwrap());
+        let (graph, vectors) = stores(dir.path());
         let t = TenantId("t".into());
         let topics = ["pottery", "the dog", "clay", "hiking"];
-        let stored = |from: u64, to: u64| {
-            (from..to)
-                .map(|i| {
-                    let r = record(i, topics[i as usize % 4]);
-                    let x = Extraction {
-                        keywords: vec![recollect_model::Keyword {
-                            key: topics[i as usize % 4].into(),
-                            text: topics[i as usize % 4].into(),
-                        }],
-                        ..Default::default()
-                    };
-                    (r.turn, x)
-                })
-                .collect::<Vec<_>>()
-        };
+        let stored = |from: u64, to: u64| keyed(from, to, |i| topics[i as usize % 4].into());
         let window = 10u64;
         let stage = ConsolidatorStage::new(graph.clone(), vectors, window as usize);
         let total = window * (WINDOWS_AT_ONCE + 1) + 5;
