@@ -268,12 +268,13 @@ impl ConsolidatorStage {
                 if (present.len() as u64) + gaps < self.window || these.is_empty() {
                     break;
                 }
-                if these.iter().any(|r| marks.covers_turn(&r.turn)) {
-                    break;
-                }
-                // A reindex under way: the window waits for every turn's new derivation (its
-                // old extraction and points would group it as before the reindex).
-                if these.iter().any(|r| r.rederiving) {
+                // Not yet: a turn an erasure covers (its eraser removes it), or one a reindex has
+                // not derived again (its old extraction and points would group the window as
+                // before the reindex).
+                if these
+                    .iter()
+                    .any(|r| r.rederiving || marks.covers_turn(&r.turn))
+                {
                     break;
                 }
                 windows.push((start, these));
