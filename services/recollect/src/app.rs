@@ -41,8 +41,11 @@ pub struct App {
 /// How often, at most, the vector index is flushed while the writer keeps writing: one flush
 /// then covers several of its batches (a group commit). A flush costs about the same for one
 /// batch as for several, and two of them a batch were ~8 % of the ingest's CPU. When writes
-/// are sparse the flush follows the batch at once, so a lone `wait` is not held back.
-const SYNC_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+/// are sparse the flush follows the batch at once, so a lone `wait` is not held back; under a
+/// steady load a `wait` waits up to this long more. 1 s rather than 0.5 s: +7.5 % turns/s end
+/// to end at 100k (the writer's batches take ~0.5 s there, so 0.5 s flushed after every one);
+/// 1.5 s measured the same as 1 s (docs/SPEED.md).
+const SYNC_EVERY: std::time::Duration = std::time::Duration::from_millis(1000);
 
 /// The graph writer's hook: a turn is marked stored (no longer replayed at start) only once
 /// its vector points are flushed, which [`EmbeddedHooks::run`] does for many batches at once.
@@ -625,5 +628,50 @@ mod tests {
             0,
             "a clean stop replays nothing"
         );
+    }
+    /// Path C (fragment expansion) is off by default and finds turns once `recall.path_c` is
+    /// on, over the same store: the fragments are built either way.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn path_c_runs_only_when_switched_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut settings = Settings::defaults();
+        settings.storage.data_dir = dir.path().to_path_buf();
+        assert!(!settings.recall.path_c);
+        let tenant = TenantId("t".into());
+        let app = App::open_with(settings, Arc::new(HashEmbedder::default()))
+            .await
+            .unwrap();
+        let req = StoreRequest {
+            turns: turns(1, 12),
+            wait: Some(true),
+        };
+        app.gateway.store(&tenant, "c1", req, "test").await.unwrap();
+        app.wait_enriched().await.unwrap();
+        let query = RecallRequest {
+            query: "Where did I walk my dog Rex?".into(),
+            conversation_ids: Some(vec!["c1".into()]),
+            ..Default::default()
+        };
+        let from_c = |got: &[recollect_model::RecalledMemory]| {
+            got.iter()
+                .filter(|m| m.sources.iter().any(|s| s == "C" || s == "BC"))
+                .count()
+        };
+        let off = app.recall.recall(&tenant, &query).await.unwrap();
+        assert!(!off.is_empty());
+        assert_eq!(from_c(&off), 0, "{off:?}");
+        let on = recollect_recall::Recall::new(
+            app.graph.clone(),
+            app.vectors.clone(),
+            Arc::new(recollect_embed::CachedEmbedder::new(app.embedder.clone())),
+            recollect_recall::RecallConfig {
+                path_c: true,
+                ..app.recall.config().clone()
+            },
+            *app.recall.limits(),
+        );
+        let on = on.recall(&tenant, &query).await.unwrap();
+        assert!(from_c(&on) > 0, "{on:?}");
+        app.shutdown().await;
     }
 }

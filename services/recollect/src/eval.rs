@@ -13,7 +13,7 @@ use recollect_config::Settings;
 use recollect_embed::{CachedEmbedder, Embedder};
 use recollect_gateway::StoreRequest;
 use recollect_model::{MemoryId, TenantId, TurnInput};
-use recollect_recall::{Ablation, Recall, RecallConfig, RecallRequest};
+use recollect_recall::{Ablation, Component, Recall, RecallConfig, RecallRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -501,28 +501,36 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
 
     let base_cfg = apply_sets(app.recall.config().clone(), &set)?;
     let embedder: Arc<dyn Embedder> = Arc::new(CachedEmbedder::new(app.embedder.clone()));
-    let recall = Recall::new(
-        app.graph.clone(),
-        app.vectors.clone(),
-        embedder,
-        base_cfg.clone(),
-        *app.recall.limits(),
-    );
-    let runs: Vec<(String, Ablation)> = match ablate.as_deref() {
-        None | Some("none") => vec![("full".into(), Ablation::default())],
-        Some("all") => std::iter::once(("full".to_string(), Ablation::default()))
-            .chain(Ablation::NAMES.iter().map(|n| {
-                (
-                    format!("without {n}"),
-                    Ablation::parse(n).expect("known name"),
-                )
-            }))
-            .collect(),
-        Some(n) => vec![(
-            format!("without {n}"),
-            Ablation::parse(n)
-                .with_context(|| format!("--ablate {n}: one of {:?} or all", Ablation::NAMES))?,
-        )],
+    let recall_with_config = |cfg: RecallConfig| {
+        Recall::new(
+            app.graph.clone(),
+            app.vectors.clone(),
+            embedder.clone(),
+            cfg,
+            *app.recall.limits(),
+        )
+    };
+    // A component the configuration leaves off (Path C by default) is measured the other way
+    // round: a run with it switched on.
+    let run_of = |n: &str| -> anyhow::Result<(String, Ablation, RecallConfig)> {
+        let ablation = Ablation::parse(n)
+            .with_context(|| format!("--ablate {n}: one of {:?} or all", Ablation::NAMES))?;
+        if ablation.without(Component::PathC) && !base_cfg.path_c {
+            let on = RecallConfig {
+                path_c: true,
+                ..base_cfg.clone()
+            };
+            return Ok((format!("with {n}"), Ablation::default(), on));
+        }
+        Ok((format!("without {n}"), ablation, base_cfg.clone()))
+    };
+    let full = || ("full".to_string(), Ablation::default(), base_cfg.clone());
+    let runs: Vec<(String, Ablation, RecallConfig)> = match ablate.as_deref() {
+        None | Some("none") => vec![full()],
+        Some("all") => std::iter::once(Ok(full()))
+            .chain(Ablation::NAMES.iter().map(|n| run_of(n)))
+            .collect::<anyhow::Result<_>>()?,
+        Some(n) => vec![run_of(n)?],
     };
     println!(
         "configuration: embedder={} runtime={} extractor=rules k={kmax} conversations={} questions={} recall={}",
@@ -533,7 +541,8 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
         serde_json::to_string(&base_cfg)?
     );
     let mut report = serde_json::Map::new();
-    for (label, ablation) in runs {
+    for (label, ablation, cfg) in runs {
+        let recall = recall_with_config(cfg);
         let mut scores = Scores::default();
         let mut latencies = Vec::with_capacity(questions.len());
         let mut rankings = Vec::new();

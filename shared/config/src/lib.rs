@@ -1023,6 +1023,10 @@ mod tests {
         assert_eq!(r.keyword_neighbours, 30);
         assert_eq!(r.keyword_min_cosine.to_bits(), 0.45f32.to_bits());
         assert_eq!(r.fragments_expanded, 10);
+        assert!(
+            !r.path_c,
+            "Path C measured as noise on LoCoMo: off by default"
+        );
         let bits = |(a, b): (f32, f32)| (a.to_bits(), b.to_bits());
         assert_eq!(bits(r.factual_weights), bits((0.30, 0.50)));
         assert_eq!(bits(r.reasoning_weights), bits((0.60, 0.75)));

@@ -15,6 +15,10 @@ pub struct RecallConfig {
     pub keyword_neighbours: usize,
     /// Path B and SoftTF-IDF (paper: 0.45): the keyword cosine floor.
     pub keyword_min_cosine: f32,
+    /// Whether recall runs Path C, fragment expansion (ours: off; on LoCoMo it measured as
+    /// noise on top of dense and BM25 candidates and cost ~1.5 ms a recall, docs/RECALL.md).
+    /// Fragments are built either way, so turning it on needs no reindex.
+    pub path_c: bool,
     /// Path C (paper: 10): fragments expanded into candidates.
     pub fragments_expanded: usize,
     /// Path B's candidates, and the reached turns Path C starts from, at most (ours).

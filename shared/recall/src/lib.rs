@@ -1,6 +1,7 @@
 //! Recall, written once against the seams and readable beside the KeyMem paper
-//! (../shared/RECALL.md §1): Phase 1 analyse the query, Phase 2 run Path B and Path C beside
-//! the dense field max-sim and BM25 retrievers, Phase 3 in three steps: fetch the candidates
+//! (../shared/RECALL.md §1): Phase 1 analyse the query, Phase 2 run Path B and Path C (when
+//! `recall.path_c` is on; off by default, docs/RECALL.md) beside the dense field max-sim and
+//! BM25 retrievers, Phase 3 in three steps: fetch the candidates
 //! (every store read, `fetch.rs`), score them as KeyMem does (a pure function, `keymem.rs`),
 //! fuse with the lexical and time evidence and rank (a pure function, `fuse.rs`). Every
 //! returned memory says which paths found it and how its score was made.
@@ -406,8 +407,8 @@ impl Recall {
         }
         .emit();
 
-        // Phase 2: Path B then Path C (from B's lookups), beside the dense and lexical
-        // retrievers: four retrievers, each timed on its own, overlapping.
+        // Phase 2: Path B then Path C (from B's lookups; only with `recall.path_c`), beside the
+        // dense and lexical retrievers: four retrievers, each timed on its own, overlapping.
         let cfg = &self.config;
         let depth = cfg.retrieve_depth.max(k);
         let phase = Instant::now();
@@ -417,7 +418,7 @@ impl Recall {
             })
             .await?;
             let c = timed(RecallPhase::PathC, async {
-                if ablation.without(Component::PathC) {
+                if !cfg.path_c || ablation.without(Component::PathC) {
                     Ok(PathC::default())
                 } else {
                     path_c::run(self, tenant, &scope, &b).await
