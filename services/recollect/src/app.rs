@@ -42,9 +42,9 @@ pub struct App {
 /// then covers several of its batches (a group commit). A flush costs about the same for one
 /// batch as for several, and two of them a batch were ~8 % of the ingest's CPU. When writes
 /// are sparse the flush follows the batch at once, so a lone `wait` is not held back; under a
-/// steady load a `wait` waits up to this long more. 1 s rather than 0.5 s: +7.5 % turns/s end
-/// to end at 100k (the writer's batches take ~0.5 s there, so 0.5 s flushed after every one);
-/// 1.5 s measured the same as 1 s (docs/SPEED.md).
+/// steady load a `wait` waits up to this long more. 1 s rather than 0.5 s: +2 to +7.5 % turns/s
+/// end to end at 100k in two windows (the writer's batches take ~0.5 s there, so 0.5 s flushed
+/// after every one); 1.5 s measured the same as 1 s (docs/SPEED.md).
 const SYNC_EVERY: std::time::Duration = std::time::Duration::from_millis(1000);
 
 /// The graph writer's hook: a turn is marked stored (no longer replayed at start) only once
@@ -629,6 +629,7 @@ mod tests {
             "a clean stop replays nothing"
         );
     }
+
     /// Path C (fragment expansion) is off by default and finds turns once `recall.path_c` is
     /// on, over the same store: the fragments are built either way.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
