@@ -316,12 +316,10 @@ impl Neo4jGraph {
         for chunk in ids.chunks(STORED_LOOKUP) {
             let rows = self
                 .rows(
-                    query(
-                        "MATCH (t:Turn) WHERE t.key IN $ids \
-                         RETURN t.key AS id, t.turn_json AS turn_json, \
-                         t.extraction_json AS extraction_json, t.history_json AS history_json, \
-                         t.rederiving AS rederiving",
-                    )
+                    query(concat!(
+                        "MATCH (t:Turn) WHERE t.key IN $ids RETURN ",
+                        record_columns!()
+                    ))
                     .param("ids", chunk.to_vec()),
                 )
                 .await?;
@@ -460,8 +458,17 @@ fn history_json(history: &[TurnVersion]) -> Result<Option<String>, StoreError> {
     })
 }
 
-/// A turn record (without fragments) from a row with `turn_json`, `extraction_json`,
-/// `history_json` and `rederiving`.
+/// The columns a query returns for [`record_of`] (and the turn's key as `id`): one list, so a
+/// field added to the record is read by every query that returns records.
+macro_rules! record_columns {
+    () => {
+        "t.key AS id, t.turn_json AS turn_json, t.extraction_json AS extraction_json, \
+         t.history_json AS history_json, t.rederiving AS rederiving"
+    };
+}
+use record_columns;
+
+/// A turn record (without fragments) from a row of [`record_columns`].
 fn record_of(r: &Row) -> Result<TurnRecord, StoreError> {
     let history = match get::<Option<String>>(r, "history_json")? {
         Some(h) => serde_json::from_str(&h)?,
@@ -605,11 +612,10 @@ impl GraphRead for Neo4jGraph {
         let keys: Vec<String> = ids.iter().map(|m| m.to_string()).collect();
         let rows = self
             .rows(
-                query(
-                    "MATCH (t:Turn) WHERE t.key IN $ids AND t.tenant = $tenant \
-                     RETURN t.key AS id, t.turn_json AS turn_json, t.extraction_json AS extraction_json, \
-                     t.history_json AS history_json, t.rederiving AS rederiving",
-                )
+                query(concat!(
+                    "MATCH (t:Turn) WHERE t.key IN $ids AND t.tenant = $tenant RETURN ",
+                    record_columns!()
+                ))
                 .param("ids", keys)
                 .param("tenant", tenant.as_str()),
             )
@@ -632,14 +638,12 @@ impl GraphRead for Neo4jGraph {
         let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let rows = self
             .rows(
-                query(
+                query(concat!(
                     "MATCH (t:Turn) WHERE t.tenant = $tenant AND t.conversation = $conv \
-                     AND t.position >= $from AND t.position < $to \
-                     RETURN t.key AS id, t.turn_json AS turn_json, \
-                     t.extraction_json AS extraction_json, t.history_json AS history_json, \
-                     t.rederiving AS rederiving, t.position AS position \
-                     ORDER BY t.position",
-                )
+                         AND t.position >= $from AND t.position < $to RETURN ",
+                    record_columns!(),
+                    ", t.position AS position ORDER BY t.position"
+                ))
                 .param("tenant", tenant.as_str())
                 .param("conv", conversation)
                 .param("from", clamp(from))
@@ -1301,12 +1305,10 @@ impl Neo4jGraph {
         let marker = m.marker(conversation);
         let rows = self
             .rows(
-                query(
-                    "MATCH (t:Turn) WHERE t.tenant = $tenant AND t.conversation = $conv \
-                     RETURN t.key AS id, t.turn_json AS turn_json, \
-                     t.extraction_json AS extraction_json, t.history_json AS history_json, \
-                     t.rederiving AS rederiving",
-                )
+                query(concat!(
+                    "MATCH (t:Turn) WHERE t.tenant = $tenant AND t.conversation = $conv RETURN ",
+                    record_columns!()
+                ))
                 .param("tenant", tenant.as_str())
                 .param("conv", conversation),
             )
