@@ -661,16 +661,10 @@ mod tests {
         let off = app.recall.recall(&tenant, &query).await.unwrap();
         assert!(!off.is_empty());
         assert_eq!(from_c(&off), 0, "{off:?}");
-        let on = recollect_recall::Recall::new(
-            app.graph.clone(),
-            app.vectors.clone(),
-            Arc::new(recollect_embed::CachedEmbedder::new(app.embedder.clone())),
-            recollect_recall::RecallConfig {
-                path_c: true,
-                ..app.recall.config().clone()
-            },
-            *app.recall.limits(),
-        );
+        let on = app.recall.with_config(recollect_recall::RecallConfig {
+            path_c: true,
+            ..app.recall.config().clone()
+        });
         let on = on.recall(&tenant, &query).await.unwrap();
         assert!(from_c(&on) > 0, "{on:?}");
         app.shutdown().await;

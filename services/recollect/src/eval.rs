@@ -501,15 +501,13 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
 
     let base_cfg = apply_sets(app.recall.config().clone(), &set)?;
     let embedder: Arc<dyn Embedder> = Arc::new(CachedEmbedder::new(app.embedder.clone()));
-    let recall_with_config = |cfg: RecallConfig| {
-        Recall::new(
-            app.graph.clone(),
-            app.vectors.clone(),
-            embedder.clone(),
-            cfg,
-            *app.recall.limits(),
-        )
-    };
+    let recall = Recall::new(
+        app.graph.clone(),
+        app.vectors.clone(),
+        embedder,
+        base_cfg.clone(),
+        *app.recall.limits(),
+    );
     // A component the configuration leaves off (Path C by default) is measured the other way
     // round: a run with it switched on.
     let run_of = |n: &str| -> anyhow::Result<(String, Ablation, RecallConfig)> {
@@ -542,7 +540,7 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
     );
     let mut report = serde_json::Map::new();
     for (label, ablation, cfg) in runs {
-        let recall = recall_with_config(cfg);
+        let recall = recall.with_config(cfg);
         let mut scores = Scores::default();
         let mut latencies = Vec::with_capacity(questions.len());
         let mut rankings = Vec::new();

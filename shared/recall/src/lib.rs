@@ -157,6 +157,18 @@ impl Recall {
         &self.config
     }
 
+    /// The same recall over the same stores and embedder, with other constants (an evaluation
+    /// comparing configurations on one ingest).
+    pub fn with_config(&self, config: RecallConfig) -> Self {
+        Self {
+            graph: self.graph.clone(),
+            vectors: self.vectors.clone(),
+            embedder: self.embedder.clone(),
+            config,
+            limits: self.limits,
+        }
+    }
+
     pub fn limits(&self) -> &RecallLimits {
         &self.limits
     }
