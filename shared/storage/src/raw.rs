@@ -46,20 +46,7 @@ fn turn_bytes(t: &Turn, number: Option<u64>) -> Result<Vec<u8>, StoreError> {
 
 /// Reads a stored turn, naming its conversation from `names` when it is stored by number.
 fn turn_of(names: &impl ReadableTable<u64, &'static [u8]>, b: &[u8]) -> Result<Turn, StoreError> {
-    codec::raw_turn_of(b, |n| {
-        let name = names.get(n)?.ok_or_else(|| {
-            StoreError::corrupt_msg(format!("a turn of conversation {n}, which has no name"))
-        })?;
-        match keys::split(name.value()).as_slice() {
-            [tenant, conversation] => Ok((
-                String::from_utf8_lossy(tenant).into_owned(),
-                String::from_utf8_lossy(conversation).into_owned(),
-            )),
-            _ => Err(StoreError::corrupt_msg(format!(
-                "conversation {n}: its name is not tenant and conversation"
-            ))),
-        }
-    })
+    codec::raw_turn_of(b, |n| numbering::name_of(names, n))
 }
 
 /// The number of the conversation `conv_key`, given one if it has none.
@@ -730,7 +717,7 @@ mod tests {
                     .unwrap()
                     .map(|e| {
                         let (k, v) = e.unwrap();
-                        assert_eq!(v.value()[0], 3, "stored by conversation number");
+                        assert_eq!(v.value()[0], 5, "stored by conversation number");
                         (k.value(), turn_of(&names, v.value()).unwrap())
                     })
                     .collect();

@@ -403,13 +403,68 @@ pub fn record_bytes(r: TurnRecord) -> Result<Vec<u8>, StoreError> {
 pub fn record_of(b: &[u8]) -> Result<TurnRecord, StoreError> {
     let (s, rest): (StoredRecord, &[u8]) =
         postcard::take_from_bytes(b).map_err(|e| StoreError::corrupt("turn record", e))?;
+    record(s, rest, turn)
+}
+
+/// A turn record whose tenant and conversation are named by the graph's conversation
+/// `number`: the number, then the binary layout with both left empty in the turn and in every
+/// earlier version (a record's versions are all of its one conversation).
+pub fn numbered_record_bytes(r: TurnRecord, number: u64) -> Result<Vec<u8>, StoreError> {
+    let rederiving = r.rederiving;
+    // Whether an id is derivable is decided with the names; only then are they dropped.
+    let unnamed = |t: Turn| -> Result<StoredTurn, StoreError> {
+        let mut s = stored_turn(t)?;
+        s.tenant.clear();
+        s.conversation_id.clear();
+        Ok(s)
+    };
+    let rec = StoredRecord {
+        turn: unnamed(r.turn)?,
+        extraction: stored_extraction(r.extraction),
+        fragments: r.fragments.into_iter().map(Id::of).collect(),
+        history: r
+            .history
+            .into_iter()
+            .map(|v| Ok((unnamed(v.turn)?, stored_extraction(v.extraction))))
+            .collect::<Result<_, StoreError>>()?,
+    };
+    let mut b = encoded("turn record", &(number, rec))?;
+    if rederiving {
+        b.push(RECORD_REDERIVING);
+    }
+    Ok(b)
+}
+
+/// Reads [`numbered_record_bytes`]; `name_of` gives a conversation number's tenant and id.
+pub fn numbered_record_of(
+    b: &[u8],
+    name_of: impl FnOnce(u64) -> Result<(String, String), StoreError>,
+) -> Result<TurnRecord, StoreError> {
+    let ((number, s), rest): ((u64, StoredRecord), &[u8]) =
+        postcard::take_from_bytes(b).map_err(|e| StoreError::corrupt("turn record", e))?;
+    let (tenant, conversation) = name_of(number)?;
+    let named = |mut t: StoredTurn| {
+        t.tenant.clone_from(&tenant);
+        t.conversation_id.clone_from(&conversation);
+        turn(t)
+    };
+    record(s, rest, named)
+}
+
+/// A decoded record's parts as a [`TurnRecord`], its turns read by `turn_of`; `rest` is what
+/// followed the struct (the optional [`RECORD_REDERIVING`] byte).
+fn record(
+    s: StoredRecord,
+    rest: &[u8],
+    turn_of: impl Fn(StoredTurn) -> Result<Turn, StoreError>,
+) -> Result<TurnRecord, StoreError> {
     let rederiving = match rest {
         [] => false,
         [RECORD_REDERIVING] => true,
         _ => return Err(StoreError::corrupt_msg("turn record: bytes after its end")),
     };
     Ok(TurnRecord {
-        turn: turn(s.turn)?,
+        turn: turn_of(s.turn)?,
         extraction: extraction(s.extraction)?,
         fragments: s.fragments.into_iter().map(Id::text).collect(),
         history: s
@@ -417,7 +472,7 @@ pub fn record_of(b: &[u8]) -> Result<TurnRecord, StoreError> {
             .into_iter()
             .map(|(t, e)| {
                 Ok(TurnVersion {
-                    turn: turn(t)?,
+                    turn: turn_of(t)?,
                     extraction: extraction(e)?,
                 })
             })
@@ -468,6 +523,74 @@ pub fn fragment_of(b: &[u8]) -> Result<Fragment, StoreError> {
             .into_iter()
             .map(|m| MemoryId::from_u128(u128::from_be_bytes(m)))
             .collect(),
+        keywords: s.keywords,
+        created_at: s.created_at.time()?,
+    })
+}
+
+/// A fragment member: its position when its memory id is the hash of tenant, conversation
+/// and the position written out (as for turns sent without an id of the client's), else its
+/// 16 bytes.
+#[derive(Serialize, Deserialize)]
+enum Member {
+    At(u64),
+    Id([u8; 16]),
+}
+
+#[derive(Serialize, Deserialize)]
+struct NumberedFragment {
+    id: Id,
+    description: String,
+    members: Vec<Member>,
+    keywords: Vec<String>,
+    created_at: Stamp,
+}
+
+/// A fragment whose tenant and conversation are named by the graph's conversation `number`;
+/// `position_of` gives a member's position in its conversation where it is known.
+pub fn numbered_fragment_bytes(
+    f: Fragment,
+    number: u64,
+    position_of: impl Fn(MemoryId) -> Option<u64>,
+) -> Result<Vec<u8>, StoreError> {
+    let member = |m: MemoryId| match position_of(m) {
+        Some(p) if MemoryId::derive(&f.tenant, &f.conversation_id, &p.to_string()) == m => {
+            Member::At(p)
+        }
+        _ => Member::Id(m.as_u128().to_be_bytes()),
+    };
+    let stored = NumberedFragment {
+        id: Id::of(f.id.clone()),
+        description: f.description.clone(),
+        members: f.members.iter().map(|m| member(*m)).collect(),
+        keywords: f.keywords.clone(),
+        created_at: f.created_at.into(),
+    };
+    encoded("fragment", &(number, stored))
+}
+
+/// Reads [`numbered_fragment_bytes`]; `name_of` gives a conversation number's tenant and id.
+pub fn numbered_fragment_of(
+    b: &[u8],
+    name_of: impl FnOnce(u64) -> Result<(String, String), StoreError>,
+) -> Result<Fragment, StoreError> {
+    let (number, s): (u64, NumberedFragment) = decoded("fragment", b)?;
+    let (tenant, conversation_id) = name_of(number)?;
+    let tenant = TenantId(tenant);
+    let members = s
+        .members
+        .into_iter()
+        .map(|m| match m {
+            Member::At(p) => MemoryId::derive(&tenant, &conversation_id, &p.to_string()),
+            Member::Id(b) => MemoryId::from_u128(u128::from_be_bytes(b)),
+        })
+        .collect();
+    Ok(Fragment {
+        id: s.id.text(),
+        tenant,
+        conversation_id,
+        description: s.description,
+        members,
         keywords: s.keywords,
         created_at: s.created_at.time()?,
     })
@@ -625,10 +748,28 @@ mod tests {
         let b = record_bytes(rederiving.clone()).unwrap();
         assert_eq!(record_of(&b).unwrap(), rederiving);
         // One flag byte more than the same record not rederiving; any other tail is damage.
-        assert_eq!(b.len(), record_bytes(rec).unwrap().len() + 1);
+        assert_eq!(b.len(), record_bytes(rec.clone()).unwrap().len() + 1);
         let mut tail = b.clone();
         tail.push(0);
         assert!(matches!(record_of(&tail), Err(StoreError::Corrupt { .. })));
+        // By number: the turn and every earlier version take their names from `names`.
+        for r in [&rec, &rederiving] {
+            let b = numbered_record_bytes(r.clone(), 300).unwrap();
+            assert_eq!(&numbered_record_of(&b, names).unwrap(), r);
+            assert_eq!(
+                b.len(),
+                record_bytes(r.clone()).unwrap().len() - 2 * ("acme".len() + "c-1".len()) + 2
+            );
+        }
+        let b = numbered_record_bytes(rec.clone(), 300).unwrap();
+        let e = numbered_record_of(&b, |_| Err(StoreError::corrupt_msg("no name"))).unwrap_err();
+        assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
+        let mut tail = b.clone();
+        tail.push(0);
+        assert!(matches!(
+            numbered_record_of(&tail, names),
+            Err(StoreError::Corrupt { .. })
+        ));
         let f = Fragment {
             id: MemoryId::from_u128(9).to_string(),
             tenant: TenantId("acme".into()),
@@ -639,6 +780,20 @@ mod tests {
             created_at: at(1_764_115_200, 5),
         };
         assert_eq!(fragment_of(&fragment_bytes(f.clone()).unwrap()).unwrap(), f);
+        // By number: a member at a known position whose id is its position's hash is stored
+        // as the position (2 bytes instead of 17); a position that does not give its id is
+        // not believed.
+        let plain = numbered_fragment_bytes(f.clone(), 300, |_| None).unwrap();
+        let at_position = |m: MemoryId| (m == derived.memory_id).then_some(7);
+        let short = numbered_fragment_bytes(f.clone(), 300, at_position).unwrap();
+        assert_eq!(short.len(), plain.len() - 15);
+        let lying = numbered_fragment_bytes(f.clone(), 300, |_| Some(8)).unwrap();
+        assert_eq!(lying.len(), plain.len());
+        for b in [&plain, &short, &lying] {
+            assert_eq!(numbered_fragment_of(b, names).unwrap(), f);
+        }
+        let e = numbered_fragment_of(&short[..short.len() - 1], names).unwrap_err();
+        assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
     }
 
     /// Damaged bytes are an error naming what they were, never a panic or a wrong value.
@@ -654,6 +809,12 @@ mod tests {
         .unwrap();
         for n in [0, 1, good.len() / 2, good.len() - 1] {
             let e = record_of(&good[..n]).unwrap_err();
+            assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
+        }
+        let good = numbered_record_bytes(record_of(&good).unwrap(), 7).unwrap();
+        let names = |_| Ok(("acme".to_string(), "c-1".to_string()));
+        for n in [0, 1, good.len() / 2, good.len() - 1] {
+            let e = numbered_record_of(&good[..n], names).unwrap_err();
             assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
         }
         let e = turn_of(&[0xff; 40]).unwrap_err();
@@ -675,7 +836,10 @@ mod tests {
             let mut e = Extraction::default();
             e.keywords.push(Keyword { key, text });
             let rec = TurnRecord { turn: t, extraction: e, fragments: vec![], history: vec![], rederiving };
-            prop_assert_eq!(record_of(&record_bytes(rec.clone()).unwrap()).unwrap(), rec);
+            prop_assert_eq!(&record_of(&record_bytes(rec.clone()).unwrap()).unwrap(), &rec);
+            let names = |_| Ok(("acme".to_string(), "c-1".to_string()));
+            let b = numbered_record_bytes(rec.clone(), secs.unsigned_abs()).unwrap();
+            prop_assert_eq!(numbered_record_of(&b, names).unwrap(), rec);
         }
     }
 }

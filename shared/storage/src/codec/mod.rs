@@ -40,6 +40,18 @@ const BINARY_V2: u8 = 2;
 /// ([`binary::numbered_turn_bytes`]).
 const NUMBERED_V3: u8 = 3;
 
+/// Marks a turn record or a fragment whose conversation is the graph's number for it
+/// ([`binary::numbered_record_bytes`], [`binary::numbered_fragment_bytes`]), in a zstd frame
+/// without its magic number ([`pack_bare`]).
+const NUMBERED_V4: u8 = 4;
+
+/// Marks a raw turn as [`NUMBERED_V3`] does, in a zstd frame without its magic number.
+const NUMBERED_V5: u8 = 5;
+
+/// What every zstd frame starts with. The layout byte before a frame already says what
+/// follows, so from [`NUMBERED_V4`] on a value leaves these 4 bytes out.
+const ZSTD_MAGIC: [u8; 4] = 0xFD2F_B528_u32.to_le_bytes();
+
 /// A raw-content dictionary: the skeleton of a turn record and of a turn, as serde writes
 /// them (field names and the shapes of their values, no data). zstd starts every value with it
 /// as history, so the field names cost a few bytes of back-references instead of their text:
@@ -102,6 +114,18 @@ fn pack_as(layout: u8, what: &'static str, bytes: &[u8]) -> Result<Vec<u8>, Stor
     })
 }
 
+/// `bytes` as stored: `layout`, then a zstd frame of them without the frame's magic number.
+fn pack_bare(layout: u8, what: &'static str, bytes: &[u8]) -> Result<Vec<u8>, StoreError> {
+    let mut out = pack_as(layout, what, bytes)?;
+    if out.get(1..5) != Some(&ZSTD_MAGIC[..]) {
+        return Err(StoreError::backend_msg(format!(
+            "{what}: zstd wrote a frame without its magic number"
+        )));
+    }
+    out.drain(1..5);
+    Ok(out)
+}
+
 /// `value` as [`DICT_V1`] stores wrote it: its JSON compressed with [`DICTIONARY_V1`]. Tests
 /// make older stores' values with it.
 #[cfg(test)]
@@ -127,10 +151,16 @@ pub fn pack_json_v1<T: Serialize>(what: &'static str, value: &T) -> Result<Vec<u
 /// A stored value's bytes uncompressed: the binary layout, or the JSON older stores wrote.
 /// Erasure checks search them for what a value holds.
 pub fn content_of<'a>(what: &'static str, b: &'a [u8]) -> Result<Cow<'a, [u8]>, StoreError> {
+    let bare: Vec<u8>;
     let (cell, frame, dictionary) = match b.first() {
         Some(b'{') => return Ok(Cow::Borrowed(b)),
         Some(&DICT_V1) => (&DECOMPRESSOR, &b[1..], DICTIONARY_V1),
         Some(&(BINARY_V2 | NUMBERED_V3)) => (&PLAIN_DECOMPRESSOR, &b[1..], &[][..]),
+        Some(&(NUMBERED_V4 | NUMBERED_V5)) if b.len() > 1 => {
+            bare = [&ZSTD_MAGIC[..], &b[1..]].concat();
+            (&PLAIN_DECOMPRESSOR, &bare[..], &[][..])
+        }
+        Some(&(NUMBERED_V4 | NUMBERED_V5)) => (&PLAIN_DECOMPRESSOR, &[][..], &[][..]),
         Some(_) => (&PLAIN_DECOMPRESSOR, b, &[][..]),
         None => return Err(StoreError::corrupt_msg(format!("{what}: empty"))),
     };
@@ -186,8 +216,8 @@ pub fn turn_of(b: &[u8]) -> Result<Turn, StoreError> {
 
 /// A raw turn as stored by the raw store, its conversation named by `number`.
 pub fn numbered_turn_bytes(t: &Turn, number: u64) -> Result<Vec<u8>, StoreError> {
-    pack_as(
-        NUMBERED_V3,
+    pack_bare(
+        NUMBERED_V5,
         "turn",
         &binary::numbered_turn_bytes(t.clone(), number)?,
     )
@@ -199,19 +229,35 @@ pub fn raw_turn_of(
     b: &[u8],
     name_of: impl FnOnce(u64) -> Result<(String, String), StoreError>,
 ) -> Result<Turn, StoreError> {
-    if b.first() == Some(&NUMBERED_V3) {
+    if matches!(b.first(), Some(&(NUMBERED_V3 | NUMBERED_V5))) {
         return binary::numbered_turn_of(&content_of("turn", b)?, name_of);
     }
     turn_of(b)
 }
 
-/// A turn record as stored.
+/// A turn record as stored before conversation numbers: its tenant and conversation spelled out.
 pub fn record_bytes(rec: &TurnRecord) -> Result<Vec<u8>, StoreError> {
     pack("turn record", &binary::record_bytes(rec.clone())?)
 }
 
-/// Reads a stored turn record, in any layout a store ever wrote.
-pub fn record_of(b: &[u8]) -> Result<TurnRecord, StoreError> {
+/// A turn record as the graph stores it, its conversation named by `number`.
+pub fn numbered_record_bytes(rec: &TurnRecord, number: u64) -> Result<Vec<u8>, StoreError> {
+    pack_bare(
+        NUMBERED_V4,
+        "turn record",
+        &binary::numbered_record_bytes(rec.clone(), number)?,
+    )
+}
+
+/// Reads a stored turn record, in any layout a store ever wrote; `name_of` gives a
+/// conversation number's tenant and id.
+pub fn record_of(
+    b: &[u8],
+    name_of: impl FnOnce(u64) -> Result<(String, String), StoreError>,
+) -> Result<TurnRecord, StoreError> {
+    if b.first() == Some(&NUMBERED_V4) {
+        return binary::numbered_record_of(&content_of("turn record", b)?, name_of);
+    }
     if b.first() == Some(&BINARY_V2) {
         return binary::record_of(&content_of("turn record", b)?);
     }
@@ -223,13 +269,34 @@ pub fn record_of(b: &[u8]) -> Result<TurnRecord, StoreError> {
     Ok(rec)
 }
 
-/// A fragment as stored.
+/// A fragment as stored before conversation numbers: its tenant and conversation spelled out.
 pub fn fragment_bytes(f: &Fragment) -> Result<Vec<u8>, StoreError> {
     pack("fragment", &binary::fragment_bytes(f.clone())?)
 }
 
-/// Reads a stored fragment, in any layout a store ever wrote.
-pub fn fragment_of(b: &[u8]) -> Result<Fragment, StoreError> {
+/// A fragment as the graph stores it, its conversation named by `number`; `position_of`
+/// gives a member's position where it is known.
+pub fn numbered_fragment_bytes(
+    f: &Fragment,
+    number: u64,
+    position_of: impl Fn(MemoryId) -> Option<u64>,
+) -> Result<Vec<u8>, StoreError> {
+    pack_bare(
+        NUMBERED_V4,
+        "fragment",
+        &binary::numbered_fragment_bytes(f.clone(), number, position_of)?,
+    )
+}
+
+/// Reads a stored fragment, in any layout a store ever wrote; `name_of` gives a conversation
+/// number's tenant and id.
+pub fn fragment_of(
+    b: &[u8],
+    name_of: impl FnOnce(u64) -> Result<(String, String), StoreError>,
+) -> Result<Fragment, StoreError> {
+    if b.first() == Some(&NUMBERED_V4) {
+        return binary::numbered_fragment_of(&content_of("fragment", b)?, name_of);
+    }
     if b.first() == Some(&BINARY_V2) {
         return binary::fragment_of(&content_of("fragment", b)?);
     }
@@ -276,10 +343,33 @@ mod tests {
         let v1 = pack_json_v1("x", &as_json).unwrap();
         assert_eq!(v1[0], DICT_V1);
         let plain_frame = zstd::bulk::compress(&json, ZSTD_LEVEL).unwrap();
-        for stored in [&binary, &v1, &plain_frame, &json] {
-            assert_eq!(record_of(stored).unwrap(), rec);
+        let names = |n: u64| {
+            assert_eq!(n, 9);
+            Ok(("t".to_string(), "c".to_string()))
+        };
+        let numbered = numbered_record_bytes(&rec, 9).unwrap();
+        assert_eq!(numbered[0], NUMBERED_V4);
+        for stored in [&numbered, &binary, &v1, &plain_frame, &json] {
+            assert_eq!(record_of(stored, names).unwrap(), rec);
         }
         assert!(binary.len() < v1.len(), "{} vs {}", binary.len(), v1.len());
+        // The names and the frame's magic number are left out; the number is in.
+        assert!(
+            numbered.len() + 4 <= binary.len(),
+            "{numbered:?} vs {binary:?}"
+        );
+        // Raw turns by number, with and without the frame's magic number.
+        let raw_v3 = pack_as(
+            NUMBERED_V3,
+            "turn",
+            &binary::numbered_turn_bytes(rec.turn.clone(), 9).unwrap(),
+        )
+        .unwrap();
+        let raw_v5 = numbered_turn_bytes(&rec.turn, 9).unwrap();
+        assert_eq!((raw_v5[0], raw_v5.len()), (NUMBERED_V5, raw_v3.len() - 4));
+        for stored in [&raw_v3, &raw_v5] {
+            assert_eq!(raw_turn_of(stored, names).unwrap(), rec.turn);
+        }
 
         let turn_json = serde_json::to_vec(&as_json.turn).unwrap();
         for stored in [
@@ -298,15 +388,18 @@ mod tests {
             keywords: vec!["park".into()],
             created_at: rec.turn.recorded_at,
         };
+        let numbered_fragment = numbered_fragment_bytes(&f, 9, |_| None).unwrap();
+        assert_eq!(numbered_fragment[0], NUMBERED_V4);
         for stored in [
+            numbered_fragment,
             fragment_bytes(&f).unwrap(),
             pack_json_v1("x", &f).unwrap(),
             serde_json::to_vec(&f).unwrap(),
         ] {
-            assert_eq!(fragment_of(&stored).unwrap(), f);
+            assert_eq!(fragment_of(&stored, names).unwrap(), f);
         }
         // What erasure checks search: the texts, in every layout.
-        for stored in [&binary, &v1] {
+        for stored in [&numbered, &binary, &v1, &raw_v5] {
             let content = content_of("x", stored).unwrap();
             assert!(content.windows(4).any(|w| w == b"park"));
         }
@@ -315,11 +408,15 @@ mod tests {
             &[DICT_V1, 0x28, 0xb5][..],
             &[BINARY_V2, 0x28, 0xb5][..],
             &[BINARY_V2][..],
+            &[NUMBERED_V4][..],
+            &[NUMBERED_V4, 0x60, 0x50][..],
+            &numbered[..numbered.len() - 1],
+            &[NUMBERED_V5, 0x28, 0xb5][..],
             &[][..],
         ] {
             let e = content_of("x", damaged).unwrap_err();
             assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
-            let e = record_of(damaged).unwrap_err();
+            let e = record_of(damaged, names).unwrap_err();
             assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
         }
     }

@@ -101,7 +101,60 @@ fn nanos(t: DateTime<Utc>) -> i64 {
     t.timestamp_nanos_opt().unwrap_or(i64::MAX)
 }
 
-use codec::{fragment_bytes, fragment_of, record_bytes, record_of};
+/// Reads a stored turn record, naming its conversation from `names` (CONV_KEYS) when it is
+/// stored by number.
+fn record_in(
+    names: &impl ReadableTable<u64, &'static [u8]>,
+    b: &[u8],
+) -> Result<TurnRecord, StoreError> {
+    codec::record_of(b, |n| numbering::name_of(names, n))
+}
+
+/// Reads many records against one view of CONV_KEYS, each conversation's name looked up
+/// once (a recall reads hundreds of records of a few conversations).
+struct Names<'a, T> {
+    table: &'a T,
+    seen: HashMap<u64, (String, String)>,
+}
+
+impl<'a, T: ReadableTable<u64, &'static [u8]>> Names<'a, T> {
+    fn new(table: &'a T) -> Self {
+        Self {
+            table,
+            seen: HashMap::new(),
+        }
+    }
+
+    fn name(&mut self, n: u64) -> Result<(String, String), StoreError> {
+        if let Some(name) = self.seen.get(&n) {
+            return Ok(name.clone());
+        }
+        let name = numbering::name_of(self.table, n)?;
+        self.seen.insert(n, name.clone());
+        Ok(name)
+    }
+
+    fn record(&mut self, b: &[u8]) -> Result<TurnRecord, StoreError> {
+        codec::record_of(b, |n| self.name(n))
+    }
+
+    fn fragment(&mut self, b: &[u8]) -> Result<Fragment, StoreError> {
+        codec::fragment_of(b, |n| self.name(n))
+    }
+}
+
+/// A turn record as stored: its conversation by the number `ids` (CONV_IDS) gives it. Every
+/// record is written after its conversation is numbered; one that is not (which would be a
+/// bug) is still written whole, with its names spelled out.
+fn record_bytes(
+    ids: &impl ReadableTable<&'static [u8], u64>,
+    rec: &TurnRecord,
+) -> Result<Vec<u8>, StoreError> {
+    match conversation_number(ids, rec.turn.tenant.as_str(), &rec.turn.conversation_id)? {
+        Some(n) => codec::numbered_record_bytes(rec, n),
+        None => codec::record_bytes(rec),
+    }
+}
 
 /// First byte of an edge's times in the binary layout; JSON, which stores before it wrote,
 /// starts with `{`, and is still read.
@@ -451,7 +504,7 @@ impl EmbeddedGraph {
                 }
                 let id = turn.memory_id.as_u128();
                 let old: Option<TurnRecord> = match nodes.get(id)? {
-                    Some(v) => Some(record_of(v.value())?),
+                    Some(v) => Some(record_in(&conv_keys, v.value())?),
                     None => None,
                 };
                 // An edit keeps what it replaces: the old version in the record's history, its
@@ -487,8 +540,8 @@ impl EmbeddedGraph {
                     },
                 };
                 let turn = &record.turn;
-                nodes.insert(id, record_bytes(&record)?.as_slice())?;
                 let num = number_conversation(&mut conv_ids, &mut conv_keys, tenant, cid)?;
+                nodes.insert(id, codec::numbered_record_bytes(&record, num)?.as_slice())?;
                 let valid_from = nanos(x.event_time.unwrap_or(turn.timestamp));
                 let recorded_at = nanos(edited_at.unwrap_or(now));
                 // The turn's entry keeps the times of its first write: links added later (a
@@ -578,10 +631,12 @@ impl GraphRead for EmbeddedGraph {
         self.blocking(move |db| {
             let r = db.begin_read()?;
             let t = r.open_table(TURNS)?;
+            let keys = r.open_table(CONV_KEYS)?;
+            let mut names = Names::new(&keys);
             let mut out = Vec::with_capacity(ids.len());
             for id in ids {
                 if let Some(v) = t.get(id.as_u128())? {
-                    let rec = record_of(v.value())?;
+                    let rec = names.record(v.value())?;
                     if rec.turn.tenant == tenant {
                         out.push(rec);
                     }
@@ -608,6 +663,8 @@ impl GraphRead for EmbeddedGraph {
             };
             let idx = r.open_table(TURN_INDEX)?;
             let t = r.open_table(TURNS)?;
+            let keys = r.open_table(CONV_KEYS)?;
+            let mut names = Names::new(&keys);
             let mut out = Vec::new();
             if from >= to {
                 return Ok(out);
@@ -615,7 +672,7 @@ impl GraphRead for EmbeddedGraph {
             for e in idx.range::<&[u8; 16]>(&turn_key(num, from)..&turn_key(num, to))? {
                 let (_, v) = e?;
                 if let Some(v) = t.get(TurnEntry::of(v.value()).id)? {
-                    out.push(record_of(v.value())?);
+                    out.push(names.record(v.value())?);
                 }
             }
             Ok(out)
@@ -821,10 +878,12 @@ impl GraphRead for EmbeddedGraph {
         self.blocking(move |db| {
             let r = db.begin_read()?;
             let t = r.open_table(FRAGMENTS)?;
+            let keys_t = r.open_table(CONV_KEYS)?;
+            let mut names = Names::new(&keys_t);
             let mut out = Vec::new();
             for id in ids {
                 if let Some(v) = t.get(keys::join(&[tenant.as_str(), &id]).as_slice())? {
-                    out.push(fragment_of(v.value())?);
+                    out.push(names.fragment(v.value())?);
                 }
             }
             Ok(out)
@@ -849,39 +908,47 @@ impl Graph for EmbeddedGraph {
                 let mut ft = w.open_table(FRAGMENTS)?;
                 let mut cf = w.open_table(CONV_FRAGMENTS)?;
                 let mut nodes = w.open_table(TURNS)?;
+                let (ids, names) = (w.open_table(CONV_IDS)?, w.open_table(CONV_KEYS)?);
                 let erased = w.open_table(ERASURES)?;
                 let erased_turns = w.open_table(TURN_ERASURES)?;
                 for f in &fragments {
                     let t = f.tenant.as_str();
                     let m = markers_in(&erased, &erased_turns, t, &[f.conversation_id.as_str()])?;
-                    if !m.is_empty() {
-                        let mut whole = true;
-                        for id in &f.members {
-                            whole &= match nodes.get(id.as_u128())? {
-                                Some(v) => !m.covers_turn(&record_of(v.value())?.turn),
-                                None => false,
-                            };
-                        }
-                        if !whole {
-                            continue;
-                        }
-                    }
-                    ft.insert(
-                        keys::join(&[t, &f.id]).as_slice(),
-                        fragment_bytes(f)?.as_slice(),
-                    )?;
-                    cf.insert(keys::join(&[t, &f.conversation_id, &f.id]).as_slice(), ())?;
-                    for m in &f.members {
-                        let rec = match nodes.get(m.as_u128())? {
-                            Some(v) => record_of(v.value())?,
-                            None => continue,
+                    // The members' records, read once: for the erasure check, their positions
+                    // and their lists of fragments.
+                    let mut members = Vec::with_capacity(f.members.len());
+                    for id in &f.members {
+                        let rec = match nodes.get(id.as_u128())? {
+                            Some(v) => Some(record_in(&names, v.value())?),
+                            None => None,
                         };
+                        members.push((*id, rec));
+                    }
+                    let whole = members
+                        .iter()
+                        .all(|(_, r)| r.as_ref().is_some_and(|r| !m.covers_turn(&r.turn)));
+                    if !m.is_empty() && !whole {
+                        continue;
+                    }
+                    let positions: HashMap<MemoryId, u64> = members
+                        .iter()
+                        .filter_map(|(id, r)| Some((*id, r.as_ref()?.turn.position)))
+                        .collect();
+                    let stored = match conversation_number(&ids, t, &f.conversation_id)? {
+                        Some(n) => {
+                            codec::numbered_fragment_bytes(f, n, |m| positions.get(&m).copied())?
+                        }
+                        None => codec::fragment_bytes(f)?,
+                    };
+                    ft.insert(keys::join(&[t, &f.id]).as_slice(), stored.as_slice())?;
+                    cf.insert(keys::join(&[t, &f.conversation_id, &f.id]).as_slice(), ())?;
+                    for (id, rec) in members {
+                        let Some(mut rec) = rec else { continue };
                         if rec.fragments.contains(&f.id) || rec.turn.tenant != f.tenant {
                             continue;
                         }
-                        let mut rec = rec;
                         rec.fragments.push(f.id.clone());
-                        nodes.insert(m.as_u128(), record_bytes(&rec)?.as_slice())?;
+                        nodes.insert(id.as_u128(), record_bytes(&ids, &rec)?.as_slice())?;
                     }
                 }
             }
@@ -977,15 +1044,16 @@ impl Graph for EmbeddedGraph {
                 cf.retain_in(cp.as_slice()..cend.as_slice(), |_, _| false)?;
                 let mut nodes = w.open_table(TURNS)?;
                 let ids = conversation_ids(&w, &tenant, &conversation)?;
+                let (numbers, names) = (w.open_table(CONV_IDS)?, w.open_table(CONV_KEYS)?);
                 for id in ids {
                     let rec: Option<TurnRecord> = match nodes.get(id)? {
-                        Some(v) => Some(record_of(v.value())?),
+                        Some(v) => Some(record_in(&names, v.value())?),
                         None => None,
                     };
                     if let Some(mut rec) = rec {
                         rec.fragments.clear();
                         rec.rederiving = true;
-                        nodes.insert(id, record_bytes(&rec)?.as_slice())?;
+                        nodes.insert(id, record_bytes(&numbers, &rec)?.as_slice())?;
                     }
                 }
             }
@@ -1162,6 +1230,7 @@ impl EmbeddedGraph {
             let mut index = w.open_table(TURN_INDEX)?;
             let mut links = w.open_table(POSTINGS)?;
             let mut expired = w.open_table(EXPIRED_LINKS)?;
+            let names = w.open_table(CONV_KEYS)?;
             let r = turn_range(num);
             let entries: Vec<([u8; 16], TurnEntry)> = index
                 .range::<&[u8; 16]>(r.start()..=r.end())?
@@ -1170,7 +1239,7 @@ impl EmbeddedGraph {
             for (key, entry) in entries {
                 let id = entry.id;
                 let rec: Option<TurnRecord> = match nodes.get(id)? {
-                    Some(v) => Some(record_of(v.value())?),
+                    Some(v) => Some(record_in(&names, v.value())?),
                     None => None,
                 };
                 if rec.as_ref().is_some_and(|r| !m.covers_turn(&r.turn)) {
@@ -1204,6 +1273,52 @@ impl EmbeddedGraph {
             .map(|v| v.value())
             .unwrap_or(0)
             .saturating_sub(removed.len() as u64);
+        // Fragments with an erased (or already missing) member are erased data themselves.
+        // Read before the conversation's number goes (below): fragments and records name it by it.
+        {
+            let mut cf = w.open_table(CONV_FRAGMENTS)?;
+            let mut ft = w.open_table(FRAGMENTS)?;
+            let (numbers, keys_t) = (w.open_table(CONV_IDS)?, w.open_table(CONV_KEYS)?);
+            let mut names = Names::new(&keys_t);
+            let fkeys: Vec<Vec<u8>> = cf
+                .range(cp.as_slice()..cend.as_slice())?
+                .map(|e| e.map(|(k, _)| k.value().to_vec()))
+                .collect::<Result<_, _>>()?;
+            for ck in fkeys {
+                let Some(fid) = keys::split(&ck)
+                    .get(2)
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                else {
+                    continue;
+                };
+                let fk = keys::join(&[tenant, &fid]);
+                let f: Option<Fragment> = match ft.get(fk.as_slice())? {
+                    Some(v) => Some(names.fragment(v.value())?),
+                    None => None,
+                };
+                let mut erased = f.is_none();
+                if let Some(f) = &f {
+                    for m in &f.members {
+                        erased |=
+                            removed.contains(&m.as_u128()) || nodes.get(m.as_u128())?.is_none();
+                    }
+                }
+                if !erased {
+                    continue;
+                }
+                cf.remove(ck.as_slice())?;
+                ft.remove(fk.as_slice())?;
+                for m in f.map(|f| f.members).unwrap_or_default() {
+                    let rec = match nodes.get(m.as_u128())? {
+                        Some(v) => names.record(v.value())?,
+                        None => continue,
+                    };
+                    let mut rec = rec;
+                    rec.fragments.retain(|x| *x != fid);
+                    nodes.insert(m.as_u128(), record_bytes(&numbers, &rec)?.as_slice())?;
+                }
+            }
+        }
         if left == 0 {
             count.remove(cp.as_slice())?;
             forget_conversation_links(w, tenant, conversation)?;
@@ -1213,46 +1328,6 @@ impl EmbeddedGraph {
             forget_participants(w, tenant, conversation)?;
         } else {
             count.insert(cp.as_slice(), left)?;
-        }
-        // Fragments with an erased (or already missing) member are erased data themselves.
-        let mut cf = w.open_table(CONV_FRAGMENTS)?;
-        let mut ft = w.open_table(FRAGMENTS)?;
-        let fkeys: Vec<Vec<u8>> = cf
-            .range(cp.as_slice()..cend.as_slice())?
-            .map(|e| e.map(|(k, _)| k.value().to_vec()))
-            .collect::<Result<_, _>>()?;
-        for ck in fkeys {
-            let Some(fid) = keys::split(&ck)
-                .get(2)
-                .map(|s| String::from_utf8_lossy(s).into_owned())
-            else {
-                continue;
-            };
-            let fk = keys::join(&[tenant, &fid]);
-            let f: Option<Fragment> = match ft.get(fk.as_slice())? {
-                Some(v) => Some(fragment_of(v.value())?),
-                None => None,
-            };
-            let mut erased = f.is_none();
-            if let Some(f) = &f {
-                for m in &f.members {
-                    erased |= removed.contains(&m.as_u128()) || nodes.get(m.as_u128())?.is_none();
-                }
-            }
-            if !erased {
-                continue;
-            }
-            cf.remove(ck.as_slice())?;
-            ft.remove(fk.as_slice())?;
-            for m in f.map(|f| f.members).unwrap_or_default() {
-                let rec = match nodes.get(m.as_u128())? {
-                    Some(v) => record_of(v.value())?,
-                    None => continue,
-                };
-                let mut rec = rec;
-                rec.fragments.retain(|x| *x != fid);
-                nodes.insert(m.as_u128(), record_bytes(&rec)?.as_slice())?;
-            }
         }
         let mut states = w.open_table(CONV_STATE)?;
         // Only a conversation or tenant marker reaches the state; a single turn's erasure
@@ -1319,16 +1394,18 @@ impl EmbeddedGraph {
             let end = keys::prefix_end(&p);
             n += expired.range(p.as_slice()..end.as_slice())?.count() as u64;
         }
+        let keys_t = r.open_table(CONV_KEYS)?;
+        let mut names = Names::new(&keys_t);
         for e in r.open_table(TURNS)?.iter()? {
             let (_, v) = e?;
-            let rec = record_of(v.value())?;
+            let rec = names.record(v.value())?;
             if rec.turn.tenant == *tenant && rec.turn.conversation_id == conversation {
                 n += 1;
             }
         }
         for e in r.open_table(FRAGMENTS)?.iter()? {
             let (_, v) = e?;
-            let f = fragment_of(v.value())?;
+            let f = names.fragment(v.value())?;
             if f.tenant == *tenant && f.conversation_id == conversation {
                 n += 1;
             }
@@ -1375,9 +1452,11 @@ impl EmbeddedGraph {
         let r = self.db.begin_read()?;
         let mut m = HashMap::new();
         let mut n = 0;
+        let keys_t = r.open_table(CONV_KEYS)?;
+        let mut names = Names::new(&keys_t);
         for e in r.open_table(TURNS)?.iter()? {
             let (_, v) = e?;
-            let rec = record_of(v.value())?;
+            let rec = names.record(v.value())?;
             if owned(
                 rec.turn.tenant.as_str().as_bytes(),
                 Some(rec.turn.conversation_id.as_bytes()),
@@ -1389,7 +1468,7 @@ impl EmbeddedGraph {
         n = 0;
         for e in r.open_table(FRAGMENTS)?.iter()? {
             let (_, v) = e?;
-            let f = fragment_of(v.value())?;
+            let f = names.fragment(v.value())?;
             if owned(
                 f.tenant.as_str().as_bytes(),
                 Some(f.conversation_id.as_bytes()),
@@ -1597,7 +1676,7 @@ mod legacy {
                     Some(b) => *b,
                     None => match nodes.get(id)? {
                         Some(v) => {
-                            let rec = record_of(v.value())?;
+                            let rec = record_in(&conv_keys, v.value())?;
                             let from = rec.extraction.event_time.unwrap_or(rec.turn.timestamp);
                             (nanos(from), nanos(rec.turn.recorded_at))
                         }
@@ -1706,6 +1785,120 @@ mod tests {
         (turn, x)
     }
 
+    /// Records name their conversation by number, not by its tenant and id; an erased
+    /// conversation's number is not given to the next one; records an older store wrote with
+    /// the names spelled out are still read, and rewritten by number.
+    #[tokio::test]
+    async fn records_name_their_conversation_by_number() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = EmbeddedGraph::open(&dir.path().join("g.redb")).unwrap();
+        let of = |tenant: &str, conversation: &str| -> Vec<(Turn, Extraction)> {
+            (0..3)
+                .map(|p| {
+                    let (mut t, x) = legacy_turn(p, &["dog"]);
+                    t.tenant = TenantId(tenant.into());
+                    t.conversation_id = conversation.into();
+                    t.memory_id = MemoryId::derive(&t.tenant, conversation, &t.turn_id);
+                    (t, x)
+                })
+                .collect()
+        };
+        let layouts = |g: &EmbeddedGraph| -> Vec<u8> {
+            let r = g.db.begin_read().unwrap();
+            let t = r.open_table(TURNS).unwrap();
+            let mut v: Vec<u8> = t.iter().unwrap().map(|e| e.unwrap().1.value()[0]).collect();
+            v.sort();
+            v
+        };
+        let number = |g: &EmbeddedGraph, key: &[&str]| {
+            let r = g.db.begin_read().unwrap();
+            numbering::number_of(&r.open_table(CONV_IDS).unwrap(), &keys::join(key)).unwrap()
+        };
+        let first = of("t", "c");
+        g.write_turns(&first).await.unwrap();
+        assert_eq!(layouts(&g), vec![4; 3]);
+        assert_eq!(number(&g, &["t", "c"]), Some(1));
+        let ids: Vec<MemoryId> = first.iter().map(|(t, _)| t.memory_id).collect();
+        let read = g.turns(&TenantId("t".into()), &ids).await.unwrap();
+        assert_eq!(
+            read.iter().map(|r| r.turn.clone()).collect::<Vec<_>>(),
+            first.iter().map(|(t, _)| t.clone()).collect::<Vec<_>>()
+        );
+        g.delete_conversation(&TenantId("t".into()), "c")
+            .await
+            .unwrap();
+        let second = of("u", "d");
+        g.write_turns(&second).await.unwrap();
+        assert_eq!(
+            number(&g, &["u", "d"]),
+            Some(2),
+            "an erased number given again"
+        );
+        // One record as an older store wrote it, names spelled out: read, and rewritten by
+        // number when the record next changes.
+        let (t0, x0) = second[0].clone();
+        let old = TurnRecord {
+            turn: t0.clone(),
+            extraction: x0,
+            fragments: vec![],
+            history: vec![],
+            rederiving: false,
+        };
+        {
+            let w = g.db.begin_write().unwrap();
+            w.open_table(TURNS)
+                .unwrap()
+                .insert(
+                    t0.memory_id.as_u128(),
+                    codec::record_bytes(&old).unwrap().as_slice(),
+                )
+                .unwrap();
+            w.commit().unwrap();
+        }
+        assert_eq!(layouts(&g), vec![2, 4, 4]);
+        let u = TenantId("u".into());
+        let window = g.conversation_turns(&u, "d", 0, 3).await.unwrap();
+        assert_eq!(window[0], old);
+        assert!(g
+            .turns(&TenantId("t".into()), &[t0.memory_id])
+            .await
+            .unwrap()
+            .is_empty());
+        let fragment = Fragment {
+            id: "f".into(),
+            tenant: u.clone(),
+            conversation_id: "d".into(),
+            description: "dog".into(),
+            // One member not in the graph: kept by its id.
+            members: vec![t0.memory_id, second[2].0.memory_id, MemoryId::from_u128(5)],
+            keywords: vec!["dog".into()],
+            created_at: at(1_700_000_000),
+        };
+        g.write_fragments(std::slice::from_ref(&fragment))
+            .await
+            .unwrap();
+        assert_eq!(layouts(&g), vec![4; 3]);
+        assert_eq!(
+            g.fragments(&u, &["f".into()]).await.unwrap(),
+            vec![fragment.clone()]
+        );
+        {
+            let r = g.db.begin_read().unwrap();
+            let t = r.open_table(FRAGMENTS).unwrap();
+            let stored = t.get(keys::join(&["u", "f"]).as_slice()).unwrap().unwrap();
+            let by_id = codec::numbered_fragment_bytes(&fragment, 2, |_| None).unwrap();
+            // Two members by position (1 byte each) rather than 16 bytes.
+            assert_eq!(stored.value()[0], 4);
+            assert!(
+                stored.value().len() + 20 < by_id.len(),
+                "{:?}",
+                stored.value()
+            );
+        }
+        let rec = g.turns(&u, &[t0.memory_id]).await.unwrap().remove(0);
+        assert_eq!((rec.turn, rec.fragments), (t0, vec!["f".to_string()]));
+    }
+
     /// A store written in the layout before packed postings (one row per edge, a vocabulary,
     /// the conversation index by tenant and conversation) opens with every link, its times
     /// and every turn in place, and without the older tables.
@@ -1747,7 +1940,7 @@ mod tests {
                         rederiving: false,
                     };
                     nodes
-                        .insert(id, record_bytes(&rec).unwrap().as_slice())
+                        .insert(id, codec::record_bytes(&rec).unwrap().as_slice())
                         .unwrap();
                     let mut ck = keys::join(&["t", "c"]);
                     ck.extend_from_slice(&turn.position.to_be_bytes());
