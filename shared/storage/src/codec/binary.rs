@@ -379,24 +379,38 @@ pub fn numbered_turn_of(
 /// Follows a record's struct when it is [`TurnRecord::rederiving`]; nothing follows otherwise.
 const RECORD_REDERIVING: u8 = 1;
 
-/// A turn record in the binary layout.
-pub fn record_bytes(r: TurnRecord) -> Result<Vec<u8>, StoreError> {
-    let rederiving = r.rederiving;
+/// A record's parts in the binary layout, its turns (the current one and every earlier
+/// version) stored by `store`; and whether it is rederiving.
+fn stored_record(
+    r: TurnRecord,
+    store: impl Fn(Turn) -> Result<StoredTurn, StoreError>,
+) -> Result<(StoredRecord, bool), StoreError> {
     let rec = StoredRecord {
-        turn: stored_turn(r.turn)?,
+        turn: store(r.turn)?,
         extraction: stored_extraction(r.extraction),
         fragments: r.fragments.into_iter().map(Id::of).collect(),
         history: r
             .history
             .into_iter()
-            .map(|v| Ok((stored_turn(v.turn)?, stored_extraction(v.extraction))))
+            .map(|v| Ok((store(v.turn)?, stored_extraction(v.extraction))))
             .collect::<Result<_, StoreError>>()?,
     };
-    let mut b = encoded("turn record", &rec)?;
+    Ok((rec, r.rederiving))
+}
+
+/// `rec` encoded, then [`RECORD_REDERIVING`] when the record is.
+fn record_encoded<T: Serialize>(rec: &T, rederiving: bool) -> Result<Vec<u8>, StoreError> {
+    let mut b = encoded("turn record", rec)?;
     if rederiving {
         b.push(RECORD_REDERIVING);
     }
     Ok(b)
+}
+
+/// A turn record in the binary layout.
+pub fn record_bytes(r: TurnRecord) -> Result<Vec<u8>, StoreError> {
+    let (rec, rederiving) = stored_record(r, stored_turn)?;
+    record_encoded(&rec, rederiving)
 }
 
 /// Reads [`record_bytes`].
@@ -410,7 +424,6 @@ pub fn record_of(b: &[u8]) -> Result<TurnRecord, StoreError> {
 /// `number`: the number, then the binary layout with both left empty in the turn and in every
 /// earlier version (a record's versions are all of its one conversation).
 pub fn numbered_record_bytes(r: TurnRecord, number: u64) -> Result<Vec<u8>, StoreError> {
-    let rederiving = r.rederiving;
     // Whether an id is derivable is decided with the names; only then are they dropped.
     let unnamed = |t: Turn| -> Result<StoredTurn, StoreError> {
         let mut s = stored_turn(t)?;
@@ -418,21 +431,8 @@ pub fn numbered_record_bytes(r: TurnRecord, number: u64) -> Result<Vec<u8>, Stor
         s.conversation_id.clear();
         Ok(s)
     };
-    let rec = StoredRecord {
-        turn: unnamed(r.turn)?,
-        extraction: stored_extraction(r.extraction),
-        fragments: r.fragments.into_iter().map(Id::of).collect(),
-        history: r
-            .history
-            .into_iter()
-            .map(|v| Ok((unnamed(v.turn)?, stored_extraction(v.extraction))))
-            .collect::<Result<_, StoreError>>()?,
-    };
-    let mut b = encoded("turn record", &(number, rec))?;
-    if rederiving {
-        b.push(RECORD_REDERIVING);
-    }
-    Ok(b)
+    let (rec, rederiving) = stored_record(r, unnamed)?;
+    record_encoded(&(number, rec), rederiving)
 }
 
 /// Reads [`numbered_record_bytes`]; `name_of` gives a conversation number's tenant and id.
