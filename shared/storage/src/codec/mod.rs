@@ -240,8 +240,18 @@ pub fn record_bytes(rec: &TurnRecord) -> Result<Vec<u8>, StoreError> {
     pack("turn record", &binary::record_bytes(rec.clone())?)
 }
 
-/// A turn record as the graph stores it, its conversation named by `number`.
+/// A turn record as the graph stores it, its conversation named by `number`. A record with a
+/// version of another conversation (which no write makes) keeps its names spelled out, so
+/// the layout can never rename one.
 pub fn numbered_record_bytes(rec: &TurnRecord, number: u64) -> Result<Vec<u8>, StoreError> {
+    let (tenant, conversation) = (&rec.turn.tenant, &rec.turn.conversation_id);
+    if rec
+        .history
+        .iter()
+        .any(|v| v.turn.tenant != *tenant || v.turn.conversation_id != *conversation)
+    {
+        return record_bytes(rec);
+    }
     pack_bare(
         NUMBERED_V4,
         "turn record",
@@ -349,6 +359,17 @@ mod tests {
         };
         let numbered = numbered_record_bytes(&rec, 9).unwrap();
         assert_eq!(numbered[0], NUMBERED_V4);
+        // A version of another conversation: the names stay spelled out.
+        let mut mixed = rec.clone();
+        let mut other = rec.turn.clone();
+        other.conversation_id = "elsewhere".into();
+        mixed.history.push(crate::graph::TurnVersion {
+            turn: other,
+            extraction: Extraction::default(),
+        });
+        let kept = numbered_record_bytes(&mixed, 9).unwrap();
+        assert_eq!(kept[0], BINARY_V2);
+        assert_eq!(record_of(&kept, names).unwrap(), mixed);
         for stored in [&numbered, &binary, &v1, &plain_frame, &json] {
             assert_eq!(record_of(stored, names).unwrap(), rec);
         }
