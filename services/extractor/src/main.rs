@@ -1,12 +1,6 @@
 //! `recollect-extractor`: `recollect.turns.raw` → `recollect.turns.extracted`, one consumer
 //! group; the reference state of each conversation lives in the graph.
 
-// jemalloc rather than glibc's malloc: ~20 % less CPU a turn on ingest, a shorter recall
-// tail, a smaller peak RSS (docs/SPEED.md, "jemalloc").
-#[cfg(not(target_env = "msvc"))]
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
 use std::sync::Arc;
 
 use recollect_extractor::ExtractorStage;

@@ -2,12 +2,6 @@
 //! gRPC on the shared serving layer). Validates turns and produces them to
 //! `recollect.turns.raw` (acks=all); stateless.
 
-// jemalloc rather than glibc's malloc: ~20 % less CPU a turn on ingest, a shorter recall
-// tail, a smaller peak RSS (docs/SPEED.md, "jemalloc").
-#[cfg(not(target_env = "msvc"))]
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
 use std::sync::Arc;
 
 use recollect_api::Auth;

@@ -1,12 +1,6 @@
 //! `recollect-graph-writer`: `recollect.turns.embedded` → graph + vector index (idempotent
 //! upserts) → `recollect.turns.stored`.
 
-// jemalloc rather than glibc's malloc: ~20 % less CPU a turn on ingest, a shorter recall
-// tail, a smaller peak RSS (docs/SPEED.md, "jemalloc").
-#[cfg(not(target_env = "msvc"))]
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
 use std::sync::Arc;
 
 use recollect_graph_writer::GraphWriterStage;

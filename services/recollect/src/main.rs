@@ -1,11 +1,5 @@
 //! `recollect`: the all-in-one embedded binary (every worker in one process) and its tools.
 
-// jemalloc rather than glibc's malloc: ~20 % less CPU a turn on ingest, a shorter recall
-// tail, a smaller peak RSS (docs/SPEED.md, "jemalloc").
-#[cfg(not(target_env = "msvc"))]
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
 mod app;
 mod bench;
 mod cli;

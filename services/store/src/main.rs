@@ -1,11 +1,5 @@
 //! `recollect-store`: the embedded graph and vector engine, served to the other services.
 
-// jemalloc rather than glibc's malloc: ~20 % less CPU a turn on ingest, a shorter recall
-// tail, a smaller peak RSS (docs/SPEED.md, "jemalloc").
-#[cfg(not(target_env = "msvc"))]
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
 use recollect_runtime::{
     graph_check, ops_router, serve_http, shutdown_signal, start, vectors_check,
 };
