@@ -113,13 +113,15 @@ fn log_options() -> qdrant_edge::WalOptions {
     }
 }
 
-/// Eight segments before the optimiser merges: at the engine's default on 2 cores (2) every
-/// optimisation during a bulk ingest rewrote the whole index into one segment again, and at
-/// four a 1M-turn ingest still spent a quarter of its CPU on merges (1,429 -> 1,827 turns/s at
-/// eight, recall p99 29.3 -> 30.5 ms).
+/// Sixteen segments before the optimiser merges: at the engine's default on 2 cores (2) every
+/// optimisation during a bulk ingest rewrote the whole index into one segment again; at four a
+/// 1M-turn ingest still spent a quarter of its CPU on merges (1,429 -> 1,827 turns/s at eight,
+/// recall p99 29.3 -> 30.5 ms), and at eight 38 % on merges and the per-tenant HNSW graphs
+/// they rebuild (2,573 -> 2,938 turns/s at sixteen, recall p99 17.7 -> 20.0 ms; docs/SPEED.md).
+/// A search visits every segment, so each one more costs recall a little.
 fn optimizer_config() -> EdgeOptimizersConfig {
     EdgeOptimizersConfig {
-        default_segment_number: Some(8),
+        default_segment_number: Some(16),
         ..Default::default()
     }
 }
