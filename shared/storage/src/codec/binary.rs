@@ -559,11 +559,12 @@ pub fn numbered_fragment_bytes(
         }
         _ => Member::Id(m.as_u128().to_be_bytes()),
     };
+    let members = f.members.iter().map(|m| member(*m)).collect();
     let stored = NumberedFragment {
-        id: Id::of(f.id.clone()),
-        description: f.description.clone(),
-        members: f.members.iter().map(|m| member(*m)).collect(),
-        keywords: f.keywords.clone(),
+        id: Id::of(f.id),
+        description: f.description,
+        members,
+        keywords: f.keywords,
         created_at: f.created_at.into(),
     };
     encoded("fragment", &(number, stored))
