@@ -1035,6 +1035,7 @@ mod tests {
         assert_eq!(r.lexical_weight.to_bits(), 0.3f32.to_bits());
         assert_eq!(r.neighbour_weight.to_bits(), 0.35f32.to_bits());
         assert_eq!(r.time_weight.to_bits(), 0.2f32.to_bits());
+        assert_eq!(r.lexical_common_name_share.to_bits(), 0.5f32.to_bits());
         assert_eq!(RecallConfig::default(), r);
     }
 
@@ -1130,7 +1131,7 @@ mod tests {
     #[test]
     fn recall_values_are_validated_by_key() {
         type Mutation = fn(&mut RecallConfig);
-        let cases: [(Mutation, &str); 10] = [
+        let cases: [(Mutation, &str); 12] = [
             (|r| r.keyword_neighbours = 0, "recall.keyword_neighbours"),
             (|r| r.keyword_min_cosine = 1.5, "recall.keyword_min_cosine"),
             (|r| r.fragments_expanded = 5000, "recall.fragments_expanded"),
@@ -1147,6 +1148,14 @@ mod tests {
                 "recall.neighbour_weight",
             ),
             (|r| r.time_weight = -0.1, "recall.time_weight"),
+            (
+                |r| r.lexical_common_name_share = 1.5,
+                "recall.lexical_common_name_share",
+            ),
+            (
+                |r| r.lexical_common_name_share = f32::NAN,
+                "recall.lexical_common_name_share",
+            ),
         ];
         for (mutate, key) in cases {
             let mut s = Settings::defaults();

@@ -31,6 +31,11 @@ pub struct RecallConfig {
     pub retrieve_depth: usize,
     /// Weight of the normalised BM25 score in the fused score.
     pub lexical_weight: f32,
+    /// A name in the question linked to at least this share of the scope's turns (a
+    /// conversation's speakers: on every turn) is left out of the BM25 query (ours; 0 keeps
+    /// every name). Within the scope it tells turns apart no more than a stopword, but the
+    /// index's IDF is the whole index's, so it scored every turn and favoured the short ones.
+    pub lexical_common_name_share: f32,
     /// Weight of the adjacent turn's score carried to a turn (conversation context).
     pub neighbour_weight: f32,
     /// Bonus for a turn that carries a time expression when the question asks "when", or whose
@@ -78,6 +83,12 @@ impl RecallConfig {
         }
         if !(1..=10_000).contains(&self.retrieve_depth) {
             return invalid("recall.retrieve_depth", "must be in 1..=10000");
+        }
+        if !(0.0..=1.0).contains(&self.lexical_common_name_share) {
+            return invalid(
+                "recall.lexical_common_name_share",
+                "must be a share of the turns, in 0..=1 (0: off)",
+            );
         }
         for (key, w) in [
             ("recall.lexical_weight", self.lexical_weight),

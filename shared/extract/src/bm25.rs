@@ -100,7 +100,22 @@ pub fn document(text: &str) -> SparseVector {
 
 /// A query's BM25 weights: each distinct term once, weight 1 (the index multiplies in IDF).
 pub fn query(text: &str) -> SparseVector {
-    let mut ids: Vec<u32> = terms(text).iter().map(|t| term_id(t)).collect();
+    query_without(text, &[])
+}
+
+/// [`query`] without the terms of `names` (names that tell turns of the scope apart no more
+/// than a stopword does; see `recall.lexical_common_name_share`).
+pub fn query_without(text: &str, names: &[String]) -> SparseVector {
+    let left_out: Vec<u32> = names
+        .iter()
+        .flat_map(|n| terms(n))
+        .map(|t| term_id(&t))
+        .collect();
+    let mut ids: Vec<u32> = terms(text)
+        .iter()
+        .map(|t| term_id(t))
+        .filter(|id| !left_out.contains(id))
+        .collect();
     ids.sort_unstable();
     ids.dedup();
     SparseVector {
@@ -118,6 +133,27 @@ mod tests {
         let t =
             terms("Hey! I don't know, but Caroline's painting classes were really GREAT in 2023.");
         assert_eq!(t, vec!["carolin", "paint", "class", "great", "2023"]);
+    }
+
+    #[test]
+    fn a_query_leaves_out_the_terms_of_the_names_given() {
+        let all = query("What did Melanie Smith paint for Caroline's class?");
+        let some = query_without(
+            "What did Melanie Smith paint for Caroline's class?",
+            &["melanie smith".into(), "Caroline".into()],
+        );
+        assert_eq!(all.indices.len(), 5);
+        let want: Vec<u32> = {
+            let mut v = vec![term_id("paint"), term_id("class")];
+            v.sort_unstable();
+            v
+        };
+        assert_eq!(some.indices, want);
+        assert_eq!(some.values, vec![1.0; 2]);
+        assert_eq!(
+            query_without("Melanie?", &["Melanie".into()]).indices.len(),
+            0
+        );
     }
 
     #[test]

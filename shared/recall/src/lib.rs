@@ -26,7 +26,9 @@ use recollect_extract::{analyse_query, QueryAnalysis};
 use recollect_model::{
     Classify, ErrorKind, MemoryId, RecalledMemory, ReferenceState, TenantId, TurnFilter,
 };
-use recollect_storage::{Graph, Scope, StoreError, VectorField, VectorIndex, VectorQuery};
+use recollect_storage::{
+    Graph, NodeKind, Scope, StoreError, VectorField, VectorIndex, VectorQuery,
+};
 use recollect_telemetry::events::{
     InternalEvent, RecallCandidatesFound, RecallCompleted, RecallPhase, RecallPhaseCompleted,
 };
@@ -255,19 +257,65 @@ impl Recall {
         Ok(out)
     }
 
+    /// BM25 over the scope, without the names of the question that most of the scope's turns
+    /// carry (`recall.lexical_common_name_share`).
     async fn lexical(
         &self,
         tenant: &TenantId,
         scope: &Scope,
         query: &str,
+        names: &[String],
         limit: usize,
     ) -> Result<HashMap<MemoryId, f32>, RecallError> {
-        let q = recollect_extract::bm25::query(query);
+        let common = self.common_names(tenant, scope, names).await?;
+        let q = recollect_extract::bm25::query_without(query, &common);
+        if q.indices.is_empty() {
+            return Ok(HashMap::new());
+        }
         Ok(self
             .vectors
             .search(tenant, scope, &VectorQuery::Lexical(q), limit)
             .await?
             .into_iter()
+            .collect())
+    }
+
+    /// The question's names (entities) linked to at least `lexical_common_name_share` of the
+    /// scope's turns: a conversation's speakers, who are on every turn. The vector index's
+    /// IDF counts the whole index, where such a name is rare, so left in the BM25 query it
+    /// would add to every turn of the scope, the short ones most.
+    async fn common_names(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        names: &[String],
+    ) -> Result<Vec<String>, RecallError> {
+        let share = f64::from(self.config.lexical_common_name_share);
+        if names.is_empty() || share <= 0.0 {
+            return Ok(Vec::new());
+        }
+        // The question may spell a name in another case than the graph keeps it in.
+        let wanted: Vec<String> = names.iter().map(|n| n.to_lowercase()).collect();
+        let scope = scope.conversations_only();
+        let stored: Vec<String> = self
+            .graph
+            .vocabulary(tenant, &scope, NodeKind::Entity)
+            .await?
+            .into_iter()
+            .filter(|n| wanted.contains(&n.to_lowercase()))
+            .collect();
+        if stored.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (turns, dfs) = self
+            .graph
+            .document_frequencies(tenant, &scope, NodeKind::Entity, &stored)
+            .await?;
+        Ok(stored
+            .into_iter()
+            .zip(dfs)
+            .filter(|&(_, df)| turns > 0 && df as f64 >= share * turns as f64)
+            .map(|(name, _)| name)
             .collect())
     }
 
@@ -449,7 +497,8 @@ impl Recall {
             if ablation.without(Component::Lexical) {
                 return Ok(HashMap::new());
             }
-            self.lexical(tenant, &scope, &req.query, depth).await
+            self.lexical(tenant, &scope, &req.query, &qa.entities, depth)
+                .await
         });
         let (bc, dense, lexical) = tokio::join!(graph_paths, dense, lexical);
         let ((b, c), dense, lexical) = (bc?, dense?, lexical?);
@@ -549,6 +598,61 @@ mod tests {
         fn is_asymmetric(&self) -> bool {
             true
         }
+    }
+
+    #[tokio::test]
+    async fn names_on_most_turns_of_the_scope_are_common_and_others_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let hash = HashEmbedder::default();
+        let graph = EmbeddedGraph::open(&dir.path().join("g.redb")).unwrap();
+        let extractor = recollect_extract::RuleExtractor::new();
+        let mut state = Default::default();
+        // Ann and Bob speak on every turn of "a"; Sarah is mentioned on one.
+        let turns: Vec<_> = (0..4)
+            .map(|p| {
+                let mut t = crate::testing::turn("a", p);
+                if p == 2 {
+                    t.user = "I met Sarah at the museum yesterday.".into();
+                }
+                let x = extractor.extract_sync(&t, &mut state);
+                (t, x)
+            })
+            .collect();
+        graph.write_turns(&turns).await.unwrap();
+        let tenant = turns[0].0.tenant.clone();
+        let recall = Recall::new(
+            Arc::new(graph),
+            Arc::new(EdgeVectorIndex::open(&dir.path().join("v"), hash.dim()).unwrap()),
+            Arc::new(hash),
+            RecallConfig::default(),
+            RecallLimits::from(&recollect_config::Settings::defaults().server),
+        );
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let common = recall
+            .common_names(
+                &tenant,
+                &Scope::of(&["a"]),
+                &names(&["ann", "Sarah", "Zoe"]),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            common,
+            names(&["ann"]),
+            "matched in any case, named as the graph keeps it"
+        );
+        let off = Recall {
+            config: RecallConfig {
+                lexical_common_name_share: 0.0,
+                ..RecallConfig::default()
+            },
+            ..recall
+        };
+        assert!(off
+            .common_names(&tenant, &Scope::of(&["a"]), &names(&["Ann"]))
+            .await
+            .unwrap()
+            .is_empty());
     }
 
     #[tokio::test]
