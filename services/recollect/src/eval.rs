@@ -12,7 +12,7 @@ use clap::Subcommand;
 use recollect_config::Settings;
 use recollect_embed::{CachedEmbedder, Embedder};
 use recollect_gateway::StoreRequest;
-use recollect_model::{MemoryId, TenantId, TurnInput};
+use recollect_model::{MemoryId, ScoreParts, TenantId, TurnInput};
 use recollect_recall::{Ablation, Component, Recall, RecallConfig, RecallRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -171,6 +171,9 @@ struct Ranking {
     /// Each result's fused score, in rank order (the reference tool ignores it; offline
     /// rescoring experiments read it).
     scores: Vec<f32>,
+    /// Each result's score parts and sources, in rank order (offline fusion experiments).
+    parts: Vec<ScoreParts>,
+    sources: Vec<Vec<String>>,
 }
 
 #[derive(Default)]
@@ -569,6 +572,8 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
                 qa_index: q.qa_index,
                 ranked,
                 scores: mems.iter().map(|m| m.score).collect(),
+                parts: mems.iter().map(|m| m.score_parts.clone()).collect(),
+                sources: mems.iter().map(|m| m.sources.clone()).collect(),
             });
         }
         bar.finish_and_clear();
