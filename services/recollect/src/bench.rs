@@ -865,6 +865,15 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
             log_before as f64 / n as f64,
             vector_log_bytes(&dir) as f64 / n as f64
         );
+        // Which conversations say which keyword forms: the vector index's own bookkeeping,
+        // as the keyword points' conversation payloads and their index were before it.
+        println!(
+            "{size}: of the vector index, which conversations say which keyword forms (keyword_forms.redb): {:.0} B/turn",
+            std::fs::metadata(dir.join("vectors").join("keyword_forms.redb"))
+                .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
+                .unwrap_or(0) as f64
+                / n as f64
+        );
         let row = Row {
             turns: size,
             durable_per_s: size as f64 / durable,

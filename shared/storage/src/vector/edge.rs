@@ -1,6 +1,9 @@
 //! `VectorIndex` on Qdrant's embedded engine (qdrant-edge): two shards under the data dir,
 //! `turns` (named dense `user`/`assistant`, sparse `lexical` with the IDF modifier) and
 //! `keywords`, each with keyword payload indexes on tenant (a tenant index) and conversation.
+//! A keyword point is stored once per tenant and form (stem + vector), not once per
+//! conversation; `keyword_forms.redb` says which forms each conversation said
+//! ([`super::keyword_forms`]).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -23,6 +26,7 @@ use qdrant_edge::{
 };
 use recollect_model::{MemoryId, SparseVector, TenantId};
 
+use crate::vector::keyword_forms::{KeywordForms, Said};
 use crate::vector::{
     history_tenant, version_point_id, FieldVectors, Flushes, KeywordSet, ReplacedVersion,
     TurnPoint, VectorIndex, VectorQuery, ASSISTANT_VECTOR, KEYWORD_VECTOR, LEXICAL_VECTOR,
@@ -33,6 +37,15 @@ use crate::{Scope, StoreError};
 pub struct EdgeVectorIndex {
     turns: Arc<EdgeShard>,
     keywords: Arc<EdgeShard>,
+    /// Which keyword points each conversation says.
+    forms: Arc<KeywordForms>,
+    /// Held across every change of keyword points and their sayers (and by a backup), so a
+    /// form another conversation is just starting to say is never deleted under it.
+    keyword_changes: Arc<tokio::sync::Mutex<()>>,
+    /// The keyword forms (stem, vector) of recently searched conversations, scanned exactly by
+    /// a conversation-scoped keyword search. Asking the engine for a few thousand point ids
+    /// resolves each id in every segment; a conversation's payload index no longer holds them.
+    form_vectors: Arc<FormVectors>,
     dim: usize,
     optimizer: Optimizer,
     /// Held by every update + flush: the engine's `flush` panics ("WAL lock acquired") when
@@ -235,12 +248,21 @@ fn memory_id(p: &PointId) -> Option<MemoryId> {
     }
 }
 
-fn keyword_point(tenant: &TenantId, conversation: &str, keyword: &str) -> PointId {
-    point_id(MemoryId::derive(
-        tenant,
-        conversation,
-        &format!("keyword:{keyword}"),
-    ))
+/// The point of a keyword form: its stem and its vector (the embedding of the surface text the
+/// extractor kept), within the tenant. FNV-1a over the vector's bits tells forms apart.
+fn keyword_form_point(tenant: &TenantId, stem: &str, vector: &[f32]) -> [u8; 16] {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for x in vector {
+        for b in x.to_bits().to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    MemoryId::derive(tenant, "", &format!("keyword:{stem}:{h:016x}")).0
+}
+
+fn form_id(point: [u8; 16]) -> PointId {
+    PointId::Uuid(Uuid::from_bytes(point))
 }
 
 /// Dense field vectors of retrieved points whose tenant key is `owner`, by point id.
@@ -500,6 +522,174 @@ fn stale_log_segments(shard_dir: &Path) -> Result<Vec<(std::path::PathBuf, u64)>
 }
 
 /// `turn_fields`: the shard of turn points, which also gets the end-user and agent indexes.
+/// Stores written before keyword forms hold one keyword point per conversation (with a
+/// `conversation` payload). Each becomes the point of its form, said by that conversation,
+/// once, at open; a crash part way leaves the rest for the next open.
+fn migrate_keyword_points(shard: &EdgeShard, forms: &KeywordForms) -> Result<u64, StoreError> {
+    let per_conversation = Filter {
+        must_not: Some(vec![Condition::IsEmpty(IsEmptyCondition::from(json_path(
+            "conversation",
+        )))]),
+        ..Default::default()
+    };
+    let mut moved = 0u64;
+    loop {
+        let (recs, _) = shard
+            .scroll(qdrant_edge::ScrollRequest {
+                offset: None,
+                limit: Some(1000),
+                filter: Some(per_conversation.clone()),
+                with_payload: Some(WithPayloadInterface::Bool(true)),
+                with_vector: WithVector::Selector(vec![KEYWORD_VECTOR.into()]),
+                order_by: None,
+            })
+            .map_err(err)?;
+        if recs.is_empty() {
+            return Ok(moved);
+        }
+        let mut old = Vec::with_capacity(recs.len());
+        let mut new = Vec::new();
+        let mut said: HashMap<String, Vec<Said>> = HashMap::new();
+        for r in recs {
+            old.push(r.id);
+            let field = |k: &str| {
+                r.payload
+                    .as_ref()
+                    .and_then(|p| p.0.get(k))
+                    .and_then(|v| v.as_str())
+                    .map(str::to_string)
+            };
+            let (Some(tenant), Some(conversation), Some(stem)) =
+                (field("tenant"), field("conversation"), field("keyword"))
+            else {
+                continue;
+            };
+            let Some(VectorStructInternal::Named(mut named)) = r.vector else {
+                continue;
+            };
+            let Some(VectorInternal::Dense(vector)) = named.remove(KEYWORD_VECTOR) else {
+                continue;
+            };
+            let t = TenantId(tenant.clone());
+            let point = keyword_form_point(&t, &stem, &vector);
+            new.push(keyword_form_struct(&t, &stem, point, vector).into());
+            said.entry(tenant).or_default().push(Said {
+                conversation,
+                stem,
+                point,
+            });
+        }
+        // The forms first, then who says them, then the old points: each step repeatable.
+        if !new.is_empty() {
+            shard
+                .update(UpdateOperation::PointOperation(
+                    PointOperations::UpsertPoints(PointInsertOperations::PointsList(new)),
+                ))
+                .map_err(err)?;
+        }
+        EdgeVectorIndex::flush(shard)?;
+        for (tenant, said) in &said {
+            forms.add(tenant, said)?;
+        }
+        moved += old.len() as u64;
+        shard
+            .update(UpdateOperation::PointOperation(
+                PointOperations::DeletePoints { ids: old },
+            ))
+            .map_err(err)?;
+        EdgeVectorIndex::flush(shard)?;
+    }
+}
+
+fn keyword_form_struct(
+    tenant: &TenantId,
+    stem: &str,
+    point: [u8; 16],
+    vector: Vec<f32>,
+) -> PointStruct {
+    let payload = serde_json::json!({"tenant": tenant.as_str(), "keyword": stem});
+    let vector = Vectors::new_named([(KEYWORD_VECTOR, Vector::new_dense(vector))]);
+    PointStruct::new(form_id(point), vector, payload)
+}
+
+/// A conversation's keyword forms: (stem, unit vector).
+type Forms = Arc<Vec<(String, Vec<f32>)>>;
+
+/// Cached forms of at most this many vectors in all (~150 MB at 384 dimensions).
+const CACHED_FORM_VECTORS: usize = 100_000;
+
+/// Cached forms by (tenant, conversation), and how many vectors they hold in all.
+#[derive(Default)]
+struct Cached(HashMap<(String, String), Forms>, usize);
+
+#[derive(Default)]
+struct FormVectors {
+    by_conversation: parking_lot::Mutex<Cached>,
+    /// Bumped by every change, so a read that raced one is not cached.
+    changes: AtomicU64,
+}
+
+impl FormVectors {
+    fn get(&self, tenant: &str, conversation: &str) -> Option<Forms> {
+        let held = self.by_conversation.lock();
+        held.0
+            .get(&(tenant.to_string(), conversation.to_string()))
+            .cloned()
+    }
+
+    fn put(&self, tenant: &str, conversation: &str, forms: Forms, read_at: u64) {
+        let mut held = self.by_conversation.lock();
+        if self.changes.load(Ordering::Acquire) != read_at {
+            return;
+        }
+        if held.1 + forms.len() > CACHED_FORM_VECTORS {
+            held.0.clear();
+            held.1 = 0;
+        }
+        held.1 += forms.len();
+        held.0
+            .insert((tenant.to_string(), conversation.to_string()), forms);
+    }
+
+    fn forget(&self, tenant: &str, conversation: &str) {
+        let mut held = self.by_conversation.lock();
+        self.changes.fetch_add(1, Ordering::AcqRel);
+        if let Some(f) = held
+            .0
+            .remove(&(tenant.to_string(), conversation.to_string()))
+        {
+            held.1 -= f.len();
+        }
+    }
+}
+
+/// The dot product of two unit vectors, in eight lanes so the compiler vectorises it (a plain
+/// `sum` of floats must keep its order, and stays scalar).
+fn cosine_unit(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = a8
+        .remainder()
+        .iter()
+        .zip(b8.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in a8.zip(b8) {
+        for i in 0..8 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+fn unit(mut v: Vec<f32>) -> Vec<f32> {
+    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if n > 0.0 {
+        v.iter_mut().for_each(|x| *x /= n);
+    }
+    v
+}
+
 fn open_shard(
     path: &Path,
     config: qdrant_edge::EdgeConfig,
@@ -583,6 +773,14 @@ impl EdgeVectorIndex {
             .build();
         let turns = Arc::new(open_shard(&dir.join("turns"), turns_cfg, true)?);
         let keywords = Arc::new(open_shard(&dir.join("keywords"), kw_cfg, false)?);
+        let forms = Arc::new(KeywordForms::open(&dir.join("keyword_forms.redb"))?);
+        let moved = migrate_keyword_points(&keywords, &forms)?;
+        if moved > 0 {
+            tracing::info!(
+                points = moved,
+                "keyword points of conversations made points of forms, said by them"
+            );
+        }
         let files = Arc::new(parking_lot::Mutex::new(()));
         let optimizer = Optimizer::spawn(
             [Arc::downgrade(&turns), Arc::downgrade(&keywords)],
@@ -591,6 +789,9 @@ impl EdgeVectorIndex {
         Ok(Self {
             turns,
             keywords,
+            forms,
+            keyword_changes: Default::default(),
+            form_vectors: Default::default(),
             dim,
             optimizer,
             writes: Arc::new(parking_lot::Mutex::new(())),
@@ -599,6 +800,90 @@ impl EdgeVectorIndex {
             dir: dir.to_path_buf(),
             unflushed: (flushes == Flushes::OnSync).then(Default::default),
         })
+    }
+
+    /// A conversation's keyword forms with their vectors, from the cache or read once.
+    async fn conversation_forms(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<Forms, StoreError> {
+        if let Some(f) = self.form_vectors.get(tenant.as_str(), conversation) {
+            return Ok(f);
+        }
+        let read_at = self.form_vectors.changes.load(Ordering::Acquire);
+        let (forms, keywords) = (self.forms.clone(), self.keywords.clone());
+        let (t, c) = (tenant.0.clone(), conversation.to_string());
+        let read: Forms = tokio::task::spawn_blocking(move || {
+            let said = forms.said(&t, &c, None)?;
+            let stems: HashMap<PointId, String> = said
+                .into_iter()
+                .map(|s| (form_id(s.point), s.stem))
+                .collect();
+            let ids: Vec<PointId> = stems.keys().copied().collect();
+            let recs = keywords
+                .retrieve(
+                    &ids,
+                    Some(WithPayloadInterface::Bool(false)),
+                    Some(WithVector::Selector(vec![KEYWORD_VECTOR.into()])),
+                )
+                .map_err(err)?;
+            let mut out = Vec::with_capacity(recs.len());
+            for r in recs {
+                let Some(VectorStructInternal::Named(mut named)) = r.vector else {
+                    continue;
+                };
+                let (Some(stem), Some(VectorInternal::Dense(v))) =
+                    (stems.get(&r.id), named.remove(KEYWORD_VECTOR))
+                else {
+                    continue;
+                };
+                out.push((stem.clone(), unit(v)));
+            }
+            Ok::<_, StoreError>(Arc::new(out))
+        })
+        .await??;
+        self.form_vectors
+            .put(tenant.as_str(), conversation, read.clone(), read_at);
+        Ok(read)
+    }
+
+    /// A conversation stops saying its keyword forms (all, or those of the given stems): the
+    /// forms no other conversation says are deleted first, then who says what is forgotten,
+    /// so a crash between the two leaves forms still said, which a repeated erasure deletes.
+    async fn unsay(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        stems: Option<Vec<String>>,
+    ) -> Result<(), StoreError> {
+        let _changes = self.keyword_changes.lock().await;
+        let (forms, t, c) = (
+            self.forms.clone(),
+            tenant.0.clone(),
+            conversation.to_string(),
+        );
+        let (said, gone) = tokio::task::spawn_blocking(move || {
+            let said = forms.said(&t, &c, stems.as_deref())?;
+            let gone = forms.said_by_none_but(&t, &said)?;
+            Ok::<_, StoreError>((said, gone))
+        })
+        .await??;
+        if !gone.is_empty() {
+            let ids: Vec<PointId> = gone.into_iter().map(form_id).collect();
+            self.write(&self.keywords, move |s| {
+                s.update(UpdateOperation::PointOperation(
+                    PointOperations::DeletePoints { ids },
+                ))
+                .map_err(err)?;
+                Self::flush(s)
+            })
+            .await?;
+        }
+        let (forms, t) = (self.forms.clone(), tenant.0.clone());
+        let removed = tokio::task::spawn_blocking(move || forms.remove(&t, &said)).await?;
+        self.form_vectors.forget(tenant.as_str(), conversation);
+        removed
     }
 
     async fn blocking<T: Send + 'static>(
@@ -936,33 +1221,40 @@ impl VectorIndex for EdgeVectorIndex {
             .collect())
     }
 
-    /// One update and one flush for a writer's whole batch, and only the keywords a
-    /// conversation did not have yet: most of a batch's keywords recur from earlier turns, and
-    /// rewriting such a point (same vector) copies it out of its optimised segment, leaving a
-    /// deleted point there for the optimiser to clean up.
+    /// One update and one flush for a writer's whole batch, and only the forms the tenant did
+    /// not have yet: most of a batch's keywords recur (from earlier turns, or other
+    /// conversations), and rewriting such a point (same vector) copies it out of its optimised
+    /// segment, leaving a deleted point there for the optimiser to clean up. Then one commit
+    /// of which conversations say them.
     async fn upsert_keyword_sets(&self, sets: Vec<KeywordSet>) -> Result<(), StoreError> {
-        let mut structs = Vec::new();
+        let mut structs: HashMap<[u8; 16], PointStruct> = HashMap::new();
+        let mut said: HashMap<String, Vec<Said>> = HashMap::new();
         for set in &sets {
             for k in &set.keywords {
                 self.check_dim(&k.vector)?;
-                let payload = serde_json::json!({
-                    "tenant": set.tenant.as_str(),
-                    "conversation": set.conversation,
-                    "keyword": k.keyword,
+            }
+        }
+        for set in sets {
+            for k in set.keywords {
+                let point = keyword_form_point(&set.tenant, &k.keyword, &k.vector);
+                said.entry(set.tenant.0.clone()).or_default().push(Said {
+                    conversation: set.conversation.clone(),
+                    stem: k.keyword.clone(),
+                    point,
                 });
-                let id = keyword_point(&set.tenant, &set.conversation, &k.keyword);
-                let vector =
-                    Vectors::new_named([(KEYWORD_VECTOR, Vector::new_dense(k.vector.clone()))]);
-                structs.push((id, PointStruct::new(id, vector, payload)));
+                structs.entry(point).or_insert_with(|| {
+                    keyword_form_struct(&set.tenant, &k.keyword, point, k.vector)
+                });
             }
         }
         if structs.is_empty() {
             return Ok(());
         }
+        let _changes = self.keyword_changes.lock().await;
         let unflushed = self.unflushed.clone();
         let n = self
             .write(&self.keywords, move |s| {
-                let ids: Vec<PointId> = structs.iter().map(|(id, _)| *id).collect();
+                let ids: Vec<PointId> = structs.keys().map(|p| form_id(*p)).collect();
                 let known: std::collections::HashSet<PointId> = s
                     .retrieve(
                         &ids,
@@ -975,7 +1267,7 @@ impl VectorIndex for EdgeVectorIndex {
                     .collect();
                 let new: Vec<qdrant_edge::PointStructPersisted> = structs
                     .into_iter()
-                    .filter(|(id, _)| !known.contains(id))
+                    .filter(|(p, _)| !known.contains(&form_id(*p)))
                     .map(|(_, p)| p.into())
                     .collect();
                 let n = new.len();
@@ -985,6 +1277,23 @@ impl VectorIndex for EdgeVectorIndex {
                 Ok(n)
             })
             .await?;
+        // Who says a form is written after the form: a crash between the two leaves a form
+        // nobody says yet, which the writer's replay of the batch then says again.
+        let forms = self.forms.clone();
+        let touched: Vec<(String, String)> = said
+            .iter()
+            .flat_map(|(t, s)| s.iter().map(move |s| (t.clone(), s.conversation.clone())))
+            .collect();
+        tokio::task::spawn_blocking(move || {
+            for (tenant, said) in &said {
+                forms.add(tenant, said)?;
+            }
+            Ok::<(), StoreError>(())
+        })
+        .await??;
+        for (t, c) in touched {
+            self.form_vectors.forget(&t, &c);
+        }
         if n > 0 {
             self.optimizer.wrote(n);
         }
@@ -1000,15 +1309,35 @@ impl VectorIndex for EdgeVectorIndex {
         min_score: f32,
     ) -> Result<Vec<(String, f32)>, StoreError> {
         self.check_dim(vector)?;
-        // Keywords are indexed per conversation: ask for more when several conversations are in scope.
+        // A conversation's forms are scanned exactly (as the engine scanned them through its
+        // payload index when points were per conversation); the tenant's through its graph.
+        if let Some(conversations) = &scope.conversations {
+            let q = unit(vector.to_vec());
+            let mut best: HashMap<String, f32> = HashMap::new();
+            for c in conversations {
+                for (stem, v) in self.conversation_forms(tenant, c).await?.iter() {
+                    let score = cosine_unit(&q, v);
+                    if score >= min_score {
+                        let b = best.entry(stem.clone()).or_insert(score);
+                        *b = b.max(score);
+                    }
+                }
+            }
+            let mut out: Vec<(String, f32)> = best.into_iter().collect();
+            out.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            out.truncate(limit);
+            return Ok(out);
+        }
+        let filter = filter_on(tenant.as_str(), &Scope::all());
+        // A stem may have several forms: ask for more than `limit` names.
         let req = SearchRequest {
             query: QueryEnum::Nearest(NamedQuery::new(
                 VectorInternal::from(Vector::new_dense(vector.to_vec())),
                 KEYWORD_VECTOR,
             )),
-            filter: Some(scope_filter(tenant, &scope.conversations_only())),
+            filter: Some(filter),
             params: None,
-            limit: limit * 4,
+            limit: limit * 2,
             offset: 0,
             with_payload: Some(WithPayloadInterface::Fields(vec![json_path("keyword")])),
             with_vector: None,
@@ -1046,10 +1375,6 @@ impl VectorIndex for EdgeVectorIndex {
         keywords: &[String],
     ) -> Result<(), StoreError> {
         let turn_ids: Vec<PointId> = ids.iter().map(|m| point_id(*m)).collect();
-        let keyword_ids: Vec<PointId> = keywords
-            .iter()
-            .map(|k| keyword_point(tenant, conversation, k))
-            .collect();
         if !ids.is_empty() {
             let kept = Filter {
                 must: Some(vec![
@@ -1070,18 +1395,19 @@ impl VectorIndex for EdgeVectorIndex {
             })
             .await?;
         }
-        for (shard, ids) in [(&self.turns, turn_ids), (&self.keywords, keyword_ids)] {
-            if ids.is_empty() {
-                continue;
-            }
-            self.write(shard, move |s| {
+        if !turn_ids.is_empty() {
+            self.write(&self.turns, move |s| {
                 s.update(UpdateOperation::PointOperation(
-                    PointOperations::DeletePoints { ids },
+                    PointOperations::DeletePoints { ids: turn_ids },
                 ))
                 .map_err(err)?;
                 Self::flush(s)
             })
             .await?;
+        }
+        if !keywords.is_empty() {
+            self.unsay(tenant, conversation, Some(keywords.to_vec()))
+                .await?;
         }
         Ok(())
     }
@@ -1095,7 +1421,6 @@ impl VectorIndex for EdgeVectorIndex {
         let n = self.count(tenant, &scope).await?;
         let filter = scope_filter(tenant, &scope);
         let kept = filter_on(&history_tenant(tenant), &scope);
-        let f2 = scope_filter(tenant, &scope.conversations_only());
         self.write(&self.turns, move |s| {
             for f in [filter, kept] {
                 s.update(UpdateOperation::PointOperation(
@@ -1106,14 +1431,7 @@ impl VectorIndex for EdgeVectorIndex {
             Self::flush(s)
         })
         .await?;
-        self.write(&self.keywords, move |s| {
-            s.update(UpdateOperation::PointOperation(
-                PointOperations::DeletePointsByFilter(f2),
-            ))
-            .map_err(err)?;
-            Self::flush(s)
-        })
-        .await?;
+        self.unsay(tenant, conversation, None).await?;
         Ok(n)
     }
 
@@ -1135,6 +1453,8 @@ impl VectorIndex for EdgeVectorIndex {
         let (writes, files) = (self.writes.clone(), self.files.clone());
         let (turns, keywords) = (self.turns.clone(), self.keywords.clone());
         let (from, to) = (self.dir.clone(), to.to_path_buf());
+        // No change of keyword forms either: `keyword_forms.redb` is copied with the shards.
+        let _changes = self.keyword_changes.lock().await;
         tokio::task::spawn_blocking(move || {
             // No update and no optimisation while the segments are copied.
             let _no_writes = writes.lock();
@@ -1217,30 +1537,91 @@ impl EdgeVectorIndex {
                     + shard_count(shard, filter_on(&history_tenant(tenant), scope))?,
             )
         };
-        let keywords = shard_count(
-            &self.keywords,
-            scope_filter(tenant, &scope.conversations_only()),
-        )?;
-        Ok((count(&self.turns)?, keywords))
+        Ok((count(&self.turns)?, self.keyword_points(tenant, scope)?))
     }
 
-    /// Keyword points in scope (erasure checks).
+    /// Keyword forms in scope (erasure checks): those the scope's conversations say, or all
+    /// the tenant's forms.
     pub async fn keyword_count(&self, tenant: &TenantId, scope: &Scope) -> Result<u64, StoreError> {
-        let filter = scope_filter(tenant, &scope.conversations_only());
-        Self::blocking(&self.keywords, move |s| {
-            Ok(s.count(CountRequest {
-                filter: Some(filter),
-                exact: true,
-            })
-            .map_err(err)? as u64)
-        })
-        .await
+        // A short read, for audits and tests: not worth a blocking task.
+        self.keyword_points(tenant, scope)
+    }
+
+    fn keyword_points(&self, tenant: &TenantId, scope: &Scope) -> Result<u64, StoreError> {
+        match &scope.conversations {
+            Some(conversations) => self.forms.count(tenant.as_str(), conversations),
+            None => shard_count(&self.keywords, filter_on(tenant.as_str(), &Scope::all())),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    async fn names(idx: &EdgeVectorIndex, t: &TenantId, conversations: &[&str]) -> Vec<String> {
+        let mut n: Vec<String> = idx
+            .search_keywords(
+                t,
+                &Scope::of(conversations),
+                &[1.0, 0.1, 0.0, 0.0],
+                10,
+                -1.0,
+            )
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        n.sort();
+        n
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn keyword_points_of_an_older_store_become_forms_said_by_their_conversations() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = TenantId("t".into());
+        let vector = |y: f32| vec![1.0, y, 0.0, 0.0];
+        {
+            let idx = EdgeVectorIndex::open(dir.path(), 4).unwrap();
+            // As stores before keyword forms wrote them: a point per conversation and keyword.
+            let old = |conversation: &str, keyword: &str, v: Vec<f32>| {
+                let id = MemoryId::derive(&t, conversation, &format!("keyword:{keyword}"));
+                PointStruct::new(
+                    point_id(id),
+                    Vectors::new_named([(KEYWORD_VECTOR, Vector::new_dense(v))]),
+                    serde_json::json!({"tenant": "t", "conversation": conversation, "keyword": keyword}),
+                )
+                .into()
+            };
+            let points: Vec<qdrant_edge::PointStructPersisted> = vec![
+                old("a", "swim", vector(0.1)),
+                old("b", "swim", vector(0.1)),
+                old("b", "tent", vector(-0.9)),
+            ];
+            idx.keywords
+                .update(UpdateOperation::PointOperation(
+                    PointOperations::UpsertPoints(PointInsertOperations::PointsList(points)),
+                ))
+                .unwrap();
+            EdgeVectorIndex::flush(&idx.keywords).unwrap();
+        }
+        let idx = EdgeVectorIndex::open(dir.path(), 4).unwrap();
+        assert_eq!(names(&idx, &t, &["a"]).await, ["swim"]);
+        assert_eq!(names(&idx, &t, &["b"]).await, ["swim", "tent"]);
+        // One point per form: "swim" once for both conversations.
+        assert_eq!(idx.keyword_count(&t, &Scope::all()).await.unwrap(), 2);
+        assert_eq!(idx.keyword_count(&t, &Scope::of(&["b"])).await.unwrap(), 2);
+        // Erasing b keeps the form a still says, and takes the one only b said.
+        idx.delete_conversation(&t, "b").await.unwrap();
+        assert_eq!(idx.keyword_count(&t, &Scope::all()).await.unwrap(), 1);
+        assert_eq!(names(&idx, &t, &["a"]).await, ["swim"]);
+        assert!(names(&idx, &t, &["b"]).await.is_empty());
+        // Opening again finds nothing left to move.
+        drop(idx);
+        let idx = EdgeVectorIndex::open(dir.path(), 4).unwrap();
+        assert_eq!(idx.keyword_count(&t, &Scope::all()).await.unwrap(), 1);
+    }
 
     /// A shard whose log closes a segment every `kib` KiB, so a test fills several.
     fn small_log_config(kib: usize) -> qdrant_edge::EdgeConfig {

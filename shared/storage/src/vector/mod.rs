@@ -4,6 +4,8 @@
 
 #[cfg(feature = "embedded")]
 pub mod edge;
+#[cfg(feature = "embedded")]
+mod keyword_forms;
 #[cfg(feature = "qdrant")]
 pub mod qdrant;
 #[cfg(feature = "remote")]

@@ -1,0 +1,284 @@
+//! Which keyword points each conversation says, for the embedded vector index.
+//!
+//! A keyword's vector depends on its text alone, so the embedded index stores it once per
+//! tenant and form (stem + vector) rather than once per conversation: a chat platform of many
+//! short conversations otherwise writes ~10 copies of common vectors a turn, half of the
+//! ingest's CPU at 10k (docs/SPEED.md). This table says which forms each conversation said, so
+//! a conversation-scoped search stays within them and an erasure removes a form with the last
+//! conversation that said it.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use redb::{Database, MultimapTableDefinition};
+
+use crate::StoreError;
+
+/// (tenant, conversation, stem) → the form's point id (16 bytes).
+const SAID: MultimapTableDefinition<&[u8], &[u8]> = MultimapTableDefinition::new("said");
+/// (tenant, point id) → conversation: who still says a form.
+const SAYERS: MultimapTableDefinition<&[u8], &[u8]> = MultimapTableDefinition::new("sayers");
+
+fn part(out: &mut Vec<u8>, s: &[u8]) {
+    out.extend_from_slice(&(s.len() as u32).to_be_bytes());
+    out.extend_from_slice(s);
+}
+
+fn conversation_prefix(tenant: &str, conversation: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(tenant.len() + conversation.len() + 8);
+    part(&mut k, tenant.as_bytes());
+    part(&mut k, conversation.as_bytes());
+    k
+}
+
+fn said_key(tenant: &str, conversation: &str, stem: &str) -> Vec<u8> {
+    let mut k = conversation_prefix(tenant, conversation);
+    part(&mut k, stem.as_bytes());
+    k
+}
+
+fn sayers_key(tenant: &str, point: [u8; 16]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(tenant.len() + 20);
+    part(&mut k, tenant.as_bytes());
+    k.extend_from_slice(&point);
+    k
+}
+
+fn stem_of(key: &[u8], prefix_len: usize) -> Option<String> {
+    let rest = key.get(prefix_len + 4..)?;
+    String::from_utf8(rest.to_vec()).ok()
+}
+
+fn err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::backend_msg(format!("keyword members: {e}"))
+}
+
+fn point_of(v: &[u8]) -> Option<[u8; 16]> {
+    v.try_into().ok()
+}
+
+/// A form a conversation says.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Said {
+    pub conversation: String,
+    pub stem: String,
+    pub point: [u8; 16],
+}
+
+pub(crate) struct KeywordForms {
+    db: Database,
+}
+
+impl KeywordForms {
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let db = Database::create(path).map_err(err)?;
+        let tx = db.begin_write().map_err(err)?;
+        tx.open_multimap_table(SAID).map_err(err)?;
+        tx.open_multimap_table(SAYERS).map_err(err)?;
+        tx.commit().map_err(err)?;
+        Ok(Self { db })
+    }
+
+    /// Records what conversations say (idempotent), in one durable commit.
+    pub fn add(&self, tenant: &str, said: &[Said]) -> Result<(), StoreError> {
+        if said.is_empty() {
+            return Ok(());
+        }
+        let tx = self.db.begin_write().map_err(err)?;
+        {
+            let mut by_conv = tx.open_multimap_table(SAID).map_err(err)?;
+            let mut sayers = tx.open_multimap_table(SAYERS).map_err(err)?;
+            for s in said {
+                by_conv
+                    .insert(
+                        said_key(tenant, &s.conversation, &s.stem).as_slice(),
+                        s.point.as_slice(),
+                    )
+                    .map_err(err)?;
+                sayers
+                    .insert(
+                        sayers_key(tenant, s.point).as_slice(),
+                        s.conversation.as_bytes(),
+                    )
+                    .map_err(err)?;
+            }
+        }
+        tx.commit().map_err(err)?;
+        Ok(())
+    }
+
+    /// The forms a conversation says: all of them, or those of the given stems.
+    pub fn said(
+        &self,
+        tenant: &str,
+        conversation: &str,
+        stems: Option<&[String]>,
+    ) -> Result<Vec<Said>, StoreError> {
+        let tx = self.db.begin_read().map_err(err)?;
+        let t = tx.open_multimap_table(SAID).map_err(err)?;
+        let mut out = Vec::new();
+        let mut push = |points: redb::MultimapValue<&[u8]>, stem: String| {
+            for p in points {
+                let p = p.map_err(err)?;
+                if let Some(point) = point_of(p.value()) {
+                    out.push(Said {
+                        conversation: conversation.to_string(),
+                        stem: stem.clone(),
+                        point,
+                    });
+                }
+            }
+            Ok::<(), StoreError>(())
+        };
+        match stems {
+            Some(stems) => {
+                for stem in stems {
+                    let key = said_key(tenant, conversation, stem);
+                    let points = t.get(key.as_slice()).map_err(err)?;
+                    push(points, stem.clone())?;
+                }
+            }
+            None => {
+                let prefix = conversation_prefix(tenant, conversation);
+                for entry in t.range(prefix.as_slice()..).map_err(err)? {
+                    let (k, points) = entry.map_err(err)?;
+                    let key = k.value();
+                    if !key.starts_with(&prefix) {
+                        break;
+                    }
+                    let Some(stem) = stem_of(key, prefix.len()) else {
+                        continue;
+                    };
+                    push(points, stem)?;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Of the given forms, the points no other conversation says (to delete with them).
+    pub fn said_by_none_but(
+        &self,
+        tenant: &str,
+        said: &[Said],
+    ) -> Result<Vec<[u8; 16]>, StoreError> {
+        let tx = self.db.begin_read().map_err(err)?;
+        let t = tx.open_multimap_table(SAYERS).map_err(err)?;
+        let leaving: HashSet<(&str, [u8; 16])> = said
+            .iter()
+            .map(|s| (s.conversation.as_str(), s.point))
+            .collect();
+        let mut out = Vec::new();
+        let mut seen = HashSet::new();
+        for s in said {
+            if !seen.insert(s.point) {
+                continue;
+            }
+            let mut others = false;
+            for c in t.get(sayers_key(tenant, s.point).as_slice()).map_err(err)? {
+                let c = c.map_err(err)?;
+                let conv = std::str::from_utf8(c.value()).unwrap_or_default();
+                if !leaving.contains(&(conv, s.point)) {
+                    others = true;
+                    break;
+                }
+            }
+            if !others {
+                out.push(s.point);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Forgets what the given conversations said, in one durable commit.
+    pub fn remove(&self, tenant: &str, said: &[Said]) -> Result<(), StoreError> {
+        if said.is_empty() {
+            return Ok(());
+        }
+        let tx = self.db.begin_write().map_err(err)?;
+        {
+            let mut by_conv = tx.open_multimap_table(SAID).map_err(err)?;
+            let mut sayers = tx.open_multimap_table(SAYERS).map_err(err)?;
+            for s in said {
+                by_conv
+                    .remove(
+                        said_key(tenant, &s.conversation, &s.stem).as_slice(),
+                        s.point.as_slice(),
+                    )
+                    .map_err(err)?;
+                sayers
+                    .remove(
+                        sayers_key(tenant, s.point).as_slice(),
+                        s.conversation.as_bytes(),
+                    )
+                    .map_err(err)?;
+            }
+        }
+        tx.commit().map_err(err)?;
+        Ok(())
+    }
+
+    /// How many forms the given conversations say (erasure audits).
+    pub fn count(&self, tenant: &str, conversations: &[String]) -> Result<u64, StoreError> {
+        let mut n = 0;
+        for c in conversations {
+            n += self.said(tenant, c, None)?.len() as u64;
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn said(c: &str, stem: &str, p: u8) -> Said {
+        Said {
+            conversation: c.into(),
+            stem: stem.into(),
+            point: [p; 16],
+        }
+    }
+
+    #[test]
+    fn a_form_goes_with_the_last_conversation_that_says_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = KeywordForms::open(&dir.path().join("k.redb")).unwrap();
+        f.add(
+            "t",
+            &[
+                said("a", "swim", 1),
+                said("a", "tent", 2),
+                said("b", "swim", 1),
+            ],
+        )
+        .unwrap();
+        f.add("u", &[said("a", "swim", 1)]).unwrap();
+        // Idempotent.
+        f.add("t", &[said("a", "swim", 1)]).unwrap();
+        assert_eq!(f.count("t", &["a".into()]).unwrap(), 2);
+        let points = |t: &str, c: &str| -> HashSet<[u8; 16]> {
+            f.said(t, c, None)
+                .unwrap()
+                .into_iter()
+                .map(|s| s.point)
+                .collect()
+        };
+        assert_eq!(points("t", "a"), HashSet::from([[1; 16], [2; 16]]));
+        assert_eq!(points("t", "b"), HashSet::from([[1; 16]]));
+        // A conversation whose stems share a prefix with another's is not mixed in.
+        f.add("t", &[said("ab", "kayak", 3)]).unwrap();
+        let a = f.said("t", "a", None).unwrap();
+        assert_eq!(a.len(), 2);
+        assert!(a
+            .iter()
+            .all(|s| s.conversation == "a" && s.point != [3; 16]));
+        // "swim" is still said by b, "tent" by nobody else; tenant u is apart.
+        assert_eq!(f.said_by_none_but("t", &a).unwrap(), vec![[2; 16]]);
+        f.remove("t", &a).unwrap();
+        assert!(points("t", "a").is_empty());
+        assert_eq!(points("u", "a"), HashSet::from([[1; 16]]));
+        let b = f.said("t", "b", Some(&["swim".into()])).unwrap();
+        assert_eq!(f.said_by_none_but("t", &b).unwrap(), vec![[1; 16]]);
+    }
+}
