@@ -588,9 +588,7 @@ fn migrate_keyword_points(shard: &EdgeShard, forms: &KeywordForms) -> Result<u64
                 .map_err(err)?;
         }
         EdgeVectorIndex::flush(shard)?;
-        for (tenant, said) in &said {
-            forms.add(tenant, said)?;
-        }
+        forms.add_by_tenant(&said)?;
         moved += old.len() as u64;
         shard
             .update(UpdateOperation::PointOperation(
@@ -1284,13 +1282,7 @@ impl VectorIndex for EdgeVectorIndex {
             .iter()
             .flat_map(|(t, s)| s.iter().map(move |s| (t.clone(), s.conversation.clone())))
             .collect();
-        tokio::task::spawn_blocking(move || {
-            for (tenant, said) in &said {
-                forms.add(tenant, said)?;
-            }
-            Ok::<(), StoreError>(())
-        })
-        .await??;
+        tokio::task::spawn_blocking(move || forms.add_by_tenant(&said)).await??;
         for (t, c) in touched {
             self.form_vectors.forget(&t, &c);
         }

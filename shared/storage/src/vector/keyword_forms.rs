@@ -7,7 +7,7 @@
 //! a conversation-scoped search stays within them and an erasure removes a form with the last
 //! conversation that said it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use redb::{Database, MultimapTableDefinition};
@@ -80,31 +80,58 @@ impl KeywordForms {
     }
 
     /// Records what conversations say (idempotent), in one durable commit.
+    #[cfg(test)]
     pub fn add(&self, tenant: &str, said: &[Said]) -> Result<(), StoreError> {
-        if said.is_empty() {
+        self.change(said.iter().map(|s| (tenant, s)), true)
+    }
+
+    /// What conversations of several tenants say (a writer's batch), in one durable commit.
+    pub fn add_by_tenant(&self, said: &HashMap<String, Vec<Said>>) -> Result<(), StoreError> {
+        self.change(
+            said.iter()
+                .flat_map(|(t, s)| s.iter().map(move |s| (t.as_str(), s))),
+            true,
+        )
+    }
+
+    /// Forgets what the given conversations said, in one durable commit.
+    pub fn remove(&self, tenant: &str, said: &[Said]) -> Result<(), StoreError> {
+        self.change(said.iter().map(|s| (tenant, s)), false)
+    }
+
+    /// Both tables in one commit, each (tenant, form said) inserted or removed.
+    fn change<'a>(
+        &self,
+        said: impl Iterator<Item = (&'a str, &'a Said)>,
+        insert: bool,
+    ) -> Result<(), StoreError> {
+        let mut said = said.peekable();
+        if said.peek().is_none() {
             return Ok(());
         }
         let tx = self.db.begin_write().map_err(err)?;
         {
             let mut by_conv = tx.open_multimap_table(SAID).map_err(err)?;
             let mut sayers = tx.open_multimap_table(SAYERS).map_err(err)?;
-            for s in said {
-                by_conv
-                    .insert(
-                        said_key(tenant, &s.conversation, &s.stem).as_slice(),
-                        s.point.as_slice(),
-                    )
-                    .map_err(err)?;
-                sayers
-                    .insert(
-                        sayers_key(tenant, s.point).as_slice(),
-                        s.conversation.as_bytes(),
-                    )
-                    .map_err(err)?;
+            for (tenant, s) in said {
+                let k1 = said_key(tenant, &s.conversation, &s.stem);
+                let k2 = sayers_key(tenant, s.point);
+                let (k1, v1, k2, v2) = (
+                    k1.as_slice(),
+                    s.point.as_slice(),
+                    k2.as_slice(),
+                    s.conversation.as_bytes(),
+                );
+                if insert {
+                    by_conv.insert(k1, v1).map_err(err)?;
+                    sayers.insert(k2, v2).map_err(err)?;
+                } else {
+                    by_conv.remove(k1, v1).map_err(err)?;
+                    sayers.remove(k2, v2).map_err(err)?;
+                }
             }
         }
-        tx.commit().map_err(err)?;
-        Ok(())
+        tx.commit().map_err(err)
     }
 
     /// The forms a conversation says: all of them, or those of the given stems.
@@ -188,34 +215,6 @@ impl KeywordForms {
             }
         }
         Ok(out)
-    }
-
-    /// Forgets what the given conversations said, in one durable commit.
-    pub fn remove(&self, tenant: &str, said: &[Said]) -> Result<(), StoreError> {
-        if said.is_empty() {
-            return Ok(());
-        }
-        let tx = self.db.begin_write().map_err(err)?;
-        {
-            let mut by_conv = tx.open_multimap_table(SAID).map_err(err)?;
-            let mut sayers = tx.open_multimap_table(SAYERS).map_err(err)?;
-            for s in said {
-                by_conv
-                    .remove(
-                        said_key(tenant, &s.conversation, &s.stem).as_slice(),
-                        s.point.as_slice(),
-                    )
-                    .map_err(err)?;
-                sayers
-                    .remove(
-                        sayers_key(tenant, s.point).as_slice(),
-                        s.conversation.as_bytes(),
-                    )
-                    .map_err(err)?;
-            }
-        }
-        tx.commit().map_err(err)?;
-        Ok(())
     }
 
     /// How many forms the given conversations say (erasure audits).
