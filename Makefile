@@ -9,10 +9,14 @@ LOCOMO ?= ../shared/data/locomo-dev.json
 # eval and bench, so a cold machine compiles the dependencies once. `--release` is for images.
 CARGO_FLAGS := --locked
 
-.PHONY: setup setup-test install build run test lint fmt eval eval-ablations bench bench-peers bench-micro e2e-kafka check-deploy fuzz clients test-clients
+.PHONY: setup setup-crates setup-test install build run test lint fmt eval eval-ablations bench bench-peers bench-micro e2e-kafka check-deploy fuzz clients test-clients
 
 setup:
 	@bash scripts/setup.sh
+
+# The patched dependencies alone (vendor/): what cargo needs to resolve the workspace at all.
+setup-crates:
+	@bash scripts/setup-crates.sh
 
 # What `make test` needs beyond serving: the broker, graph and vector servers, deploy tools.
 setup-test:
@@ -60,11 +64,11 @@ clients:
 test-clients: build
 	bash scripts/test-clients.sh
 
-lint:
+lint: setup-crates
 	cargo fmt --all -- --check
 	cargo clippy $(CARGO_FLAGS) --workspace --all-targets -- -D warnings
 
-fmt:
+fmt: setup-crates
 	cargo fmt --all
 
 # Figures as JSON and plots (SVG) land in REPORTS beside the printed tables.

@@ -26,6 +26,9 @@ if ! pkg-config --exists openssl 2>/dev/null; then
     "or openssl-devel (Fedora) and pkg-config" >&2
   exit 1
 fi
+# Dependencies built with a patch of ours (vendor/; Cargo.toml's [patch.crates-io]): no cargo
+# command in the workspace resolves without them.
+bash scripts/setup-crates.sh
 # The default embedding model (the tests use it), and the one embedder.model selects when that
 # is another (named here by RECOLLECT_EMBED_MODEL or RECOLLECT__EMBEDDER__MODEL).
 bash scripts/setup-model.sh all-MiniLM-L6-v2

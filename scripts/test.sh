@@ -10,6 +10,8 @@ echo "== deploy artefacts: chart rendered and linted by Helm's engine, alerts, d
 "${RECOLLECT_VENV:-$HOME/.cache/recollect/venv}/bin/python" scripts/check-deploy.py --self-test
 
 echo "== Rust: build, unit, contract and end-to-end tests"
+# vendor/ (the patched qdrant-edge): setup.sh wrote it; cheap to check when run on its own.
+bash scripts/setup-crates.sh
 # The dev profile compiles dependencies with opt-level 3 (Cargo.toml), so model inference and
 # vector search run at full speed while our own crates stay quick to rebuild.
 cargo build --locked --workspace --all-targets

@@ -1195,6 +1195,106 @@ async fn vector_versions(v: Arc<dyn VectorIndex>, dim: usize) {
     assert!(v.version_vectors(&t, &[(id, t1)]).await.unwrap().is_empty());
 }
 
+/// Lexical search where the engine prunes: a scope past its sparse full-scan threshold (5,000
+/// points) and a query of two terms, past the engine's first batch of 10,000 ids. The engine
+/// skips the rest of the longer posting list when the bound on its weights (kept per element,
+/// as the maximum weight after it) says nothing there can beat the top so far; so a heavy weight
+/// appended late, and a term an update adds to a point in the middle of a list, must raise the
+/// bounds before them, or the best turn is skipped. The embedded engine is built with a patch to
+/// exactly that bookkeeping (scripts/qdrant-edge/sparse-append.patch); this checks it, and the
+/// same answers from the servers.
+async fn vector_lexical_pruning(v: Arc<dyn VectorIndex>, dim: usize) {
+    let t = TenantId("tenant-pruning".into());
+    // Terms no other case uses; COMMON in every even turn, RARE in a few, FILLER in every odd
+    // one (BM25's IDF counts the points that have a lexical vector at all).
+    const COMMON: u32 = 700_001;
+    const RARE: u32 = 700_002;
+    const FILLER: u32 = 700_003;
+    const N: usize = 12_001;
+    const HEAVY: usize = 11_000;
+    let at = Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap();
+    let point = |i: usize, terms: Vec<(u32, f32)>| TurnPoint {
+        memory_id: MemoryId::derive(&t, "p", &i.to_string()),
+        tenant: t.clone(),
+        conversation_id: "p".into(),
+        turn_id: i.to_string(),
+        position: i as u64,
+        timestamp: at,
+        recorded_at: at,
+        user_speaker: None,
+        assistant_speaker: None,
+        user: vector(dim, i),
+        assistant: None,
+        lexical: SparseVector {
+            indices: terms.iter().map(|(d, _)| *d).collect(),
+            values: terms.iter().map(|(_, w)| *w).collect(),
+        },
+        user_id: None,
+        agent_id: None,
+        metadata: Default::default(),
+    };
+    // Turns written one at a time with FILLER alone, between the first 10,000 and the rest: the
+    // engine numbers a batch's points in hash order, single ones in order, so the last of them
+    // is the first element after the engine's first batch once an update gives it COMMON.
+    let gap = 10_000..10_020;
+    let terms = |i: usize| {
+        let mut out = Vec::new();
+        if gap.contains(&i) {
+            out.push((FILLER, 1.0));
+        } else if i.is_multiple_of(2) {
+            out.push((COMMON, if i == HEAVY { 20.0 } else { 1.0 }));
+        } else {
+            out.push((FILLER, 1.0));
+        }
+        if i < 5 || i == N - 1 {
+            out.push((RARE, 1.0));
+        }
+        out
+    };
+    let pts: Vec<TurnPoint> = (0..N).map(|i| point(i, terms(i))).collect();
+    for chunk in pts[..gap.start].chunks(2_000) {
+        v.upsert_turns(chunk.to_vec()).await.unwrap();
+    }
+    for p in &pts[gap.clone()] {
+        v.upsert_turns(vec![p.clone()]).await.unwrap();
+    }
+    for chunk in pts[gap.end..N - 1].chunks(2_000) {
+        v.upsert_turns(chunk.to_vec()).await.unwrap();
+    }
+    // Alone and last, so RARE's last element comes after the heavy turn: skipping to it (what a
+    // wrong bound lets the engine do) would pass the heavy turn by.
+    v.upsert_turns(vec![pts[N - 1].clone()]).await.unwrap();
+    let id = |i: usize| MemoryId::derive(&t, "p", &i.to_string());
+    let query = VectorQuery::Lexical(SparseVector {
+        indices: vec![COMMON, RARE],
+        values: vec![1.0, 1.0],
+    });
+    // With BM25's IDF, COMMON weighs ~0.7 and RARE ~7.5: the heavy turn (20 × 0.7) beats the
+    // turns with both terms (~8.2), which fill the top first.
+    let best = |hits: &[(MemoryId, f32)]| hits.first().map(|h| h.0);
+    let hits = v.search(&t, &Scope::all(), &query, 3).await.unwrap();
+    assert_eq!(best(&hits), Some(id(HEAVY)), "appended last: {hits:?}");
+    // An update that adds COMMON to the gap's last turn: the element lands in the middle of the
+    // list, first in line when the engine decides whether to skip the rest.
+    v.upsert_turns(vec![point(gap.end - 1, vec![(COMMON, 1.0), (FILLER, 1.0)])])
+        .await
+        .unwrap();
+    let hits = v.search(&t, &Scope::all(), &query, 3).await.unwrap();
+    assert_eq!(best(&hits), Some(id(HEAVY)), "inserted mid-list: {hits:?}");
+    // A heavier turn appended after the insert raises the inserted element's bound as well.
+    v.upsert_turns(vec![point(N, vec![(COMMON, 30.0)])])
+        .await
+        .unwrap();
+    let hits = v.search(&t, &Scope::all(), &query, 3).await.unwrap();
+    assert_eq!(
+        best(&hits),
+        Some(id(N)),
+        "appended after the insert: {hits:?}"
+    );
+    assert_eq!(hits.get(1).map(|h| h.0), Some(id(HEAVY)), "{hits:?}");
+    v.delete_conversation(&t, "p").await.unwrap();
+}
+
 /// VectorIndex contract: idempotent upserts, field search, lexical search, tenant isolation,
 /// keyword neighbours, erasure, batch sizes.
 /// Turn filters inside the search: every condition, and `limit` matching turns whenever that
@@ -1327,6 +1427,7 @@ async fn vector_filters(v: Arc<dyn VectorIndex>, dim: usize) {
 pub async fn vector_contract(v: Arc<dyn VectorIndex>, dim: usize) {
     vector_filters(v.clone(), dim).await;
     vector_versions(v.clone(), dim).await;
+    vector_lexical_pruning(v.clone(), dim).await;
     let a = TenantId("tenant-a".into());
     let b = TenantId("tenant-b".into());
     let point = |t: &TenantId, conv: &str, i: usize| TurnPoint {

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Dependencies Recollect builds from their crates.io release with a patch of ours applied,
+# into vendor/ (not committed; Cargo.toml's [patch.crates-io] points there). Every cargo command
+# in the workspace needs it, so setup.sh runs it first and the Makefile's cargo targets too.
+#
+# qdrant-edge 0.7.2 (the embedded vector engine) with scripts/qdrant-edge/sparse-append.patch:
+# its sparse posting list rewrote the bound of every earlier element on each append, so writing
+# n points that share a term cost O(n²); at 100k turns that was a third of ingest's CPU
+# (docs/SPEED.md). Upstream fixed it after 0.7.2, in releases that need rustc 1.97.
+#
+# The .crate is sha256-checked against the checksum crates.io recorded for it (as Cargo.lock
+# has it). Idempotent: quick when vendor/ holds the release with this patch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+NAME=qdrant-edge
+VERSION=0.7.2
+SHA256=b2e5e480105a06c8f1703082758d74a13c98fb7a94df06e12d914460786e55ea
+PATCH=scripts/qdrant-edge/sparse-append.patch
+DEST="vendor/$NAME-$VERSION"
+# The release's and the patch's checksums name what vendor/ holds: a changed patch re-vendors.
+STAMP="$SHA256 $(sha256sum "$PATCH" | cut -d' ' -f1)"
+if [[ -f "$DEST/.recollect-vendored" && "$(cat "$DEST/.recollect-vendored")" == "$STAMP" ]]; then
+  exit 0
+fi
+
+CARGO_HOME="${CARGO_HOME:-$HOME/.cargo}"
+work=$(mktemp -d "${TMPDIR:-/tmp}/recollect-crates.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+crate=$(ls "$CARGO_HOME"/registry/cache/*/"$NAME-$VERSION.crate" 2>/dev/null | head -1 || true)
+if [[ -z "$crate" ]]; then
+  crate="$work/$NAME-$VERSION.crate"
+  curl -fsSL --retry 3 -o "$crate" "https://static.crates.io/crates/$NAME/$NAME-$VERSION.crate"
+fi
+if [[ "$(sha256sum "$crate" | cut -d' ' -f1)" != "$SHA256" ]]; then
+  echo "setup-crates: $crate does not match the sha256 crates.io recorded for $NAME $VERSION" >&2
+  exit 1
+fi
+tar -xzf "$crate" -C "$work"
+patch -d "$work/$NAME-$VERSION" -p1 --quiet --forward < "$PATCH"
+echo "$STAMP" > "$work/$NAME-$VERSION/.recollect-vendored"
+mkdir -p vendor
+rm -rf "$DEST"
+mv "$work/$NAME-$VERSION" "$DEST"
+echo "setup-crates: vendored $NAME $VERSION with $PATCH" >&2
