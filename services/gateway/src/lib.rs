@@ -715,12 +715,32 @@ pub struct StoreEraser {
     pub vectors: Arc<dyn recollect_storage::VectorIndex>,
 }
 
-#[async_trait::async_trait]
-impl Eraser for StoreEraser {
-    async fn erase_conversation(
+impl StoreEraser {
+    /// The turns the graph holds in a conversation. Counted before an erasure's marker is
+    /// recorded: once the marker is durable, a graph writer that meets it (a batch in flight, a
+    /// reindex) purges what it covers itself, so the eraser's own delete can find fewer turns
+    /// than were stored, down to none.
+    async fn stored_turns(
         &self,
         tenant: &TenantId,
         conversation: &str,
+    ) -> Result<u64, RecollectError> {
+        let turns = self
+            .graph
+            .conversation_turns(tenant, conversation, 0, u64::MAX)
+            .await
+            .map_err(RecollectError::from_classified)?;
+        Ok(turns.len() as u64)
+    }
+
+    /// Erases a conversation that held `before` turns before any marker covering it was
+    /// recorded; None when it was never stored. The count is of the turns that were stored,
+    /// whoever removed them: this delete, or a graph writer that met the marker first.
+    async fn erase_counted(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+        before: u64,
     ) -> Result<Option<u64>, RecollectError> {
         // Durable before anything is deleted or answered; recorded for an id with nothing
         // stored yet as well, since its turns may all still be in flight (the answer is then
@@ -736,7 +756,7 @@ impl Eraser for StoreEraser {
             .map_err(RecollectError::from_classified)?
             .iter()
             .any(|c| c == conversation);
-        if !known {
+        if !known && before == 0 {
             return Ok(None);
         }
         self.vectors
@@ -748,7 +768,20 @@ impl Eraser for StoreEraser {
             .delete_conversation(tenant, conversation)
             .await
             .map_err(RecollectError::from_classified)?;
-        Ok(Some(n))
+        // Turns written after the count and before the marker are this delete's too.
+        Ok(Some(n.max(before)))
+    }
+}
+
+#[async_trait::async_trait]
+impl Eraser for StoreEraser {
+    async fn erase_conversation(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<Option<u64>, RecollectError> {
+        let before = self.stored_turns(tenant, conversation).await?;
+        self.erase_counted(tenant, conversation, before).await
     }
 
     async fn erase_memory(
@@ -766,20 +799,38 @@ impl Eraser for StoreEraser {
     }
 
     async fn erase_tenant(&self, tenant: &TenantId) -> Result<(u64, u64), RecollectError> {
+        // Each conversation counted before the tenant's marker (see `stored_turns`).
+        let mut before = std::collections::BTreeMap::new();
+        for c in self
+            .graph
+            .conversations(tenant)
+            .await
+            .map_err(RecollectError::from_classified)?
+        {
+            let n = self.stored_turns(tenant, &c).await?;
+            before.insert(c, n);
+        }
         self.graph
             .record_erasure(tenant, None, chrono::Utc::now())
             .await
             .map_err(RecollectError::from_classified)?;
-        let conversations = self
+        // And those stored since the count.
+        for c in self
             .graph
             .conversations(tenant)
             .await
-            .map_err(RecollectError::from_classified)?;
-        let mut turns = 0;
-        for c in &conversations {
-            turns += self.erase_conversation(tenant, c).await?.unwrap_or(0);
+            .map_err(RecollectError::from_classified)?
+        {
+            before.entry(c).or_insert(0);
         }
-        Ok((conversations.len() as u64, turns))
+        let (mut conversations, mut turns) = (0, 0);
+        for (c, n) in &before {
+            if let Some(erased) = self.erase_counted(tenant, c, *n).await? {
+                conversations += 1;
+                turns += erased;
+            }
+        }
+        Ok((conversations, turns))
     }
 }
 
