@@ -1213,8 +1213,9 @@ async fn vector_lexical_pruning(v: Arc<dyn VectorIndex>, dim: usize) {
     const N: usize = 12_001;
     const HEAVY: usize = 11_000;
     let at = Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap();
+    let id = |i: usize| MemoryId::derive(&t, "p", &i.to_string());
     let point = |i: usize, terms: Vec<(u32, f32)>| TurnPoint {
-        memory_id: MemoryId::derive(&t, "p", &i.to_string()),
+        memory_id: id(i),
         tenant: t.clone(),
         conversation_id: "p".into(),
         turn_id: i.to_string(),
@@ -1238,14 +1239,11 @@ async fn vector_lexical_pruning(v: Arc<dyn VectorIndex>, dim: usize) {
     // is the first element after the engine's first batch once an update gives it COMMON.
     let gap = 10_000..10_020;
     let terms = |i: usize| {
-        let mut out = Vec::new();
-        if gap.contains(&i) {
-            out.push((FILLER, 1.0));
-        } else if i.is_multiple_of(2) {
-            out.push((COMMON, if i == HEAVY { 20.0 } else { 1.0 }));
+        let mut out = vec![if i.is_multiple_of(2) && !gap.contains(&i) {
+            (COMMON, if i == HEAVY { 20.0 } else { 1.0 })
         } else {
-            out.push((FILLER, 1.0));
-        }
+            (FILLER, 1.0)
+        }];
         if i < 5 || i == N - 1 {
             out.push((RARE, 1.0));
         }
@@ -1264,7 +1262,6 @@ async fn vector_lexical_pruning(v: Arc<dyn VectorIndex>, dim: usize) {
     // Alone and last, so RARE's last element comes after the heavy turn: skipping to it (what a
     // wrong bound lets the engine do) would pass the heavy turn by.
     v.upsert_turns(vec![pts[N - 1].clone()]).await.unwrap();
-    let id = |i: usize| MemoryId::derive(&t, "p", &i.to_string());
     let query = VectorQuery::Lexical(SparseVector {
         indices: vec![COMMON, RARE],
         values: vec![1.0, 1.0],
