@@ -716,41 +716,27 @@ pub struct StoreEraser {
 }
 
 impl StoreEraser {
-    /// The turns the graph holds in a conversation. Counted before an erasure's marker is
-    /// recorded: once the marker is durable, a graph writer that meets it (a batch in flight, a
-    /// reindex) purges what it covers itself, so the eraser's own delete can find fewer turns
-    /// than were stored, down to none. Only the reply's count depends on it, so a failure
-    /// leaves the count to the delete rather than failing the erasure.
-    async fn stored_turns(&self, tenant: &TenantId, conversation: &str) -> u64 {
-        match self
-            .graph
-            .conversation_turns(tenant, conversation, 0, u64::MAX)
-            .await
-        {
-            Ok(turns) => turns.len() as u64,
-            Err(e) => {
-                tracing::warn!(error = %e, conversation, "could not count the turns before erasing; the reply counts what the delete finds");
-                0
-            }
-        }
-    }
-
-    /// Erases a conversation that held `before` turns before any marker covering it was
-    /// recorded; None when it was never stored. The count is of the turns that were stored,
-    /// whoever removed them: this delete, or a graph writer that met the marker first.
-    async fn erase_counted(
+    /// Records the conversation's marker (durable before anything is deleted or answered;
+    /// recorded for an id with nothing stored yet as well, since its turns may all still be in
+    /// flight: the answer is then 404, and the turns in flight are dropped all the same), then
+    /// erases it. None when it was never stored. The count is of the turns stored when the
+    /// marker was recorded (`held`, the tenant marker's count for a tenant erasure), whoever
+    /// removes them: this delete, or a graph writer that meets the marker first and purges them.
+    async fn erase_marked(
         &self,
         tenant: &TenantId,
         conversation: &str,
-        before: u64,
+        held: u64,
     ) -> Result<Option<u64>, RecollectError> {
-        // Durable before anything is deleted or answered; recorded for an id with nothing
-        // stored yet as well, since its turns may all still be in flight (the answer is then
-        // 404, and the turns in flight are dropped all the same).
-        self.graph
+        let held = self
+            .graph
             .record_erasure(tenant, Some(conversation), chrono::Utc::now())
             .await
-            .map_err(RecollectError::from_classified)?;
+            .map_err(RecollectError::from_classified)?
+            .iter()
+            .map(|(_, n)| *n)
+            .sum::<u64>()
+            .max(held);
         let known = self
             .graph
             .conversations(tenant)
@@ -758,7 +744,7 @@ impl StoreEraser {
             .map_err(RecollectError::from_classified)?
             .iter()
             .any(|c| c == conversation);
-        if !known && before == 0 {
+        if !known && held == 0 {
             return Ok(None);
         }
         self.vectors
@@ -770,8 +756,8 @@ impl StoreEraser {
             .delete_conversation(tenant, conversation)
             .await
             .map_err(RecollectError::from_classified)?;
-        // Turns written after the count and before the marker are this delete's too.
-        Ok(Some(n.max(before)))
+        // A turn its writer stored after the marker (it had not met it yet) is this delete's.
+        Ok(Some(n.max(held)))
     }
 }
 
@@ -782,8 +768,7 @@ impl Eraser for StoreEraser {
         tenant: &TenantId,
         conversation: &str,
     ) -> Result<Option<u64>, RecollectError> {
-        let before = self.stored_turns(tenant, conversation).await;
-        self.erase_counted(tenant, conversation, before).await
+        self.erase_marked(tenant, conversation, 0).await
     }
 
     async fn erase_memory(
@@ -801,33 +786,26 @@ impl Eraser for StoreEraser {
     }
 
     async fn erase_tenant(&self, tenant: &TenantId) -> Result<(u64, u64), RecollectError> {
-        // Each conversation counted before the tenant's marker (see `stored_turns`).
-        let mut before = std::collections::BTreeMap::new();
-        for c in self
+        // The tenant's marker counts each conversation's turns as it is recorded.
+        let mut held: std::collections::BTreeMap<String, u64> = self
             .graph
-            .conversations(tenant)
-            .await
-            .map_err(RecollectError::from_classified)?
-        {
-            let n = self.stored_turns(tenant, &c).await;
-            before.insert(c, n);
-        }
-        self.graph
             .record_erasure(tenant, None, chrono::Utc::now())
             .await
-            .map_err(RecollectError::from_classified)?;
-        // And those stored since the count.
+            .map_err(RecollectError::from_classified)?
+            .into_iter()
+            .collect();
+        // And the conversations first stored since (their turns recorded before the marker).
         for c in self
             .graph
             .conversations(tenant)
             .await
             .map_err(RecollectError::from_classified)?
         {
-            before.entry(c).or_insert(0);
+            held.entry(c).or_insert(0);
         }
         let (mut conversations, mut turns) = (0, 0);
-        for (c, n) in &before {
-            if let Some(erased) = self.erase_counted(tenant, c, *n).await? {
+        for (c, n) in &held {
+            if let Some(erased) = self.erase_marked(tenant, c, *n).await? {
                 conversations += 1;
                 turns += erased;
             }

@@ -596,7 +596,7 @@ mod tests {
             t: &TenantId,
             c: Option<&str>,
             at: Timestamp,
-        ) -> Result<(), StoreError> {
+        ) -> Result<Vec<(String, u64)>, StoreError> {
             self.inner.record_erasure(t, c, at).await
         }
         async fn erasures(&self, t: &TenantId, c: &[String]) -> Result<Erasures, StoreError> {

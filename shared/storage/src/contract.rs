@@ -579,11 +579,20 @@ async fn graph_erasure(g: Arc<dyn Graph>, residue: Residue) {
     st.next_position = 5;
     assert!(g.save_conversation_state(&t, "e1", &st).await.unwrap());
 
-    // The marker; an older one never moves it back. Per tenant and per conversation.
-    g.record_erasure(&t, Some("e1"), at).await.unwrap();
+    // The marker; an older one never moves it back. Per tenant and per conversation. Each
+    // says what it covered as it was recorded: the conversation and its five turns.
+    assert_eq!(
+        g.record_erasure(&t, Some("e1"), at).await.unwrap(),
+        vec![("e1".to_string(), 5)]
+    );
     g.record_erasure(&t, Some("e1"), at - Duration::hours(1))
         .await
         .unwrap();
+    assert!(g
+        .record_erasure(&t, Some("never-stored"), at)
+        .await
+        .unwrap()
+        .is_empty());
     let e = g.erasures(&t, &convs(&["e1", "e2"])).await.unwrap();
     assert_marker(e.marker("e1"), at);
     assert_eq!((e.marker("e2"), e.tenant), (None, None));
@@ -678,7 +687,11 @@ async fn graph_erasure(g: Arc<dyn Graph>, residue: Residue) {
     .await
     .unwrap();
     let tat = at + Duration::seconds(2);
-    g.record_erasure(&t, None, tat).await.unwrap();
+    assert_eq!(
+        g.record_erasure(&t, None, tat).await.unwrap(),
+        vec![("e1".to_string(), 1), ("e3".to_string(), 1)],
+        "a tenant's marker counts each of its conversations"
+    );
     let e = g.erasures(&t, &convs(&["e1", "e3"])).await.unwrap();
     assert_marker(e.tenant, tat);
     assert_marker(e.marker("e1"), tat);

@@ -231,7 +231,7 @@ impl<G: Graph> Graph for Observed<G> {
         tenant: &TenantId,
         conversation: Option<&str>,
         at: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Vec<(String, u64)>, StoreError> {
         self.graph(
             StoreOp::RecordErasure,
             self.inner.record_erasure(tenant, conversation, at),

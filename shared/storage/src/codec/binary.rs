@@ -70,7 +70,7 @@ const REFERENCE_KINDS: &[&str] = &["entity", "location", "event", "time"];
 const EXTRACTORS: &[&str] = &["rules"];
 
 /// An id as its 16 bytes when it is one (in its canonical spelling), else as written.
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize, Deserialize, PartialEq)]
 enum Id {
     Uuid([u8; 16]),
     Other(String),
@@ -449,6 +449,70 @@ pub fn numbered_record_of(
         turn(t)
     };
     record(s, rest, named)
+}
+
+/// What a [`super::NUMBERED_V6`] record keeps ahead of its compressed body, uncompressed: the
+/// conversation's number and the turn's position (both also in the body), and its fragments
+/// (not in the body). A fragment formed later adds its id here, and the body's bytes are
+/// copied as they are.
+#[derive(Serialize, Deserialize)]
+struct StoredHead {
+    number: u64,
+    position: u64,
+    fragments: Vec<Id>,
+}
+
+/// A [`super::NUMBERED_V6`] record's conversation number and turn position, read without
+/// inflating its body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordHead {
+    pub number: u64,
+    pub position: u64,
+}
+
+/// A record's head in the binary layout.
+pub fn head_bytes(
+    number: u64,
+    position: u64,
+    fragments: Vec<String>,
+) -> Result<Vec<u8>, StoreError> {
+    encoded(
+        "turn record",
+        &StoredHead {
+            number,
+            position,
+            fragments: fragments.into_iter().map(Id::of).collect(),
+        },
+    )
+}
+
+/// Reads the head at the start of `b`: the head, its fragments, and the bytes after it.
+pub fn head_of(b: &[u8]) -> Result<(RecordHead, Vec<String>, &[u8]), StoreError> {
+    let (h, rest): (StoredHead, &[u8]) =
+        postcard::take_from_bytes(b).map_err(|e| StoreError::corrupt("turn record", e))?;
+    let head = RecordHead {
+        number: h.number,
+        position: h.position,
+    };
+    Ok((head, h.fragments.into_iter().map(Id::text).collect(), rest))
+}
+
+/// `layout`, the head at the start of `b` with `fragment` added, then the bytes after the head
+/// as they are; None when the head already names it.
+pub fn with_fragment(layout: u8, b: &[u8], fragment: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    let (mut h, rest): (StoredHead, &[u8]) =
+        postcard::take_from_bytes(b).map_err(|e| StoreError::corrupt("turn record", e))?;
+    let id = Id::of(fragment.to_string());
+    if h.fragments.contains(&id) {
+        return Ok(None);
+    }
+    h.fragments.push(id);
+    let head = encoded("turn record", &h)?;
+    let mut out = Vec::with_capacity(1 + head.len() + rest.len());
+    out.push(layout);
+    out.extend_from_slice(&head);
+    out.extend_from_slice(rest);
+    Ok(Some(out))
 }
 
 /// A decoded record's parts as a [`TurnRecord`], its turns read by `turn_of`; `rest` is what

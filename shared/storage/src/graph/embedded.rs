@@ -110,6 +110,14 @@ fn record_in(
     codec::record_of(b, |n| numbering::name_of(names, n))
 }
 
+/// A fragment member's record, as [`Graph::write_fragments`] needs it.
+enum Member {
+    Missing,
+    /// Its position, and the record as stored (with a head: [`codec::record_head`]).
+    Head(u64, Vec<u8>),
+    Decoded(Box<TurnRecord>),
+}
+
 /// Reads many records against one view of CONV_KEYS, each conversation's name looked up
 /// once (a recall reads hundreds of records of a few conversations).
 struct Names<'a, T> {
@@ -914,27 +922,46 @@ impl Graph for EmbeddedGraph {
                 for f in &fragments {
                     let t = f.tenant.as_str();
                     let m = markers_in(&erased, &erased_turns, t, &[f.conversation_id.as_str()])?;
-                    // The members' records, read once: for the erasure check, their positions
-                    // and their lists of fragments.
+                    let number = conversation_number(&ids, t, &f.conversation_id)?;
+                    // The members' records as stored, read once. A record of the fragment's
+                    // conversation with a head gives its position without being inflated; any
+                    // other (an older layout, or an erasure under way, which needs each turn) is
+                    // decoded.
                     let mut members = Vec::with_capacity(f.members.len());
                     for id in &f.members {
-                        let rec = match nodes.get(id.as_u128())? {
-                            Some(v) => Some(record_in(&names, v.value())?),
-                            None => None,
+                        let Some(v) = nodes.get(id.as_u128())? else {
+                            members.push((*id, Member::Missing));
+                            continue;
                         };
-                        members.push((*id, rec));
+                        let stored = v.value().to_vec();
+                        drop(v);
+                        let head = codec::record_head(&stored)?
+                            .filter(|h| m.is_empty() && Some(h.number) == number);
+                        members.push((
+                            *id,
+                            match head {
+                                Some(h) => Member::Head(h.position, stored),
+                                None => Member::Decoded(Box::new(record_in(&names, &stored)?)),
+                            },
+                        ));
                     }
-                    let whole = members
-                        .iter()
-                        .all(|(_, r)| r.as_ref().is_some_and(|r| !m.covers_turn(&r.turn)));
+                    let whole = members.iter().all(|(_, r)| match r {
+                        Member::Missing => false,
+                        Member::Head(..) => true,
+                        Member::Decoded(r) => !m.covers_turn(&r.turn),
+                    });
                     if !m.is_empty() && !whole {
                         continue;
                     }
                     let positions: HashMap<MemoryId, u64> = members
                         .iter()
-                        .filter_map(|(id, r)| Some((*id, r.as_ref()?.turn.position)))
+                        .filter_map(|(id, r)| match r {
+                            Member::Missing => None,
+                            Member::Head(p, _) => Some((*id, *p)),
+                            Member::Decoded(r) => Some((*id, r.turn.position)),
+                        })
                         .collect();
-                    let stored = match conversation_number(&ids, t, &f.conversation_id)? {
+                    let stored = match number {
                         Some(n) => {
                             codec::numbered_fragment_bytes(f, n, |m| positions.get(&m).copied())?
                         }
@@ -942,13 +969,24 @@ impl Graph for EmbeddedGraph {
                     };
                     ft.insert(keys::join(&[t, &f.id]).as_slice(), stored.as_slice())?;
                     cf.insert(keys::join(&[t, &f.conversation_id, &f.id]).as_slice(), ())?;
-                    for (id, rec) in members {
-                        let Some(mut rec) = rec else { continue };
-                        if rec.fragments.contains(&f.id) || rec.turn.tenant != f.tenant {
-                            continue;
-                        }
-                        rec.fragments.push(f.id.clone());
-                        nodes.insert(id.as_u128(), record_bytes(&ids, &rec)?.as_slice())?;
+                    for (id, member) in members {
+                        let value = match member {
+                            Member::Missing => continue,
+                            Member::Head(_, stored) => {
+                                match codec::record_with_fragment(&stored, &f.id)? {
+                                    Some(v) => v,
+                                    None => continue,
+                                }
+                            }
+                            Member::Decoded(mut rec) => {
+                                if rec.fragments.contains(&f.id) || rec.turn.tenant != f.tenant {
+                                    continue;
+                                }
+                                rec.fragments.push(f.id.clone());
+                                record_bytes(&ids, &rec)?
+                            }
+                        };
+                        nodes.insert(id.as_u128(), value.as_slice())?;
                     }
                 }
             }
@@ -1083,17 +1121,35 @@ impl Graph for EmbeddedGraph {
         tenant: &TenantId,
         conversation: Option<&str>,
         at: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Vec<(String, u64)>, StoreError> {
         let k = keys::join(&[tenant.as_str(), conversation.unwrap_or("")]);
+        // What the marker covers, counted from the per-conversation turn counts in the marker's
+        // own transaction: no turn record is read.
+        let (from, to) = match conversation {
+            Some(_) => (k.clone(), keys::prefix_end(&k)),
+            None => {
+                let p = keys::join(&[tenant.as_str()]);
+                let end = keys::prefix_end(&p);
+                (p, end)
+            }
+        };
         self.blocking(move |db| {
             let w = db.begin_write()?;
+            let mut held = Vec::new();
             {
                 let mut t = w.open_table(ERASURES)?;
                 let old = t.get(k.as_slice())?.map(|v| v.value());
                 t.insert(k.as_slice(), old.unwrap_or(i64::MIN).max(nanos(at)))?;
+                let counts = w.open_table(CONV_COUNT)?;
+                for e in counts.range(from.as_slice()..to.as_slice())? {
+                    let (key, n) = e?;
+                    if let Some(c) = keys::split(key.value()).get(1) {
+                        held.push((String::from_utf8_lossy(c).into_owned(), n.value()));
+                    }
+                }
             }
             w.commit()?;
-            Ok(())
+            Ok(held)
         })
         .await
     }
@@ -1816,7 +1872,7 @@ mod tests {
         };
         let first = of("t", "c");
         g.write_turns(&first).await.unwrap();
-        assert_eq!(layouts(&g), vec![4; 3]);
+        assert_eq!(layouts(&g), vec![6; 3]);
         assert_eq!(number(&g, &["t", "c"]), Some(1));
         let ids: Vec<MemoryId> = first.iter().map(|(t, _)| t.memory_id).collect();
         let read = g.turns(&TenantId("t".into()), &ids).await.unwrap();
@@ -1855,7 +1911,7 @@ mod tests {
                 .unwrap();
             w.commit().unwrap();
         }
-        assert_eq!(layouts(&g), vec![2, 4, 4]);
+        assert_eq!(layouts(&g), vec![2, 6, 6]);
         let u = TenantId("u".into());
         let window = g.conversation_turns(&u, "d", 0, 3).await.unwrap();
         assert_eq!(window[0], old);
@@ -1877,7 +1933,7 @@ mod tests {
         g.write_fragments(std::slice::from_ref(&fragment))
             .await
             .unwrap();
-        assert_eq!(layouts(&g), vec![4; 3]);
+        assert_eq!(layouts(&g), vec![6; 3]);
         assert_eq!(
             g.fragments(&u, &["f".into()]).await.unwrap(),
             vec![fragment.clone()]
@@ -1895,8 +1951,18 @@ mod tests {
                 stored.value()
             );
         }
-        let rec = g.turns(&u, &[t0.memory_id]).await.unwrap().remove(0);
-        assert_eq!((rec.turn, rec.fragments), (t0, vec!["f".to_string()]));
+        // The older record was decoded and written again; the other member took the id in its
+        // head.
+        for (t, _) in [&second[0], &second[2]] {
+            let rec = g.turns(&u, &[t.memory_id]).await.unwrap().remove(0);
+            assert_eq!((&rec.turn, rec.fragments), (t, vec!["f".to_string()]));
+        }
+        let rec = g
+            .turns(&u, &[second[1].0.memory_id])
+            .await
+            .unwrap()
+            .remove(0);
+        assert!(rec.fragments.is_empty());
     }
 
     /// A store written in the layout before packed postings (one row per edge, a vocabulary,

@@ -501,13 +501,15 @@ pub trait Graph: GraphRead {
     ) -> Result<bool, StoreError>;
 
     /// Records, durably before returning, that a conversation (or, with None, the whole tenant)
-    /// was erased at `at`. Keeps the later marker when one exists.
+    /// was erased at `at`. Keeps the later marker when one exists. Returns the conversations the
+    /// marker covers that the graph held as it was recorded, each with its number of turns: an
+    /// eraser's count, which a graph writer meeting the marker and purging first cannot shrink.
     async fn record_erasure(
         &self,
         tenant: &TenantId,
         conversation: Option<&str>,
         at: DateTime<Utc>,
-    ) -> Result<(), StoreError>;
+    ) -> Result<Vec<(String, u64)>, StoreError>;
 
     /// Moves `consolidated_until` forward to `until` (never back) and touches nothing else. The
     /// consolidator uses this rather than saving the whole state: the extractor saves the other

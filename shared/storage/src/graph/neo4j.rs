@@ -1021,10 +1021,37 @@ impl Graph for Neo4jGraph {
         tenant: &TenantId,
         conversation: Option<&str>,
         at: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Vec<(String, u64)>, StoreError> {
         let conv = conversation.unwrap_or("");
         let key = erasure_key(tenant.as_str(), conv);
         let at = micros_up(at);
+        // Counted just before the marker: a writer that meets the marker purges what it covers,
+        // so a count after it could miss turns; one stored in between is the delete's to count.
+        let counted = match conversation {
+            Some(c) => query(
+                "MATCH (t:Turn) WHERE t.tenant = $tenant AND t.conversation = $conv \
+                 RETURN t.conversation AS conversation, count(t) AS n",
+            )
+            .param("tenant", tenant.as_str())
+            .param("conv", c),
+            None => query(
+                "MATCH (t:Turn) WHERE t.tenant = $tenant \
+                 RETURN t.conversation AS conversation, count(t) AS n",
+            )
+            .param("tenant", tenant.as_str()),
+        };
+        let mut held = self
+            .rows(counted)
+            .await?
+            .iter()
+            .map(|r| {
+                Ok((
+                    get::<String>(r, "conversation")?,
+                    get::<i64>(r, "n")?.max(0) as u64,
+                ))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        held.sort();
         self.run(
             query(
                 "MERGE (x:Erasure {key: $key}) \
@@ -1042,7 +1069,8 @@ impl Graph for Neo4jGraph {
                 .param("key", key.as_str())
                 .param("at", at),
         )
-        .await
+        .await?;
+        Ok(held)
     }
 
     async fn record_turn_erasure(

@@ -202,7 +202,7 @@ impl Graph for RemoteGraph {
         tenant: &TenantId,
         conversation: Option<&str>,
         at: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Vec<(String, u64)>, StoreError> {
         self.call(GraphCall::RecordErasure {
             tenant: tenant.clone(),
             conversation: conversation.map(String::from),
