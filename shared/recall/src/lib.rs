@@ -265,9 +265,10 @@ impl Recall {
         scope: &Scope,
         query: &str,
         names: &[String],
+        entities: &ScopeEntities<'_>,
         limit: usize,
     ) -> Result<HashMap<MemoryId, f32>, RecallError> {
-        let common = self.common_names(tenant, scope, names).await?;
+        let common = self.common_names(entities, names).await?;
         let q = recollect_extract::bm25::query_without(query, &common);
         if q.indices.is_empty() {
             return Ok(HashMap::new());
@@ -286,8 +287,7 @@ impl Recall {
     /// would add to every turn of the scope, the short ones most.
     async fn common_names(
         &self,
-        tenant: &TenantId,
-        scope: &Scope,
+        entities: &ScopeEntities<'_>,
         names: &[String],
     ) -> Result<Vec<String>, RecallError> {
         let share = f64::from(self.config.lexical_common_name_share);
@@ -296,20 +296,19 @@ impl Recall {
         }
         // The question may spell a name in another case than the graph keeps it in.
         let wanted: Vec<String> = names.iter().map(|n| n.to_lowercase()).collect();
-        let scope = scope.conversations_only();
-        let stored: Vec<String> = self
-            .graph
-            .vocabulary(tenant, &scope, NodeKind::Entity)
+        let stored: Vec<String> = entities
+            .names()
             .await?
-            .into_iter()
+            .iter()
             .filter(|n| wanted.contains(&n.to_lowercase()))
+            .cloned()
             .collect();
         if stored.is_empty() {
             return Ok(Vec::new());
         }
         let (turns, dfs) = self
             .graph
-            .document_frequencies(tenant, &scope, NodeKind::Entity, &stored)
+            .document_frequencies(entities.tenant, &entities.scope, NodeKind::Entity, &stored)
             .await?;
         Ok(stored
             .into_iter()
@@ -472,9 +471,10 @@ impl Recall {
         let cfg = &self.config;
         let depth = cfg.retrieve_depth.max(k);
         let phase = Instant::now();
+        let entities = ScopeEntities::new(self, tenant, &scope);
         let graph_paths = async {
             let b = timed(RecallPhase::PathB, async {
-                path_b::run(self, tenant, &scope, &qa, &qv, ablation).await
+                path_b::run(self, tenant, &scope, &qa, &qv, &entities, ablation).await
             })
             .await?;
             let c = timed(RecallPhase::PathC, async {
@@ -497,7 +497,7 @@ impl Recall {
             if ablation.without(Component::Lexical) {
                 return Ok(HashMap::new());
             }
-            self.lexical(tenant, &scope, &req.query, &qa.entities, depth)
+            self.lexical(tenant, &scope, &req.query, &qa.entities, &entities, depth)
                 .await
         });
         let (bc, dense, lexical) = tokio::join!(graph_paths, dense, lexical);
@@ -571,6 +571,40 @@ async fn timed<T>(
     out
 }
 
+/// The entity names of a recall's conversations, read from the graph at most once: Path B's
+/// entity lookup and the lexical retriever's common names both need them, side by side.
+pub(crate) struct ScopeEntities<'a> {
+    recall: &'a Recall,
+    tenant: &'a TenantId,
+    /// Only the conversations: the names do not depend on the scope's time or filters.
+    scope: Scope,
+    names: tokio::sync::OnceCell<Vec<String>>,
+}
+
+impl<'a> ScopeEntities<'a> {
+    pub(crate) fn new(recall: &'a Recall, tenant: &'a TenantId, scope: &Scope) -> Self {
+        Self {
+            recall,
+            tenant,
+            scope: scope.conversations_only(),
+            names: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    pub(crate) async fn names(&self) -> Result<&[String], RecallError> {
+        let names = self
+            .names
+            .get_or_try_init(|| async {
+                self.recall
+                    .graph
+                    .vocabulary(self.tenant, &self.scope, NodeKind::Entity)
+                    .await
+            })
+            .await?;
+        Ok(names)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -628,10 +662,10 @@ mod tests {
             RecallLimits::from(&recollect_config::Settings::defaults().server),
         );
         let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let scope = Scope::of(&["a"]);
         let common = recall
             .common_names(
-                &tenant,
-                &Scope::of(&["a"]),
+                &ScopeEntities::new(&recall, &tenant, &scope),
                 &names(&["ann", "Sarah", "Zoe"]),
             )
             .await
@@ -649,7 +683,7 @@ mod tests {
             ..recall
         };
         assert!(off
-            .common_names(&tenant, &Scope::of(&["a"]), &names(&["Ann"]))
+            .common_names(&ScopeEntities::new(&off, &tenant, &scope), &names(&["Ann"]))
             .await
             .unwrap()
             .is_empty());

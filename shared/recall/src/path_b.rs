@@ -11,7 +11,7 @@ use recollect_model::{MemoryId, TenantId};
 use recollect_storage::{LinkedTurn, NodeKind, Scope};
 
 use crate::softtfidf::{self, idf, Neighbours};
-use crate::{Ablation, Component, QueryVectors, Recall, RecallError};
+use crate::{Ablation, Component, QueryVectors, Recall, RecallError, ScopeEntities};
 
 #[derive(Debug, Default, Clone)]
 pub struct PathB {
@@ -68,21 +68,25 @@ fn turns_of(links: Vec<LinkedTurn>) -> HashSet<MemoryId> {
     links.into_iter().map(|l| l.memory_id).collect()
 }
 
-async fn contained(
+/// The turns linked to a name of `vocab` (the scope's names of `kind`, read when asked) that
+/// contains a wanted one or is contained in it.
+async fn contained<V: std::ops::Deref<Target = [String]>>(
     r: &Recall,
     tenant: &TenantId,
     scope: &Scope,
     kind: NodeKind,
     wanted: &[String],
+    vocab: impl std::future::Future<Output = Result<V, RecallError>>,
 ) -> Result<HashSet<MemoryId>, RecallError> {
     if wanted.is_empty() {
         return Ok(HashSet::new());
     }
     let wanted: Vec<String> = wanted.iter().map(|w| w.to_lowercase()).collect();
-    let vocab = r.graph.vocabulary(tenant, scope, kind).await?;
     let names: Vec<String> = vocab
-        .into_iter()
+        .await?
+        .iter()
         .filter(|n| wanted.iter().any(|w| contains_either(n, w)))
+        .cloned()
         .collect();
     Ok(turns_of(linked(r, tenant, scope, kind, &names).await?))
 }
@@ -93,6 +97,7 @@ pub async fn run(
     scope: &Scope,
     qa: &QueryAnalysis,
     qv: &QueryVectors,
+    entities: &ScopeEntities<'_>,
     ablation: &Ablation,
 ) -> Result<PathB, RecallError> {
     let cfg = &r.config;
@@ -158,10 +163,31 @@ pub async fn run(
                 linked(r, tenant, scope, NodeKind::TimePoint, &names).await?,
             ))
         };
+        let locations = async {
+            Ok::<_, RecallError>(
+                r.graph
+                    .vocabulary(tenant, scope, NodeKind::Location)
+                    .await?,
+            )
+        };
         let (e, t, l) = tokio::join!(
-            contained(r, tenant, scope, NodeKind::Entity, &qa.entities),
+            contained(
+                r,
+                tenant,
+                scope,
+                NodeKind::Entity,
+                &qa.entities,
+                entities.names()
+            ),
             time_fut,
-            contained(r, tenant, scope, NodeKind::Location, &qa.locations),
+            contained(
+                r,
+                tenant,
+                scope,
+                NodeKind::Location,
+                &qa.locations,
+                locations
+            ),
         );
         (e?, t?, l?)
     };
