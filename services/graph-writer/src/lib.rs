@@ -23,6 +23,8 @@ use recollect_storage::{
 /// before the batch is acknowledged. Called on an async worker: it must not block.
 pub trait StoreHooks: Send + Sync {
     fn stored(&self, turns: &[(MemoryId, chrono::DateTime<chrono::Utc>)]);
+    /// The writer's input is drained for now ([`Stage::idle`]).
+    fn idle(&self) {}
 }
 
 /// Turns a graph write takes while the vector index takes the next ones' points (see
@@ -318,6 +320,12 @@ impl Stage for GraphWriterStage {
 
     fn input_topic(&self) -> &'static str {
         topics::EMBEDDED
+    }
+
+    fn idle(&self) {
+        if let Some(h) = &self.hooks {
+            h.idle();
+        }
     }
 
     /// What a batch costs whatever its size (the erasure reads before and after, the vector

@@ -58,6 +58,8 @@ struct EmbeddedHooks {
     /// Handled by the writer, not yet flushed.
     handled: std::sync::Mutex<Vec<(MemoryId, chrono::DateTime<chrono::Utc>)>>,
     wake: Notify,
+    /// The writer found its input drained with turns handled and not yet flushed.
+    drained: Notify,
 }
 
 impl StoreHooks for EmbeddedHooks {
@@ -67,6 +69,19 @@ impl StoreHooks for EmbeddedHooks {
             .unwrap_or_else(|e| e.into_inner())
             .extend_from_slice(turns);
         self.wake.notify_one();
+    }
+
+    /// Nothing more to write for now: what was handled settles without waiting out the second.
+    /// Only with turns to settle, so that an idle pipeline leaves no wake-up for later.
+    fn idle(&self) {
+        if !self
+            .handled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+        {
+            self.drained.notify_one();
+        }
     }
 }
 
@@ -94,7 +109,9 @@ impl EmbeddedHooks {
         true
     }
 
-    /// Settles what the writer hands over, at most every [`SYNC_EVERY`], until shutdown.
+    /// Settles what the writer hands over, at most every [`SYNC_EVERY`] while it keeps
+    /// writing, and as soon as its input is drained (the last turns of a burst need not wait
+    /// for the next second), until shutdown.
     async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let mut last: Option<tokio::time::Instant> = None;
         loop {
@@ -105,6 +122,7 @@ impl EmbeddedHooks {
             if let Some(due) = last.map(|l| l + SYNC_EVERY) {
                 tokio::select! {
                     _ = tokio::time::sleep_until(due) => {}
+                    _ = self.drained.notified() => {}
                     _ = shutdown.changed() => return,
                 }
             }
@@ -133,6 +151,9 @@ impl Stage for Gated {
     }
     fn max_batch(&self) -> usize {
         self.inner.max_batch()
+    }
+    fn idle(&self) {
+        self.inner.idle();
     }
     async fn handle(
         &self,
@@ -425,6 +446,7 @@ impl App {
             stored: stored.clone(),
             handled: Default::default(),
             wake: Notify::new(),
+            drained: Notify::new(),
         });
         let query_cache = Arc::new(CachedEmbedder::new(embedder.clone()));
         let query_embedder: Arc<dyn Embedder> = query_cache.clone();
@@ -523,12 +545,20 @@ impl App {
     /// Waits until every stored turn is enriched (bulk loads: no request-sized timeout).
     pub async fn wait_enriched(&self) -> anyhow::Result<()> {
         loop {
+            // Listening before counting: marks cleared in between still wake this.
+            let settled = self.hooks.stored.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
             let raw = self.raw.clone();
             let pending = tokio::task::spawn_blocking(move || raw.pending_count()).await??;
             if pending == 0 {
                 return Ok(());
             }
-            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            // A turn replayed or cleared elsewhere wakes nobody: count again after a while too.
+            tokio::select! {
+                _ = settled => {}
+                _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
+            }
         }
     }
 

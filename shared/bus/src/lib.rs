@@ -362,6 +362,9 @@ pub trait Stage: Send + Sync + 'static {
     }
     /// One result per delivery, in order. Outputs are published before the input is committed.
     async fn handle(&self, batch: &[Delivery]) -> Vec<Result<Vec<Message>, StageError>>;
+    /// A poll waited its whole time and found nothing: the input is drained for now. A stage
+    /// that defers work to batch it (a flush) can do it now rather than at its next deadline.
+    fn idle(&self) {}
 }
 
 /// What the dead-letter topic holds: the error and where the message came from.
@@ -413,6 +416,7 @@ pub async fn run_stage(
             _ = shutdown.changed() => continue,
         };
         if batch.is_empty() {
+            stage.idle();
             continue;
         }
         let started = Instant::now();
