@@ -719,34 +719,26 @@ impl StoreEraser {
     /// Records the conversation's marker (durable before anything is deleted or answered;
     /// recorded for an id with nothing stored yet as well, since its turns may all still be in
     /// flight: the answer is then 404, and the turns in flight are dropped all the same), then
-    /// erases it. None when it was never stored. The count is of the turns stored when the
-    /// marker was recorded (`held`, the tenant marker's count for a tenant erasure), whoever
-    /// removes them: this delete, or a graph writer that meets the marker first and purges them.
+    /// erases it. None when the graph never held it (`known`: a tenant erasure found it). The
+    /// count is of the turns held when the marker was recorded (`held`: the tenant marker's
+    /// count, for a tenant erasure), whoever removes them: this delete, or a graph writer that
+    /// meets the marker first and purges them.
     async fn erase_marked(
         &self,
         tenant: &TenantId,
         conversation: &str,
         held: u64,
+        known: bool,
     ) -> Result<Option<u64>, RecollectError> {
-        let held = self
+        let covered = self
             .graph
             .record_erasure(tenant, Some(conversation), chrono::Utc::now())
             .await
-            .map_err(RecollectError::from_classified)?
-            .iter()
-            .map(|(_, n)| *n)
-            .sum::<u64>()
-            .max(held);
-        let known = self
-            .graph
-            .conversations(tenant)
-            .await
-            .map_err(RecollectError::from_classified)?
-            .iter()
-            .any(|c| c == conversation);
-        if !known && held == 0 {
+            .map_err(RecollectError::from_classified)?;
+        if !known && covered.is_empty() && held == 0 {
             return Ok(None);
         }
+        let held = covered.iter().map(|(_, n)| *n).sum::<u64>().max(held);
         self.vectors
             .delete_conversation(tenant, conversation)
             .await
@@ -768,7 +760,7 @@ impl Eraser for StoreEraser {
         tenant: &TenantId,
         conversation: &str,
     ) -> Result<Option<u64>, RecollectError> {
-        self.erase_marked(tenant, conversation, 0).await
+        self.erase_marked(tenant, conversation, 0, false).await
     }
 
     async fn erase_memory(
@@ -805,7 +797,7 @@ impl Eraser for StoreEraser {
         }
         let (mut conversations, mut turns) = (0, 0);
         for (c, n) in &held {
-            if let Some(erased) = self.erase_marked(tenant, c, *n).await? {
+            if let Some(erased) = self.erase_marked(tenant, c, *n, true).await? {
                 conversations += 1;
                 turns += erased;
             }
