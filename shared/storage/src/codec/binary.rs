@@ -486,22 +486,30 @@ pub fn head_bytes(
     )
 }
 
-/// Reads the head at the start of `b`: the head, its fragments, and the bytes after it.
-pub fn head_of(b: &[u8]) -> Result<(RecordHead, Vec<String>, &[u8]), StoreError> {
-    let (h, rest): (StoredHead, &[u8]) =
-        postcard::take_from_bytes(b).map_err(|e| StoreError::corrupt("turn record", e))?;
-    let head = RecordHead {
+/// The head at the start of `b`, and the bytes after it.
+fn take_head(b: &[u8]) -> Result<(StoredHead, &[u8]), StoreError> {
+    postcard::take_from_bytes(b).map_err(|e| StoreError::corrupt("turn record", e))
+}
+
+/// The number and position of the head at the start of `b` (its fragments left as they are).
+pub fn head(b: &[u8]) -> Result<RecordHead, StoreError> {
+    let (h, _) = take_head(b)?;
+    Ok(RecordHead {
         number: h.number,
         position: h.position,
-    };
-    Ok((head, h.fragments.into_iter().map(Id::text).collect(), rest))
+    })
+}
+
+/// Reads the head at the start of `b`: its fragments, and the bytes after it.
+pub fn head_of(b: &[u8]) -> Result<(Vec<String>, &[u8]), StoreError> {
+    let (h, rest) = take_head(b)?;
+    Ok((h.fragments.into_iter().map(Id::text).collect(), rest))
 }
 
 /// `layout`, the head at the start of `b` with `fragment` added, then the bytes after the head
 /// as they are; None when the head already names it.
 pub fn with_fragment(layout: u8, b: &[u8], fragment: &str) -> Result<Option<Vec<u8>>, StoreError> {
-    let (mut h, rest): (StoredHead, &[u8]) =
-        postcard::take_from_bytes(b).map_err(|e| StoreError::corrupt("turn record", e))?;
+    let (mut h, rest) = take_head(b)?;
     let id = Id::of(fragment.to_string());
     if h.fragments.contains(&id) {
         return Ok(None);

@@ -158,18 +158,13 @@ pub fn pack_json_v1<T: Serialize>(what: &'static str, value: &T) -> Result<Vec<u
 /// A stored value's bytes uncompressed: the binary layout, or the JSON older stores wrote.
 /// Erasure checks search them for what a value holds.
 pub fn content_of<'a>(what: &'static str, b: &'a [u8]) -> Result<Cow<'a, [u8]>, StoreError> {
-    let bare: Vec<u8>;
     let (cell, frame, dictionary) = match b.first() {
         Some(b'{') => return Ok(Cow::Borrowed(b)),
         Some(&DICT_V1) => (&DECOMPRESSOR, &b[1..], DICTIONARY_V1),
         Some(&(BINARY_V2 | NUMBERED_V3)) => (&PLAIN_DECOMPRESSOR, &b[1..], &[][..]),
-        Some(&(NUMBERED_V4 | NUMBERED_V5)) if b.len() > 1 => {
-            bare = [&ZSTD_MAGIC[..], &b[1..]].concat();
-            (&PLAIN_DECOMPRESSOR, &bare[..], &[][..])
-        }
-        Some(&(NUMBERED_V4 | NUMBERED_V5)) => (&PLAIN_DECOMPRESSOR, &[][..], &[][..]),
+        Some(&(NUMBERED_V4 | NUMBERED_V5)) => return bare_content(what, &b[1..]).map(Cow::Owned),
         Some(&NUMBERED_V6) => {
-            return bare_content(what, binary::head_of(&b[1..])?.2).map(Cow::Owned);
+            return bare_content(what, binary::head_of(&b[1..])?.1).map(Cow::Owned);
         }
         Some(_) => (&PLAIN_DECOMPRESSOR, b, &[][..]),
         None => return Err(StoreError::corrupt_msg(format!("{what}: empty"))),
@@ -301,7 +296,7 @@ pub use binary::RecordHead;
 /// body ([`NUMBERED_V6`]); None for the layouts before it.
 pub fn record_head(b: &[u8]) -> Result<Option<RecordHead>, StoreError> {
     match b.split_first() {
-        Some((&NUMBERED_V6, rest)) => Ok(Some(binary::head_of(rest)?.0)),
+        Some((&NUMBERED_V6, rest)) => Ok(Some(binary::head(rest)?)),
         _ => Ok(None),
     }
 }
@@ -324,7 +319,7 @@ pub fn record_of(
     name_of: impl FnOnce(u64) -> Result<(String, String), StoreError>,
 ) -> Result<TurnRecord, StoreError> {
     if let Some((&NUMBERED_V6, rest)) = b.split_first() {
-        let (_, fragments, frame) = binary::head_of(rest)?;
+        let (fragments, frame) = binary::head_of(rest)?;
         let mut rec = binary::numbered_record_of(&bare_content("turn record", frame)?, name_of)?;
         rec.fragments = fragments;
         return Ok(rec);
