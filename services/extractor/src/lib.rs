@@ -167,19 +167,19 @@ impl Stage for ExtractorStage {
             kept.push(seen);
             results.push(r);
         }
-        for key in &dirty {
-            let s = &states[key];
-            // Without the state the outputs must not be published: retry the whole batch. A
-            // refusal means an erasure began meanwhile; the retry drops what it covers.
-            let msg = match self
-                .graph
-                .save_conversation_state(&TenantId(key.0.clone()), &key.1, s)
-                .await
-            {
-                Ok(true) => continue,
-                Ok(false) => "conversation erased while its turns were extracted".to_string(),
-                Err(e) => format!("saving reference state failed: {e}"),
-            };
+        // Without the states the outputs must not be published: retry the whole batch. A
+        // refusal means an erasure began meanwhile; the retry drops what it covers.
+        let to_save: Vec<(TenantId, String, ConversationState)> = dirty
+            .iter()
+            .filter_map(|k| states.remove_entry(k))
+            .map(|((t, c), s)| (TenantId(t), c, s))
+            .collect();
+        let failed = match self.graph.save_conversation_states(&to_save).await {
+            Ok(saved) if saved.iter().all(|s| *s) => None,
+            Ok(_) => Some("conversation erased while its turns were extracted".to_string()),
+            Err(e) => Some(format!("saving reference state failed: {e}")),
+        };
+        if let Some(msg) = failed {
             return batch
                 .iter()
                 .map(|_| Err(StageError::Transient(msg.clone())))

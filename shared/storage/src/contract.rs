@@ -616,6 +616,33 @@ async fn graph_erasure(g: Arc<dyn Graph>, residue: Residue) {
         ..Default::default()
     };
     assert!(!g.save_conversation_state(&t, "e1", &legacy).await.unwrap());
+    // Saved together, each conversation is judged on its own: the erased one is refused, the
+    // others are saved, whichever tenant they are in, and a saved state is read back.
+    let mut fresh = crate::graph::ConversationState::default();
+    fresh.derived_from(Utc::now());
+    fresh.next_position = 2;
+    assert_eq!(
+        g.save_conversation_states(&[
+            (t.clone(), "e2".into(), fresh.clone()),
+            (t.clone(), "e1".into(), st.clone()),
+            (other.clone(), "e1".into(), fresh.clone()),
+        ])
+        .await
+        .unwrap(),
+        vec![true, false, true]
+    );
+    assert_eq!(
+        g.conversation_state(&t, "e2").await.unwrap().next_position,
+        2
+    );
+    assert_eq!(
+        g.conversation_state(&other, "e1")
+            .await
+            .unwrap()
+            .next_position,
+        2
+    );
+    assert!(g.save_conversation_states(&[]).await.unwrap().is_empty());
     let f2 = frag("f-late", vec![before[2].0.memory_id]);
     g.write_fragments(std::slice::from_ref(&f2)).await.unwrap();
     assert!(g

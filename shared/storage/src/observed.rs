@@ -226,6 +226,17 @@ impl<G: Graph> Graph for Observed<G> {
         .await
     }
 
+    async fn save_conversation_states(
+        &self,
+        states: &[(TenantId, String, ConversationState)],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.graph(
+            StoreOp::SaveConversationState,
+            self.inner.save_conversation_states(states),
+        )
+        .await
+    }
+
     async fn record_erasure(
         &self,
         tenant: &TenantId,

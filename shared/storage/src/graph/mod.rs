@@ -500,6 +500,20 @@ pub trait Graph: GraphRead {
         state: &ConversationState,
     ) -> Result<bool, StoreError>;
 
+    /// [`Graph::save_conversation_state`] for several conversations, one answer each. A graph
+    /// that can should save them together: the extractor saves every conversation a batch
+    /// advanced, and each separate save waits its turn behind the graph's other writers.
+    async fn save_conversation_states(
+        &self,
+        states: &[(TenantId, String, ConversationState)],
+    ) -> Result<Vec<bool>, StoreError> {
+        let mut saved = Vec::with_capacity(states.len());
+        for (t, c, s) in states {
+            saved.push(self.save_conversation_state(t, c, s).await?);
+        }
+        Ok(saved)
+    }
+
     /// Records, durably before returning, that a conversation (or, with None, the whole tenant)
     /// was erased at `at`. Keeps the later marker when one exists. Returns the conversations the
     /// marker covers that the graph held as it was recorded, each with its number of turns: an
