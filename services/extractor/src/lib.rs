@@ -174,7 +174,7 @@ impl Stage for ExtractorStage {
             .filter_map(|k| states.remove_entry(k))
             .map(|((t, c), s)| (TenantId(t), c, s))
             .collect();
-        let failed = match self.graph.save_conversation_states(&to_save).await {
+        let failed = match self.graph.save_conversation_states(to_save).await {
             Ok(saved) if saved.iter().all(|s| *s) => None,
             Ok(_) => Some("conversation erased while its turns were extracted".to_string()),
             Err(e) => Some(format!("saving reference state failed: {e}")),

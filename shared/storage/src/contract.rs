@@ -622,7 +622,7 @@ async fn graph_erasure(g: Arc<dyn Graph>, residue: Residue) {
     fresh.derived_from(Utc::now());
     fresh.next_position = 2;
     assert_eq!(
-        g.save_conversation_states(&[
+        g.save_conversation_states(vec![
             (t.clone(), "e2".into(), fresh.clone()),
             (t.clone(), "e1".into(), st.clone()),
             (other.clone(), "e1".into(), fresh.clone()),
@@ -642,7 +642,11 @@ async fn graph_erasure(g: Arc<dyn Graph>, residue: Residue) {
             .next_position,
         2
     );
-    assert!(g.save_conversation_states(&[]).await.unwrap().is_empty());
+    assert!(g
+        .save_conversation_states(Vec::new())
+        .await
+        .unwrap()
+        .is_empty());
     let f2 = frag("f-late", vec![before[2].0.memory_id]);
     g.write_fragments(std::slice::from_ref(&f2)).await.unwrap();
     assert!(g

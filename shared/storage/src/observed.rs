@@ -228,7 +228,7 @@ impl<G: Graph> Graph for Observed<G> {
 
     async fn save_conversation_states(
         &self,
-        states: &[(TenantId, String, ConversationState)],
+        states: Vec<(TenantId, String, ConversationState)>,
     ) -> Result<Vec<bool>, StoreError> {
         self.graph(
             StoreOp::SaveConversationState,

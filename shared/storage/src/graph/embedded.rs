@@ -1020,19 +1020,22 @@ impl Graph for EmbeddedGraph {
         state: &ConversationState,
     ) -> Result<bool, StoreError> {
         let saved = self
-            .save_conversation_states(&[(tenant.clone(), conversation.to_string(), state.clone())])
+            .save_conversation_states(vec![(
+                tenant.clone(),
+                conversation.to_string(),
+                state.clone(),
+            )])
             .await?;
         Ok(saved.first().copied().unwrap_or(false))
     }
 
     async fn save_conversation_states(
         &self,
-        states: &[(TenantId, String, ConversationState)],
+        states: Vec<(TenantId, String, ConversationState)>,
     ) -> Result<Vec<bool>, StoreError> {
         if states.is_empty() {
             return Ok(Vec::new());
         }
-        let states = states.to_vec();
         self.blocking(move |db| {
             let w = db.begin_write()?;
             let mut saved = Vec::with_capacity(states.len());
@@ -1040,20 +1043,9 @@ impl Graph for EmbeddedGraph {
                 let erasures = w.open_table(ERASURES)?;
                 let turn_erasures = w.open_table(TURN_ERASURES)?;
                 let mut table = w.open_table(CONV_STATE)?;
-                let mut markers: HashMap<&str, Erasures> = HashMap::new();
-                for (t, c, st) in &states {
-                    let m = match markers.entry(t.as_str()) {
-                        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                        std::collections::hash_map::Entry::Vacant(e) => {
-                            let convs: Vec<&str> = states
-                                .iter()
-                                .filter(|(t2, _, _)| t2 == t)
-                                .map(|(_, c2, _)| c2.as_str())
-                                .collect();
-                            e.insert(markers_in(&erasures, &turn_erasures, t.as_str(), &convs)?)
-                        }
-                    };
-                    if m.marker(c).is_some_and(|m| st.covered_by(m)) {
+                for (t, c, mut st) in states {
+                    let m = markers_in(&erasures, &turn_erasures, t.as_str(), &[c.as_str()])?;
+                    if m.marker(&c).is_some_and(|m| st.covered_by(m)) {
                         saved.push(false);
                         continue;
                     }
@@ -1067,7 +1059,6 @@ impl Graph for EmbeddedGraph {
                         })
                         .transpose()?
                         .unwrap_or(0);
-                    let mut st = st.clone();
                     st.consolidated_until = st.consolidated_until.max(until);
                     let v = serde_json::to_vec(&st)?;
                     table.insert(k.as_slice(), v.as_slice())?;

@@ -505,10 +505,10 @@ pub trait Graph: GraphRead {
     /// advanced, and each separate save waits its turn behind the graph's other writers.
     async fn save_conversation_states(
         &self,
-        states: &[(TenantId, String, ConversationState)],
+        states: Vec<(TenantId, String, ConversationState)>,
     ) -> Result<Vec<bool>, StoreError> {
         let mut saved = Vec::with_capacity(states.len());
-        for (t, c, s) in states {
+        for (t, c, s) in &states {
             saved.push(self.save_conversation_state(t, c, s).await?);
         }
         Ok(saved)
