@@ -218,159 +218,251 @@ impl ConsolidatorStage {
         tenant: &TenantId,
         conversation: &str,
     ) -> Result<usize, StageError> {
+        self.consolidate_all(&[(tenant.clone(), conversation.to_string())])
+            .await
+    }
+
+    /// Consolidates every complete window of several conversations, a pass at a time: each
+    /// conversation's next windows are read (`CONVERSATIONS_AT_ONCE` at once), then every
+    /// fragment of the pass and every conversation's advance go to the graph in one write
+    /// ([`Graph::write_consolidation`]), instead of two writes for each conversation.
+    pub async fn consolidate_all(
+        &self,
+        conversations: &[(TenantId, String)],
+    ) -> Result<usize, StageError> {
         let mut made = 0;
+        let mut todo: Vec<(TenantId, String)> = conversations.to_vec();
+        while !todo.is_empty() {
+            let mut passes: Vec<Pass> = Vec::new();
+            let mut running = futures::stream::FuturesUnordered::new();
+            for (t, c) in &todo {
+                if running.len() >= CONVERSATIONS_AT_ONCE {
+                    if let Some(p) = running.next().await {
+                        passes.extend(p?);
+                    }
+                }
+                running.push(self.next_pass(t, c));
+            }
+            while let Some(p) = running.next().await {
+                passes.extend(p?);
+            }
+            drop(running);
+            if passes.is_empty() {
+                break;
+            }
+            let fragments: Vec<Fragment> = passes
+                .iter()
+                .flat_map(|p| p.fragments.iter().cloned())
+                .collect();
+            // Only our field of each state: the extractor saves the rest concurrently.
+            let advances = passes
+                .iter()
+                .map(|p| (p.tenant.clone(), p.conversation.clone(), p.until))
+                .collect();
+            self.graph
+                .write_consolidation(fragments, advances)
+                .await
+                .map_err(StageError::classified)?;
+            // Erased while the windows were read: remove what the fragments or the advance may
+            // have put back (purging what no marker covers removes nothing).
+            let mut next: Vec<&Pass> = Vec::new();
+            let mut running = futures::stream::FuturesUnordered::new();
+            for p in &passes {
+                if running.len() >= CONVERSATIONS_AT_ONCE {
+                    if let Some(r) = running.next().await {
+                        next.extend(r?);
+                    }
+                }
+                running.push(self.settle(p));
+            }
+            while let Some(r) = running.next().await {
+                next.extend(r?);
+            }
+            drop(running);
+            todo.clear();
+            for p in next {
+                made += p.fragments.len();
+                if p.more {
+                    todo.push((p.tenant.clone(), p.conversation.clone()));
+                }
+            }
+        }
+        Ok(made)
+    }
+
+    /// A written pass checked against the erasures its conversation has now: the pass when
+    /// unchanged; None when they changed, after what the new ones cover is purged (the
+    /// conversation is left for this batch).
+    async fn settle<'a>(&self, p: &'a Pass) -> Result<Option<&'a Pass>, StageError> {
+        let now = self
+            .graph
+            .erasures(&p.tenant, std::slice::from_ref(&p.conversation))
+            .await
+            .map_err(StageError::classified)?;
+        if now == p.marks {
+            return Ok(Some(p));
+        }
+        self.graph
+            .purge_erased(&p.tenant, &p.conversation)
+            .await
+            .map_err(StageError::classified)?;
+        Ok(None)
+    }
+
+    /// A conversation's next complete windows (up to `WINDOWS_AT_ONCE`) grouped into
+    /// fragments; None when there is none to consolidate.
+    async fn next_pass(
+        &self,
+        tenant: &TenantId,
+        conversation: &str,
+    ) -> Result<Option<Pass>, StageError> {
         let markers = |g: Arc<dyn Graph>| async move {
             g.erasures(tenant, &[conversation.to_string()])
                 .await
                 .map_err(StageError::classified)
         };
-        loop {
-            // An erasure under way: what it covers is not consolidated (its eraser or the
-            // graph-writer removes it; turns recorded after it start a fresh state).
-            let marks = markers(self.graph.clone()).await?;
-            let erased = marks.marker(conversation);
-            let state = self
-                .graph
-                .conversation_state(tenant, conversation)
-                .await
-                .map_err(StageError::classified)?;
-            if erased.is_some_and(|m| state.covered_by(m)) {
-                return Ok(made);
-            }
-            let from = state.consolidated_until;
-            // Every complete window from `from` on, up to WINDOWS_AT_ONCE of them, read and
-            // written together: a conversation stored in one request has many.
-            let records = self
-                .graph
-                .conversation_turns(
-                    tenant,
-                    conversation,
-                    from,
-                    from + self.window * WINDOWS_AT_ONCE,
-                )
-                .await
-                .map_err(StageError::classified)?;
-            let mut windows: Vec<(u64, &[TurnRecord])> = Vec::new();
-            let mut rest = records.as_slice();
-            let mut start = from;
-            while !rest.is_empty() {
-                let end = start + self.window;
-                let n = rest.iter().take_while(|r| r.turn.position < end).count();
-                let (these, after) = rest.split_at(n);
-                // A position whose turn was erased on its own stays empty for good (unless the
-                // turn is stored again there): the window is complete without it.
-                let present: std::collections::BTreeSet<u64> =
-                    these.iter().map(|r| r.turn.position).collect();
-                let gaps = marks
-                    .erased_positions(start, end)
-                    .difference(&present)
-                    .count() as u64;
-                if (present.len() as u64) + gaps < self.window || these.is_empty() {
-                    break;
-                }
-                // Not yet: a turn an erasure covers (its eraser removes it), or one a reindex has
-                // not derived again (its old extraction and points would group the window as
-                // before the reindex).
-                if these
-                    .iter()
-                    .any(|r| r.rederiving || marks.covers_turn(&r.turn))
-                {
-                    break;
-                }
-                windows.push((start, these));
-                rest = after;
-                start = end;
-            }
-            let Some(&(last, _)) = windows.last() else {
-                return Ok(made);
-            };
-            let until = last + self.window;
-            let ids: Vec<MemoryId> = windows
-                .iter()
-                .flat_map(|(_, w)| w.iter().map(|r| r.turn.memory_id))
-                .collect();
-            let fv = self
-                .vectors
-                .field_vectors(tenant, &ids)
-                .await
-                .map_err(StageError::classified)?;
-            let vectors: HashMap<MemoryId, Vec<Vec<f32>>> = fv
-                .into_iter()
-                .map(|(id, f)| (id, std::iter::once(f.user).chain(f.assistant).collect()))
-                .collect();
-            let now = Utc::now();
-            let mut fragments: Vec<Fragment> = Vec::new();
-            for &(window_start, records) in &windows {
-                let rules = || {
-                    group_window(records, &vectors)
-                        .into_iter()
-                        .map(|m| (m, None))
-                        .collect::<Vec<(Vec<usize>, Option<String>)>>()
-                };
-                let groups = match &self.llm {
-                    None => rules(),
-                    Some(model) => match llm_groups(model, records).await {
-                        Ok(g) => g,
-                        Err(e) => {
-                            tracing::warn!(error = %e, conversation, "llm consolidation failed; grouping by the rules");
-                            rules()
-                        }
-                    },
-                };
-                fragments.extend(groups.iter().enumerate().map(|(g, (members, topic))| {
-                    let mut vocab = BTreeSet::new();
-                    let mut counts: HashMap<&str, usize> = HashMap::new();
-                    for &i in members {
-                        for k in &records[i].extraction.keywords {
-                            vocab.insert(k.key.clone());
-                            *counts.entry(k.text.as_str()).or_default() += 1;
-                        }
-                    }
-                    let mut top: Vec<(&str, usize)> = counts.into_iter().collect();
-                    top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-                    let description = topic.clone().unwrap_or_else(|| {
-                        top.iter()
-                            .take(6)
-                            .map(|(t, _)| *t)
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    });
-                    Fragment {
-                        id: fragment_id(tenant, conversation, window_start, g),
-                        tenant: tenant.clone(),
-                        conversation_id: conversation.to_string(),
-                        description,
-                        members: members.iter().map(|&i| records[i].turn.memory_id).collect(),
-                        keywords: vocab.into_iter().collect(),
-                        created_at: now,
-                    }
-                }));
-            }
-            self.graph
-                .write_fragments(&fragments)
-                .await
-                .map_err(StageError::classified)?;
-            // Only our field: the extractor saves the rest of the state concurrently.
-            self.graph
-                .advance_consolidated_until(tenant, conversation, until)
-                .await
-                .map_err(StageError::classified)?;
-            // Erased while the windows were read: remove what the fragments or the advance may
-            // have put back (purging what no marker covers removes nothing).
-            let now = markers(self.graph.clone()).await?;
-            if now != marks {
-                self.graph
-                    .purge_erased(tenant, conversation)
-                    .await
-                    .map_err(StageError::classified)?;
-                return Ok(made);
-            }
-            made += fragments.len();
-            if (windows.len() as u64) < WINDOWS_AT_ONCE {
-                return Ok(made);
-            }
+        // An erasure under way: what it covers is not consolidated (its eraser or the
+        // graph-writer removes it; turns recorded after it start a fresh state).
+        let marks = markers(self.graph.clone()).await?;
+        let erased = marks.marker(conversation);
+        let state = self
+            .graph
+            .conversation_state(tenant, conversation)
+            .await
+            .map_err(StageError::classified)?;
+        if erased.is_some_and(|m| state.covered_by(m)) {
+            return Ok(None);
         }
+        let from = state.consolidated_until;
+        // Every complete window from `from` on, up to WINDOWS_AT_ONCE of them, read and
+        // written together: a conversation stored in one request has many.
+        let records = self
+            .graph
+            .conversation_turns(
+                tenant,
+                conversation,
+                from,
+                from + self.window * WINDOWS_AT_ONCE,
+            )
+            .await
+            .map_err(StageError::classified)?;
+        let mut windows: Vec<(u64, &[TurnRecord])> = Vec::new();
+        let mut rest = records.as_slice();
+        let mut start = from;
+        while !rest.is_empty() {
+            let end = start + self.window;
+            let n = rest.iter().take_while(|r| r.turn.position < end).count();
+            let (these, after) = rest.split_at(n);
+            // A position whose turn was erased on its own stays empty for good (unless the
+            // turn is stored again there): the window is complete without it.
+            let present: std::collections::BTreeSet<u64> =
+                these.iter().map(|r| r.turn.position).collect();
+            let gaps = marks
+                .erased_positions(start, end)
+                .difference(&present)
+                .count() as u64;
+            if (present.len() as u64) + gaps < self.window || these.is_empty() {
+                break;
+            }
+            // Not yet: a turn an erasure covers (its eraser removes it), or one a reindex has
+            // not derived again (its old extraction and points would group the window as
+            // before the reindex).
+            if these
+                .iter()
+                .any(|r| r.rederiving || marks.covers_turn(&r.turn))
+            {
+                break;
+            }
+            windows.push((start, these));
+            rest = after;
+            start = end;
+        }
+        let Some(&(last, _)) = windows.last() else {
+            return Ok(None);
+        };
+        let until = last + self.window;
+        let ids: Vec<MemoryId> = windows
+            .iter()
+            .flat_map(|(_, w)| w.iter().map(|r| r.turn.memory_id))
+            .collect();
+        let fv = self
+            .vectors
+            .field_vectors(tenant, &ids)
+            .await
+            .map_err(StageError::classified)?;
+        let vectors: HashMap<MemoryId, Vec<Vec<f32>>> = fv
+            .into_iter()
+            .map(|(id, f)| (id, std::iter::once(f.user).chain(f.assistant).collect()))
+            .collect();
+        let now = Utc::now();
+        let mut fragments: Vec<Fragment> = Vec::new();
+        for &(window_start, records) in &windows {
+            let rules = || {
+                group_window(records, &vectors)
+                    .into_iter()
+                    .map(|m| (m, None))
+                    .collect::<Vec<(Vec<usize>, Option<String>)>>()
+            };
+            let groups = match &self.llm {
+                None => rules(),
+                Some(model) => match llm_groups(model, records).await {
+                    Ok(g) => g,
+                    Err(e) => {
+                        tracing::warn!(error = %e, conversation, "llm consolidation failed; grouping by the rules");
+                        rules()
+                    }
+                },
+            };
+            fragments.extend(groups.iter().enumerate().map(|(g, (members, topic))| {
+                let mut vocab = BTreeSet::new();
+                let mut counts: HashMap<&str, usize> = HashMap::new();
+                for &i in members {
+                    for k in &records[i].extraction.keywords {
+                        vocab.insert(k.key.clone());
+                        *counts.entry(k.text.as_str()).or_default() += 1;
+                    }
+                }
+                let mut top: Vec<(&str, usize)> = counts.into_iter().collect();
+                top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+                let description = topic.clone().unwrap_or_else(|| {
+                    top.iter()
+                        .take(6)
+                        .map(|(t, _)| *t)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                });
+                Fragment {
+                    id: fragment_id(tenant, conversation, window_start, g),
+                    tenant: tenant.clone(),
+                    conversation_id: conversation.to_string(),
+                    description,
+                    members: members.iter().map(|&i| records[i].turn.memory_id).collect(),
+                    keywords: vocab.into_iter().collect(),
+                    created_at: now,
+                }
+            }));
+        }
+        Ok(Some(Pass {
+            tenant: tenant.clone(),
+            conversation: conversation.to_string(),
+            more: (windows.len() as u64) >= WINDOWS_AT_ONCE,
+            fragments,
+            until,
+            marks,
+        }))
     }
+}
+
+/// One conversation's pass: the fragments of its next windows, how far they reach, and the
+/// erasures they were read under.
+struct Pass {
+    tenant: TenantId,
+    conversation: String,
+    fragments: Vec<Fragment>,
+    until: u64,
+    marks: recollect_storage::Erasures,
+    /// As many windows as one pass takes: there may be more after them.
+    more: bool,
 }
 
 /// Windows of one conversation consolidated in one pass (one read of their turns, one write
@@ -433,23 +525,7 @@ impl Stage for ConsolidatorStage {
                 convs.push(k);
             }
         }
-        // Conversations are independent: while one waits on a store call, others use the CPU.
-        let mut running = futures::stream::FuturesUnordered::new();
-        let mut failed = None;
-        for (tenant, conv) in &convs {
-            if running.len() >= CONVERSATIONS_AT_ONCE {
-                if let Some(Err(e)) = running.next().await {
-                    failed.get_or_insert(e);
-                }
-            }
-            running.push(self.consolidate(tenant, conv));
-        }
-        while let Some(done) = running.next().await {
-            if let Err(e) = done {
-                failed.get_or_insert(e);
-            }
-        }
-        if let Some(e) = failed {
+        if let Err(e) = self.consolidate_all(&convs).await {
             return batch.iter().map(|_| Err(e.clone())).collect();
         }
         decoded.into_iter().map(|r| r.map(|_| vec![])).collect()

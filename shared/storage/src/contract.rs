@@ -112,7 +112,105 @@ pub async fn graph_contract(g: Arc<dyn Graph>, residue: Residue) {
     graph_turn_erasure(g.clone()).await;
     graph_versions(g.clone(), residue.clone()).await;
     graph_restart(g.clone(), residue.clone()).await;
+    graph_consolidation(g.clone(), residue.clone()).await;
     graph_batch_sizes(g, residue).await;
+}
+
+/// A consolidation pass of several conversations in one call: every fragment is written and
+/// linked from its members, each conversation's `consolidated_until` moves forward (never
+/// back) and the rest of its state stays; a conversation advanced without fragments and an
+/// empty call are fine.
+async fn graph_consolidation(g: Arc<dyn Graph>, residue: Residue) {
+    let t = TenantId("tenant-consolidation".into());
+    let other = TenantId("tenant-consolidation-2".into());
+    let mut fragments = Vec::new();
+    for (tenant, conv) in [(&t, "a"), (&t, "b"), (&other, "a")] {
+        let turns: Vec<(Turn, Extraction)> = (0..4)
+            .map(|i| {
+                (
+                    turn(tenant, conv, i, &format!("the glaze, part {i}")),
+                    extraction(&["glaze"], "Zoë", 1),
+                )
+            })
+            .collect();
+        g.write_turns(&turns).await.unwrap();
+        let mut st = g.conversation_state(tenant, conv).await.unwrap();
+        st.next_position = 4;
+        st.reference.entities.push("Zoë".into());
+        assert!(g.save_conversation_state(tenant, conv, &st).await.unwrap());
+        for (n, members) in [&turns[..2], &turns[2..]].into_iter().enumerate() {
+            fragments.push(Fragment {
+                id: format!("frag-{conv}-{n}"),
+                tenant: tenant.clone(),
+                conversation_id: conv.into(),
+                description: "glazes".into(),
+                members: members.iter().map(|(t, _)| t.memory_id).collect(),
+                keywords: vec!["glaze".into()],
+                created_at: Utc::now(),
+            });
+        }
+    }
+    g.write_consolidation(
+        fragments,
+        vec![
+            (t.clone(), "a".into(), 4),
+            (t.clone(), "b".into(), 4),
+            (other.clone(), "a".into(), 4),
+            (t.clone(), "no-fragments".into(), 10),
+        ],
+    )
+    .await
+    .unwrap();
+    for (tenant, conv) in [(&t, "a"), (&t, "b"), (&other, "a")] {
+        let ids = [format!("frag-{conv}-0"), format!("frag-{conv}-1")];
+        let frags = g.fragments(tenant, &ids).await.unwrap();
+        assert_eq!(frags.len(), 2, "{tenant:?} {conv}");
+        let recs = g
+            .conversation_turns(tenant, conv, 0, u64::MAX)
+            .await
+            .unwrap();
+        let linked: Vec<Vec<String>> = recs.iter().map(|r| r.fragments.clone()).collect();
+        assert_eq!(
+            linked,
+            [&ids[0], &ids[0], &ids[1], &ids[1]].map(|f| vec![f.clone()]),
+            "{tenant:?} {conv}"
+        );
+        let st = g.conversation_state(tenant, conv).await.unwrap();
+        assert_eq!(
+            (
+                st.consolidated_until,
+                st.next_position,
+                st.reference.entities.len()
+            ),
+            (4, 4, 1),
+            "{tenant:?} {conv}"
+        );
+    }
+    assert_eq!(
+        g.conversation_state(&t, "no-fragments")
+            .await
+            .unwrap()
+            .consolidated_until,
+        10
+    );
+    // Never back; and a call with nothing in it changes nothing.
+    g.write_consolidation(Vec::new(), vec![(t.clone(), "a".into(), 2)])
+        .await
+        .unwrap();
+    g.write_consolidation(Vec::new(), Vec::new()).await.unwrap();
+    assert_eq!(
+        g.conversation_state(&t, "a")
+            .await
+            .unwrap()
+            .consolidated_until,
+        4
+    );
+    for (tenant, conv) in [(&t, "a"), (&t, "b"), (&other, "a")] {
+        assert_eq!(g.delete_conversation(tenant, conv).await.unwrap(), 4);
+        assert_eq!(residue(tenant.clone(), conv.into()).await, 0, "{conv}");
+    }
+    assert_eq!(g.delete_conversation(&t, "no-fragments").await.unwrap(), 0);
+    assert_eq!(residue(t.clone(), "no-fragments".into()).await, 0);
 }
 
 /// A reindex's restart of one conversation: its fragments and derived state go, its positions

@@ -237,6 +237,18 @@ impl<G: Graph> Graph for Observed<G> {
         .await
     }
 
+    async fn write_consolidation(
+        &self,
+        fragments: Vec<Fragment>,
+        advances: Vec<(TenantId, String, u64)>,
+    ) -> Result<(), StoreError> {
+        self.graph(
+            StoreOp::WriteConsolidation,
+            self.inner.write_consolidation(fragments, advances),
+        )
+        .await
+    }
+
     async fn record_erasure(
         &self,
         tenant: &TenantId,

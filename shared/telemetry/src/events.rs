@@ -239,6 +239,7 @@ pub enum StoreOp {
     SaveConversationState,
     RecordErasure,
     AdvanceConsolidatedUntil,
+    WriteConsolidation,
     RecordTurnErasure,
     PurgeErased,
     RestartDerivation,
@@ -279,6 +280,7 @@ impl StoreOp {
             StoreOp::SaveConversationState => "save_conversation_state",
             StoreOp::RecordErasure => "record_erasure",
             StoreOp::AdvanceConsolidatedUntil => "advance_consolidated_until",
+            StoreOp::WriteConsolidation => "write_consolidation",
             StoreOp::RecordTurnErasure => "record_turn_erasure",
             StoreOp::PurgeErased => "purge_erased",
             StoreOp::RestartDerivation => "restart_derivation",
@@ -317,6 +319,7 @@ impl StoreOp {
                 | StoreOp::SaveConversationState
                 | StoreOp::RecordErasure
                 | StoreOp::AdvanceConsolidatedUntil
+                | StoreOp::WriteConsolidation
                 | StoreOp::RecordTurnErasure
                 | StoreOp::PurgeErased
                 | StoreOp::RestartDerivation

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use recollect_model::{Extraction, Fragment, MemoryId, TenantId, Turn};
-use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
 
 use crate::codec;
 use crate::graph::postings::{self, Posting};
@@ -435,25 +435,110 @@ impl EmbeddedGraph {
         tokio::task::spawn_blocking(move || f(&db)).await?
     }
 
-    /// Read-modify-write of a conversation's state in one write transaction (redb serialises
-    /// them), so concurrent writers of different fields do not undo each other.
-    fn update_state(
-        db: &Database,
+    /// `consolidated_until` moved forward to `until` (never back), nothing else touched: a
+    /// read-modify-write inside the caller's write transaction (redb serialises them), so the
+    /// extractor's concurrent saves of the other fields are not undone.
+    fn advance_in(
+        t: &mut redb::Table<&[u8], &[u8]>,
         key: &[u8],
-        f: impl FnOnce(&mut ConversationState),
+        until: u64,
     ) -> Result<(), StoreError> {
-        let w = db.begin_write()?;
-        {
-            let mut t = w.open_table(CONV_STATE)?;
-            let mut state: ConversationState = match t.get(key)? {
-                Some(v) => serde_json::from_slice(v.value())?,
-                None => ConversationState::default(),
-            };
-            f(&mut state);
-            let v = serde_json::to_vec(&state)?;
-            t.insert(key, v.as_slice())?;
+        let mut state: ConversationState = match t.get(key)? {
+            Some(v) => serde_json::from_slice(v.value())?,
+            None => ConversationState::default(),
+        };
+        if state.consolidated_until >= until {
+            return Ok(());
         }
-        w.commit()?;
+        state.consolidated_until = until;
+        let v = serde_json::to_vec(&state)?;
+        t.insert(key, v.as_slice())?;
+        Ok(())
+    }
+
+    /// Fragment nodes and their members' links, inside the caller's write transaction.
+    fn write_fragments_in(w: &WriteTransaction, fragments: &[Fragment]) -> Result<(), StoreError> {
+        if fragments.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut ft = w.open_table(FRAGMENTS)?;
+            let mut cf = w.open_table(CONV_FRAGMENTS)?;
+            let mut nodes = w.open_table(TURNS)?;
+            let (ids, names) = (w.open_table(CONV_IDS)?, w.open_table(CONV_KEYS)?);
+            let erased = w.open_table(ERASURES)?;
+            let erased_turns = w.open_table(TURN_ERASURES)?;
+            for f in fragments {
+                let t = f.tenant.as_str();
+                let m = markers_in(&erased, &erased_turns, t, &[f.conversation_id.as_str()])?;
+                let number = conversation_number(&ids, t, &f.conversation_id)?;
+                // The members' records as stored, read once. A record of the fragment's
+                // conversation with a head gives its position without being inflated; any
+                // other (an older layout, or an erasure under way, which needs each turn) is
+                // decoded.
+                let mut members = Vec::with_capacity(f.members.len());
+                for id in &f.members {
+                    let Some(v) = nodes.get(id.as_u128())? else {
+                        members.push((*id, Member::Missing));
+                        continue;
+                    };
+                    let stored = v.value().to_vec();
+                    drop(v);
+                    let head = codec::record_head(&stored)?
+                        .filter(|h| m.is_empty() && Some(h.number) == number);
+                    members.push((
+                        *id,
+                        match head {
+                            Some(h) => Member::Head(h.position, stored),
+                            None => Member::Decoded(Box::new(record_in(&names, &stored)?)),
+                        },
+                    ));
+                }
+                let whole = members.iter().all(|(_, r)| match r {
+                    Member::Missing => false,
+                    Member::Head(..) => true,
+                    Member::Decoded(r) => !m.covers_turn(&r.turn),
+                });
+                if !m.is_empty() && !whole {
+                    continue;
+                }
+                let positions: HashMap<MemoryId, u64> = members
+                    .iter()
+                    .filter_map(|(id, r)| match r {
+                        Member::Missing => None,
+                        Member::Head(p, _) => Some((*id, *p)),
+                        Member::Decoded(r) => Some((*id, r.turn.position)),
+                    })
+                    .collect();
+                let stored = match number {
+                    Some(n) => {
+                        codec::numbered_fragment_bytes(f, n, |m| positions.get(&m).copied())?
+                    }
+                    None => codec::fragment_bytes(f)?,
+                };
+                ft.insert(keys::join(&[t, &f.id]).as_slice(), stored.as_slice())?;
+                cf.insert(keys::join(&[t, &f.conversation_id, &f.id]).as_slice(), ())?;
+                for (id, member) in members {
+                    let value = match member {
+                        Member::Missing => continue,
+                        Member::Head(_, stored) => {
+                            match codec::record_with_fragment(&stored, &f.id)? {
+                                Some(v) => v,
+                                None => continue,
+                            }
+                        }
+                        Member::Decoded(mut rec) => {
+                            if rec.fragments.contains(&f.id) || rec.turn.tenant != f.tenant {
+                                continue;
+                            }
+                            rec.fragments.push(f.id.clone());
+                            record_bytes(&ids, &rec)?
+                        }
+                    };
+                    nodes.insert(id.as_u128(), value.as_slice())?;
+                }
+            }
+        }
         Ok(())
     }
 
@@ -909,85 +994,26 @@ impl Graph for EmbeddedGraph {
     }
 
     async fn write_fragments(&self, fragments: &[Fragment]) -> Result<(), StoreError> {
-        let fragments = fragments.to_vec();
+        self.write_consolidation(fragments.to_vec(), Vec::new())
+            .await
+    }
+
+    async fn write_consolidation(
+        &self,
+        fragments: Vec<Fragment>,
+        advances: Vec<(TenantId, String, u64)>,
+    ) -> Result<(), StoreError> {
+        if fragments.is_empty() && advances.is_empty() {
+            return Ok(());
+        }
         self.blocking(move |db| {
             let w = db.begin_write()?;
-            {
-                let mut ft = w.open_table(FRAGMENTS)?;
-                let mut cf = w.open_table(CONV_FRAGMENTS)?;
-                let mut nodes = w.open_table(TURNS)?;
-                let (ids, names) = (w.open_table(CONV_IDS)?, w.open_table(CONV_KEYS)?);
-                let erased = w.open_table(ERASURES)?;
-                let erased_turns = w.open_table(TURN_ERASURES)?;
-                for f in &fragments {
-                    let t = f.tenant.as_str();
-                    let m = markers_in(&erased, &erased_turns, t, &[f.conversation_id.as_str()])?;
-                    let number = conversation_number(&ids, t, &f.conversation_id)?;
-                    // The members' records as stored, read once. A record of the fragment's
-                    // conversation with a head gives its position without being inflated; any
-                    // other (an older layout, or an erasure under way, which needs each turn) is
-                    // decoded.
-                    let mut members = Vec::with_capacity(f.members.len());
-                    for id in &f.members {
-                        let Some(v) = nodes.get(id.as_u128())? else {
-                            members.push((*id, Member::Missing));
-                            continue;
-                        };
-                        let stored = v.value().to_vec();
-                        drop(v);
-                        let head = codec::record_head(&stored)?
-                            .filter(|h| m.is_empty() && Some(h.number) == number);
-                        members.push((
-                            *id,
-                            match head {
-                                Some(h) => Member::Head(h.position, stored),
-                                None => Member::Decoded(Box::new(record_in(&names, &stored)?)),
-                            },
-                        ));
-                    }
-                    let whole = members.iter().all(|(_, r)| match r {
-                        Member::Missing => false,
-                        Member::Head(..) => true,
-                        Member::Decoded(r) => !m.covers_turn(&r.turn),
-                    });
-                    if !m.is_empty() && !whole {
-                        continue;
-                    }
-                    let positions: HashMap<MemoryId, u64> = members
-                        .iter()
-                        .filter_map(|(id, r)| match r {
-                            Member::Missing => None,
-                            Member::Head(p, _) => Some((*id, *p)),
-                            Member::Decoded(r) => Some((*id, r.turn.position)),
-                        })
-                        .collect();
-                    let stored = match number {
-                        Some(n) => {
-                            codec::numbered_fragment_bytes(f, n, |m| positions.get(&m).copied())?
-                        }
-                        None => codec::fragment_bytes(f)?,
-                    };
-                    ft.insert(keys::join(&[t, &f.id]).as_slice(), stored.as_slice())?;
-                    cf.insert(keys::join(&[t, &f.conversation_id, &f.id]).as_slice(), ())?;
-                    for (id, member) in members {
-                        let value = match member {
-                            Member::Missing => continue,
-                            Member::Head(_, stored) => {
-                                match codec::record_with_fragment(&stored, &f.id)? {
-                                    Some(v) => v,
-                                    None => continue,
-                                }
-                            }
-                            Member::Decoded(mut rec) => {
-                                if rec.fragments.contains(&f.id) || rec.turn.tenant != f.tenant {
-                                    continue;
-                                }
-                                rec.fragments.push(f.id.clone());
-                                record_bytes(&ids, &rec)?
-                            }
-                        };
-                        nodes.insert(id.as_u128(), value.as_slice())?;
-                    }
+            Self::write_fragments_in(&w, &fragments)?;
+            if !advances.is_empty() {
+                let mut t = w.open_table(CONV_STATE)?;
+                for (tenant, conversation, until) in &advances {
+                    let k = keys::join(&[tenant.as_str(), conversation.as_str()]);
+                    Self::advance_in(&mut t, &k, *until)?;
                 }
             }
             w.commit()?;
@@ -1124,12 +1150,10 @@ impl Graph for EmbeddedGraph {
         conversation: &str,
         until: u64,
     ) -> Result<(), StoreError> {
-        let k = keys::join(&[tenant.as_str(), conversation]);
-        self.blocking(move |db| {
-            Self::update_state(db, &k, |s| {
-                s.consolidated_until = s.consolidated_until.max(until)
-            })
-        })
+        self.write_consolidation(
+            Vec::new(),
+            vec![(tenant.clone(), conversation.to_string(), until)],
+        )
         .await
     }
 

@@ -537,6 +537,26 @@ pub trait Graph: GraphRead {
         until: u64,
     ) -> Result<(), StoreError>;
 
+    /// A consolidation pass over several conversations: their fragments
+    /// ([`Graph::write_fragments`]), then each `(tenant, conversation, until)` advanced
+    /// ([`Graph::advance_consolidated_until`]). A graph that can should write all of it in one
+    /// transaction: the consolidator writes a batch's conversations together, and a pair of
+    /// writes for each conversation waits twice behind the graph's other writers. The default
+    /// writes the fragments first, so an advance is never saved without them.
+    async fn write_consolidation(
+        &self,
+        fragments: Vec<Fragment>,
+        advances: Vec<(TenantId, String, u64)>,
+    ) -> Result<(), StoreError> {
+        if !fragments.is_empty() {
+            self.write_fragments(&fragments).await?;
+        }
+        for (t, c, until) in &advances {
+            self.advance_consolidated_until(t, c, *until).await?;
+        }
+        Ok(())
+    }
+
     /// Records, durably before returning, that one turn was erased at `at` (its position kept
     /// for consolidation). Stages drop the turn if it is still in flight, [`Graph::purge_erased`]
     /// removes it; a turn stored again under the same id afterwards is a new memory.

@@ -876,8 +876,17 @@ impl Graph for Neo4jGraph {
     }
 
     async fn write_fragments(&self, fragments: &[Fragment]) -> Result<(), StoreError> {
+        self.write_consolidation(fragments.to_vec(), Vec::new())
+            .await
+    }
+
+    async fn write_consolidation(
+        &self,
+        fragments: Vec<Fragment>,
+        advances: Vec<(TenantId, String, u64)>,
+    ) -> Result<(), StoreError> {
         // Erasure guard (see `unerased_fragments`).
-        let kept = self.unerased_fragments(fragments).await?;
+        let kept = self.unerased_fragments(&fragments).await?;
         let fragments = kept.as_slice();
         let now = micros(Utc::now());
         let mut nodes = Vec::new();
@@ -923,6 +932,30 @@ impl Graph for Neo4jGraph {
                 )
                 .param("rows", bolt(Value::Array(chunk.to_vec()))?)
                 .param("now", now),
+            );
+        }
+        // Then each conversation's consolidated_until, forward only, in the same transaction;
+        // the state's JSON (the extractor's) is left alone.
+        let advances: Vec<serde_json::Value> = advances
+            .iter()
+            .map(|(t, c, until)| {
+                json!({
+                    "key": state_key(t.as_str(), c),
+                    "tenant": t.as_str(),
+                    "conv": c,
+                    "until": *until as i64,
+                })
+            })
+            .collect();
+        for chunk in advances.chunks(BATCH) {
+            statements.push(
+                query(
+                    "UNWIND $rows AS r MERGE (s:ConversationState {key: r.key}) \
+                     ON CREATE SET s.tenant = r.tenant, s.conversation = r.conv \
+                     WITH s, r WHERE s.consolidated_until IS NULL OR s.consolidated_until < r.until \
+                     SET s.consolidated_until = r.until",
+                )
+                .param("rows", bolt(Value::Array(chunk.to_vec()))?),
             );
         }
         if statements.is_empty() {
