@@ -1027,6 +1027,56 @@ impl Graph for Neo4jGraph {
         .map(|()| true)
     }
 
+    async fn save_conversation_states(
+        &self,
+        states: Vec<(TenantId, String, ConversationState)>,
+    ) -> Result<Vec<bool>, StoreError> {
+        // Each tenant's markers read once, then every state not covered saved in one
+        // transaction: the extractor saves a batch's conversations together.
+        let mut asked: HashMap<&TenantId, Vec<String>> = HashMap::new();
+        for (t, c, _) in &states {
+            let convs = asked.entry(t).or_default();
+            if !convs.contains(c) {
+                convs.push(c.clone());
+            }
+        }
+        let mut markers = HashMap::with_capacity(asked.len());
+        for (t, convs) in asked {
+            markers.insert(t, self.erasures(t, &convs).await?);
+        }
+        let mut saved = Vec::with_capacity(states.len());
+        let mut rows = Vec::new();
+        for (t, c, st) in &states {
+            let covered = markers[t].marker(c).is_some_and(|m| st.covered_by(m));
+            saved.push(!covered);
+            if !covered {
+                rows.push(json!({
+                    "key": state_key(t.as_str(), c),
+                    "tenant": t.as_str(),
+                    "conv": c,
+                    "json": serde_json::to_string(st)?,
+                }));
+            }
+        }
+        let mut statements = Vec::new();
+        for chunk in rows.chunks(BATCH) {
+            statements.push(
+                query(
+                    "UNWIND $rows AS r MERGE (s:ConversationState {key: r.key}) \
+                     SET s.tenant = r.tenant, s.conversation = r.conv, s.json = r.json",
+                )
+                .param("rows", bolt(Value::Array(chunk.to_vec()))?),
+            );
+        }
+        if !statements.is_empty() {
+            (|| async { self.run_in_transaction(&statements).await })
+                .retry(retry_policy())
+                .when(transient)
+                .await?;
+        }
+        Ok(saved)
+    }
+
     async fn advance_consolidated_until(
         &self,
         tenant: &TenantId,
