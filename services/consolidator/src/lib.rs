@@ -316,14 +316,13 @@ impl ConsolidatorStage {
         tenant: &TenantId,
         conversation: &str,
     ) -> Result<Option<Pass>, StageError> {
-        let markers = |g: Arc<dyn Graph>| async move {
-            g.erasures(tenant, &[conversation.to_string()])
-                .await
-                .map_err(StageError::classified)
-        };
         // An erasure under way: what it covers is not consolidated (its eraser or the
         // graph-writer removes it; turns recorded after it start a fresh state).
-        let marks = markers(self.graph.clone()).await?;
+        let marks = self
+            .graph
+            .erasures(tenant, &[conversation.to_string()])
+            .await
+            .map_err(StageError::classified)?;
         let erased = marks.marker(conversation);
         let state = self
             .graph
@@ -469,10 +468,9 @@ struct Pass {
 /// of their fragments, one advance), instead of a round of store calls for each.
 const WINDOWS_AT_ONCE: u64 = 16;
 
-/// Conversations of one batch consolidated at once. One at a time, the stage was the
-/// pipeline's slowest: each window is a chain of small store calls (state, turns, vectors,
-/// fragments, the advance), each waiting on the blocking pool; their writes still go one at
-/// a time through the store.
+/// Conversations of one batch read at once. One at a time, the stage was the pipeline's
+/// slowest: each pass is a chain of small store reads (erasures, state, turns, vectors), each
+/// waiting on the blocking pool. Their writes are one call for the whole batch.
 const CONVERSATIONS_AT_ONCE: usize = 4;
 
 #[async_trait]
