@@ -461,82 +461,76 @@ impl EmbeddedGraph {
         if fragments.is_empty() {
             return Ok(());
         }
-        {
-            let mut ft = w.open_table(FRAGMENTS)?;
-            let mut cf = w.open_table(CONV_FRAGMENTS)?;
-            let mut nodes = w.open_table(TURNS)?;
-            let (ids, names) = (w.open_table(CONV_IDS)?, w.open_table(CONV_KEYS)?);
-            let erased = w.open_table(ERASURES)?;
-            let erased_turns = w.open_table(TURN_ERASURES)?;
-            for f in fragments {
-                let t = f.tenant.as_str();
-                let m = markers_in(&erased, &erased_turns, t, &[f.conversation_id.as_str()])?;
-                let number = conversation_number(&ids, t, &f.conversation_id)?;
-                // The members' records as stored, read once. A record of the fragment's
-                // conversation with a head gives its position without being inflated; any
-                // other (an older layout, or an erasure under way, which needs each turn) is
-                // decoded.
-                let mut members = Vec::with_capacity(f.members.len());
-                for id in &f.members {
-                    let Some(v) = nodes.get(id.as_u128())? else {
-                        members.push((*id, Member::Missing));
-                        continue;
-                    };
-                    let stored = v.value().to_vec();
-                    drop(v);
-                    let head = codec::record_head(&stored)?
-                        .filter(|h| m.is_empty() && Some(h.number) == number);
-                    members.push((
-                        *id,
-                        match head {
-                            Some(h) => Member::Head(h.position, stored),
-                            None => Member::Decoded(Box::new(record_in(&names, &stored)?)),
-                        },
-                    ));
-                }
-                let whole = members.iter().all(|(_, r)| match r {
-                    Member::Missing => false,
-                    Member::Head(..) => true,
-                    Member::Decoded(r) => !m.covers_turn(&r.turn),
-                });
-                if !m.is_empty() && !whole {
+        let mut ft = w.open_table(FRAGMENTS)?;
+        let mut cf = w.open_table(CONV_FRAGMENTS)?;
+        let mut nodes = w.open_table(TURNS)?;
+        let (ids, names) = (w.open_table(CONV_IDS)?, w.open_table(CONV_KEYS)?);
+        let erased = w.open_table(ERASURES)?;
+        let erased_turns = w.open_table(TURN_ERASURES)?;
+        for f in fragments {
+            let t = f.tenant.as_str();
+            let m = markers_in(&erased, &erased_turns, t, &[f.conversation_id.as_str()])?;
+            let number = conversation_number(&ids, t, &f.conversation_id)?;
+            // The members' records as stored, read once. A record of the fragment's
+            // conversation with a head gives its position without being inflated; any
+            // other (an older layout, or an erasure under way, which needs each turn) is
+            // decoded.
+            let mut members = Vec::with_capacity(f.members.len());
+            for id in &f.members {
+                let Some(v) = nodes.get(id.as_u128())? else {
+                    members.push((*id, Member::Missing));
                     continue;
-                }
-                let positions: HashMap<MemoryId, u64> = members
-                    .iter()
-                    .filter_map(|(id, r)| match r {
-                        Member::Missing => None,
-                        Member::Head(p, _) => Some((*id, *p)),
-                        Member::Decoded(r) => Some((*id, r.turn.position)),
-                    })
-                    .collect();
-                let stored = match number {
-                    Some(n) => {
-                        codec::numbered_fragment_bytes(f, n, |m| positions.get(&m).copied())?
-                    }
-                    None => codec::fragment_bytes(f)?,
                 };
-                ft.insert(keys::join(&[t, &f.id]).as_slice(), stored.as_slice())?;
-                cf.insert(keys::join(&[t, &f.conversation_id, &f.id]).as_slice(), ())?;
-                for (id, member) in members {
-                    let value = match member {
-                        Member::Missing => continue,
-                        Member::Head(_, stored) => {
-                            match codec::record_with_fragment(&stored, &f.id)? {
-                                Some(v) => v,
-                                None => continue,
-                            }
+                let stored = v.value().to_vec();
+                drop(v);
+                let head = codec::record_head(&stored)?
+                    .filter(|h| m.is_empty() && Some(h.number) == number);
+                members.push((
+                    *id,
+                    match head {
+                        Some(h) => Member::Head(h.position, stored),
+                        None => Member::Decoded(Box::new(record_in(&names, &stored)?)),
+                    },
+                ));
+            }
+            let whole = members.iter().all(|(_, r)| match r {
+                Member::Missing => false,
+                Member::Head(..) => true,
+                Member::Decoded(r) => !m.covers_turn(&r.turn),
+            });
+            if !m.is_empty() && !whole {
+                continue;
+            }
+            let positions: HashMap<MemoryId, u64> = members
+                .iter()
+                .filter_map(|(id, r)| match r {
+                    Member::Missing => None,
+                    Member::Head(p, _) => Some((*id, *p)),
+                    Member::Decoded(r) => Some((*id, r.turn.position)),
+                })
+                .collect();
+            let stored = match number {
+                Some(n) => codec::numbered_fragment_bytes(f, n, |m| positions.get(&m).copied())?,
+                None => codec::fragment_bytes(f)?,
+            };
+            ft.insert(keys::join(&[t, &f.id]).as_slice(), stored.as_slice())?;
+            cf.insert(keys::join(&[t, &f.conversation_id, &f.id]).as_slice(), ())?;
+            for (id, member) in members {
+                let value = match member {
+                    Member::Missing => continue,
+                    Member::Head(_, stored) => match codec::record_with_fragment(&stored, &f.id)? {
+                        Some(v) => v,
+                        None => continue,
+                    },
+                    Member::Decoded(mut rec) => {
+                        if rec.fragments.contains(&f.id) || rec.turn.tenant != f.tenant {
+                            continue;
                         }
-                        Member::Decoded(mut rec) => {
-                            if rec.fragments.contains(&f.id) || rec.turn.tenant != f.tenant {
-                                continue;
-                            }
-                            rec.fragments.push(f.id.clone());
-                            record_bytes(&ids, &rec)?
-                        }
-                    };
-                    nodes.insert(id.as_u128(), value.as_slice())?;
-                }
+                        rec.fragments.push(f.id.clone());
+                        record_bytes(&ids, &rec)?
+                    }
+                };
+                nodes.insert(id.as_u128(), value.as_slice())?;
             }
         }
         Ok(())

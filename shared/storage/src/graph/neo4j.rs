@@ -1033,21 +1033,12 @@ impl Graph for Neo4jGraph {
     ) -> Result<Vec<bool>, StoreError> {
         // Each tenant's markers read once, then every state not covered saved in one
         // transaction: the extractor saves a batch's conversations together.
-        let mut asked: HashMap<&TenantId, Vec<String>> = HashMap::new();
-        for (t, c, _) in &states {
-            let convs = asked.entry(t).or_default();
-            if !convs.contains(c) {
-                convs.push(c.clone());
-            }
-        }
-        let mut markers = HashMap::with_capacity(asked.len());
-        for (t, convs) in asked {
-            markers.insert(t, self.erasures(t, &convs).await?);
-        }
+        let markers =
+            ErasureMap::read(self, states.iter().map(|(t, c, _)| (t.clone(), c.clone()))).await?;
         let mut saved = Vec::with_capacity(states.len());
         let mut rows = Vec::new();
         for (t, c, st) in &states {
-            let covered = markers[t].marker(c).is_some_and(|m| st.covered_by(m));
+            let covered = markers.marker(t, c).is_some_and(|m| st.covered_by(m));
             saved.push(!covered);
             if !covered {
                 rows.push(json!({
