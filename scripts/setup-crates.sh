@@ -7,6 +7,10 @@
 # its sparse posting list rewrote the bound of every earlier element on each append, so writing
 # n points that share a term cost O(n²); at 100k turns that was a third of ingest's CPU
 # (docs/SPEED.md). Upstream fixed it after 0.7.2, in releases that need rustc 1.97.
+# And scripts/qdrant-edge/unlogged-updates.patch: `EdgeShard::set_write_ahead_log(false)` numbers
+# updates from the segments' versions without writing them to the engine's log, which the edge
+# shard never reads back (Recollect replays its own raw store); the log's CBOR encoding of every
+# vector: ~9 % of ingest's CPU at 100k turns, measured (docs/SPEED.md).
 #
 # The .crate is sha256-checked against the checksum crates.io recorded for it (as Cargo.lock
 # has it). Idempotent: quick when vendor/ holds the release with this patch.
@@ -16,10 +20,11 @@ cd "$(dirname "$0")/.."
 NAME=qdrant-edge
 VERSION=0.7.2
 SHA256=b2e5e480105a06c8f1703082758d74a13c98fb7a94df06e12d914460786e55ea
-PATCH=scripts/qdrant-edge/sparse-append.patch
+# Applied in this order.
+PATCHES=(scripts/qdrant-edge/sparse-append.patch scripts/qdrant-edge/unlogged-updates.patch)
 DEST="vendor/$NAME-$VERSION"
-# The release's and the patch's checksums name what vendor/ holds: a changed patch re-vendors.
-STAMP="$SHA256 $(sha256sum "$PATCH" | cut -d' ' -f1)"
+# The release's and the patches' checksums name what vendor/ holds: a changed patch re-vendors.
+STAMP="$SHA256 $(sha256sum "${PATCHES[@]}" | cut -d' ' -f1 | paste -sd' ')"
 if [[ -f "$DEST/.recollect-vendored" && "$(cat "$DEST/.recollect-vendored")" == "$STAMP" ]]; then
   exit 0
 fi
@@ -37,9 +42,11 @@ if [[ "$(sha256sum "$crate" | cut -d' ' -f1)" != "$SHA256" ]]; then
   exit 1
 fi
 tar -xzf "$crate" -C "$work"
-patch -d "$work/$NAME-$VERSION" -p1 --quiet --forward < "$PATCH"
+for p in "${PATCHES[@]}"; do
+  patch -d "$work/$NAME-$VERSION" -p1 --quiet --forward < "$p"
+done
 echo "$STAMP" > "$work/$NAME-$VERSION/.recollect-vendored"
 mkdir -p vendor
 rm -rf "$DEST"
 mv "$work/$NAME-$VERSION" "$DEST"
-echo "setup-crates: vendored $NAME $VERSION with $PATCH" >&2
+echo "setup-crates: vendored $NAME $VERSION with ${PATCHES[*]}" >&2

@@ -55,7 +55,6 @@ pub struct EdgeVectorIndex {
     /// Held by the optimiser while it rewrites segments and by a backup while it copies them.
     files: Arc<parking_lot::Mutex<()>>,
     dir: std::path::PathBuf,
-    log: Arc<LogRelease>,
     /// Set when opened with [`Flushes::OnSync`]: which shards hold upserts not yet flushed.
     unflushed: Option<Arc<Unflushed>>,
 }
@@ -73,48 +72,6 @@ struct Unflushed {
 /// search is a scan that grows with the store.
 const OPTIMIZE_AFTER_POINTS: u64 = 20_000;
 const OPTIMIZE_WHEN_IDLE: Duration = Duration::from_secs(5);
-
-/// How often the writers give back the blocks of the engine's stale log.
-const RELEASE_LOG_EVERY: Duration = Duration::from_secs(5);
-
-/// Gives back the blocks of both shards' stale log ([`release_stale_log`]) at most every
-/// [`RELEASE_LOG_EVERY`], after a write: the log grows only when the index is written, and the
-/// optimiser's thread can be busy for minutes in one optimisation of a large store.
-struct LogRelease {
-    dirs: [std::path::PathBuf; 2],
-    last: parking_lot::Mutex<Instant>,
-    /// A file system without hole punching says so on every try: warn once, then stop.
-    failed: AtomicBool,
-}
-
-impl LogRelease {
-    fn new(dir: &Path) -> Self {
-        Self {
-            dirs: [dir.join("turns"), dir.join("keywords")],
-            last: parking_lot::Mutex::new(Instant::now()),
-            failed: AtomicBool::new(false),
-        }
-    }
-
-    fn release_if_due(&self) {
-        if self.failed.load(Ordering::Relaxed) {
-            return;
-        }
-        {
-            let mut last = self.last.lock();
-            if last.elapsed() < RELEASE_LOG_EVERY {
-                return;
-            }
-            *last = Instant::now();
-        }
-        for dir in &self.dirs {
-            if let Err(e) = release_stale_log(dir) {
-                self.failed.store(true, Ordering::Relaxed);
-                tracing::warn!(error = %e, shard = %dir.display(), "could not release the vector engine's stale log; it is removed at the next open");
-            }
-        }
-    }
-}
 
 /// Write-ahead log segments of 4 MiB instead of the engine's 32: the log is never read back
 /// (see [`prune_write_ahead_log`]), and what an open leaves of it is its newest closed segment
@@ -449,10 +406,11 @@ fn filter_on(tenant_key: &str, scope: &Scope) -> Filter {
 /// rebuilds nothing from it) and never truncates it: the log grew by ~4.6 KB a turn (4.6 GB of
 /// a 1M-turn store's 10 GB), and opening it checked the CRC of every entry (most of a 1M store's
 /// reopen). What is durable is what a flush wrote to the segments, which every write here ends
-/// with, so nothing is lost with the log. The newest closed segment stays: the log numbers the
-/// operations on from its end, those numbers are the points' versions, and an update numbered
-/// below a point's version would be ignored. Runs before the engine opens the log (it maps every
-/// segment it finds); while the index runs, [`release_stale_log`] gives the blocks back.
+/// with, so nothing is lost with the log. Shards are now opened with the log off
+/// ([`open_shard`]), so only a store written before has such segments. The newest closed one
+/// stays, as it did when the log still numbered the operations (an update numbered below a
+/// point's version is ignored; the patched engine numbers them past the segments' versions).
+/// Runs before the engine opens the log (it maps every segment it finds).
 fn prune_write_ahead_log(shard_dir: &Path) -> Result<u64, StoreError> {
     let mut freed = 0;
     // Oldest first: a crash part way leaves the newest segments, still contiguous.
@@ -461,36 +419,6 @@ fn prune_write_ahead_log(shard_dir: &Path) -> Result<u64, StoreError> {
         freed += bytes;
     }
     Ok(freed)
-}
-
-/// Gives back the disk blocks of a running shard's stale log segments (those
-/// [`prune_write_ahead_log`] removes on the next open); returns the bytes released.
-///
-/// The engine keeps every closed segment of its log mapped until the shard closes, so removing
-/// the files would free nothing before then, and a long-running server's log grew by ~6.7 KB for
-/// every turn written. A hole punched through a segment frees its blocks at once and keeps its
-/// length, so the mapping stays valid; the engine never reads a closed segment again (nor
-/// writes one: its last flush was joined when the next segment closed, and the newest is left
-/// alone), and the next open removes the files before the engine maps them.
-fn release_stale_log(shard_dir: &Path) -> Result<u64, StoreError> {
-    use rustix::fs::{fallocate, FallocateFlags};
-    let mut released = 0;
-    for (path, bytes) in stale_log_segments(shard_dir)? {
-        if bytes == 0 {
-            continue;
-        }
-        let file = std::fs::OpenOptions::new().write(true).open(&path)?;
-        let len = file.metadata()?.len();
-        fallocate(
-            &file,
-            FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
-            0,
-            len,
-        )
-        .map_err(std::io::Error::from)?;
-        released += bytes;
-    }
-    Ok(released)
 }
 
 /// The closed segments of a shard's write-ahead log but the newest, oldest first, with the
@@ -709,6 +637,11 @@ fn open_shard(
         EdgeShard::new(path, config)
     };
     let shard = shard.map_err(err)?;
+    // The engine never reads its log back; writing it was a CBOR encoding of every vector
+    // (~9 % of ingest's CPU at 100k turns). Durable is what a flush puts in the segments, and
+    // a crash before it is replayed from the raw store. The patched engine then numbers updates
+    // from the segments' versions (scripts/qdrant-edge/unlogged-updates.patch).
+    shard.set_write_ahead_log(false);
     // user_id and agent_id: a recall scoped to one end user is a small slice of a tenant,
     // which the planner scans through the index instead of filtering an HNSW walk.
     let fields: &[&str] = if turn_fields {
@@ -794,7 +727,6 @@ impl EdgeVectorIndex {
             optimizer,
             writes: Arc::new(parking_lot::Mutex::new(())),
             files,
-            log: Arc::new(LogRelease::new(dir)),
             dir: dir.to_path_buf(),
             unflushed: (flushes == Flushes::OnSync).then(Default::default),
         })
@@ -898,14 +830,10 @@ impl EdgeVectorIndex {
         shard: &Arc<EdgeShard>,
         f: impl FnOnce(&EdgeShard) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let (s, writes, log) = (shard.clone(), self.writes.clone(), self.log.clone());
+        let (s, writes) = (shard.clone(), self.writes.clone());
         tokio::task::spawn_blocking(move || {
-            let written = {
-                let _one_writer = writes.lock();
-                f(&s)
-            };
-            log.release_if_due();
-            written
+            let _one_writer = writes.lock();
+            f(&s)
         })
         .await?
     }
@@ -1686,65 +1614,53 @@ mod tests {
             .count()
     }
 
-    /// A running shard's stale log gives its blocks back; the shard goes on writing and
-    /// reading, and the next open removes the emptied segments.
+    /// Updates without the engine's log: nothing is logged, and what was written stays across
+    /// opens, with or without the log's files, because updates are numbered past the segments'
+    /// versions (an update numbered below a point's version would be ignored).
     #[test]
-    fn a_running_shards_stale_log_is_released_and_writing_goes_on() {
+    fn updates_without_the_log_are_kept_and_later_updates_apply() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("shard");
         let shard = open_shard(&path, small_log_config(64), false).unwrap();
         write_all(&shard, "first");
-        let stale = stale_log_segments(&path).unwrap();
-        assert!(stale.len() >= 2, "several stale segments: {}", stale.len());
-        let held: u64 = stale.iter().map(|(_, b)| b).sum();
-        assert_eq!(release_stale_log(&path).unwrap(), held);
-        assert!(stale_log_segments(&path)
-            .unwrap()
-            .iter()
-            .all(|(_, b)| *b == 0));
         write_all(&shard, "second");
-        assert_eq!(tag(&shard, LAST).as_deref(), Some("second"));
-        assert!(release_stale_log(&path).unwrap() > 0, "newly closed ones");
+        assert_eq!(closed_segments(&path), 0, "nothing was logged");
         drop(shard);
 
         let shard = open_shard(&path, small_log_config(64), false).unwrap();
-        assert_eq!(closed_segments(&path), 1);
+        assert_eq!(points(&shard), LAST + 1);
         assert_eq!(tag(&shard, LAST).as_deref(), Some("second"));
         upsert(&shard, LAST, "third");
         assert_eq!(tag(&shard, LAST).as_deref(), Some("third"));
+        drop(shard);
+
+        // The log's files gone altogether: the numbering still goes on from the segments.
+        std::fs::remove_dir_all(path.join("wal")).unwrap();
+        let shard = open_shard(&path, small_log_config(64), false).unwrap();
+        assert_eq!(tag(&shard, LAST).as_deref(), Some("third"));
+        upsert(&shard, LAST, "fourth");
+        upsert(&shard, 0, "fourth");
+        assert_eq!(tag(&shard, LAST).as_deref(), Some("fourth"));
+        assert_eq!(tag(&shard, 0).as_deref(), Some("fourth"));
+        drop(shard);
+        let shard = open_shard(&path, small_log_config(64), false).unwrap();
+        assert_eq!(tag(&shard, LAST).as_deref(), Some("fourth"));
+        assert_eq!(points(&shard), LAST + 1);
     }
 
-    /// The writers' release runs at most every `RELEASE_LOG_EVERY`, whatever the optimiser does.
-    #[test]
-    fn writers_release_the_log_when_due_and_not_before() {
-        let dir = tempfile::tempdir().unwrap();
-        let shard = open_shard(&dir.path().join("turns"), small_log_config(64), false).unwrap();
-        write_all(&shard, "first");
-        let held =
-            |p: &Path| -> u64 { stale_log_segments(p).unwrap().iter().map(|(_, b)| b).sum() };
-        let path = dir.path().join("turns");
-        let log = LogRelease::new(dir.path());
-        log.release_if_due();
-        assert!(held(&path) > 0, "not due yet: nothing released");
-        *log.last.lock() = Instant::now() - RELEASE_LOG_EVERY;
-        log.release_if_due();
-        assert_eq!(held(&path), 0, "due: every stale segment released");
-        assert!(!log.failed.load(Ordering::Relaxed));
-        write_all(&shard, "second");
-        log.release_if_due();
-        assert!(held(&path) > 0, "released moments ago: not due again");
-    }
-
-    /// The log is pruned on open, and what was written stays: every point, and updates after
+    /// A store written with the engine's log on (every store before the log was turned off)
+    /// has its log pruned on open, and what was written stays: every point, and updates after
     /// the prune still apply (the operation numbers, the points' versions, keep growing).
     #[test]
     fn pruning_the_write_ahead_log_loses_nothing_and_later_updates_apply() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("shard");
-        write_all(
-            &open_shard(&path, small_log_config(64), false).unwrap(),
-            "first",
-        );
+        let logged = |config| {
+            let shard = open_shard(&path, config, false).unwrap();
+            shard.set_write_ahead_log(true);
+            shard
+        };
+        write_all(&logged(small_log_config(64)), "first");
         let before = closed_segments(&path);
         assert!(before > 2, "the test fills several log segments: {before}");
 
@@ -1772,7 +1688,7 @@ mod tests {
 
         // Once more, so the second prune runs on a log that was pruned before, and with
         // another segment size (a store written before `log_options`).
-        let shard = open_shard(&path, small_log_config(16), false).unwrap();
+        let shard = logged(small_log_config(16));
         assert_eq!(tag(&shard, LAST).as_deref(), Some("second"));
         write_all(&shard, "third");
         assert_eq!(tag(&shard, LAST).as_deref(), Some("third"));
