@@ -13,7 +13,7 @@
 # vector: ~9 % of ingest's CPU at 100k turns, measured (docs/SPEED.md).
 #
 # The .crate is sha256-checked against the checksum crates.io recorded for it (as Cargo.lock
-# has it). Idempotent: quick when vendor/ holds the release with this patch.
+# has it). Idempotent: quick when vendor/ holds the release with these patches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
