@@ -10,7 +10,7 @@ use chrono::Utc;
 use futures::StreamExt;
 use recollect_bus::{Delivery, Message, Stage, StageError};
 use recollect_llm::ChatModel;
-use recollect_model::{dot, topics, Envelope, Fragment, MemoryId, StoredTurn, TenantId};
+use recollect_model::{dot_lanes, topics, Envelope, Fragment, MemoryId, StoredTurn, TenantId};
 use recollect_storage::{ErasureMap, Graph, TurnRecord, VectorIndex};
 
 pub struct ConsolidatorStage {
@@ -137,16 +137,17 @@ pub fn group_window(
         for (g, members) in groups.iter().enumerate() {
             let mut score = 0f32;
             for &j in members {
-                let inter = keys[i].intersection(&keys[j]).count() as f32;
-                let union = keys[i].union(&keys[j]).count().max(1) as f32;
-                let overlap = inter / union;
+                let inter = keys[i].intersection(&keys[j]).count();
+                // |a ∪ b| = |a| + |b| − |a ∩ b|, without walking both sets again.
+                let union = (keys[i].len() + keys[j].len() - inter).max(1);
+                let overlap = inter as f32 / union as f32;
                 let cos = match (
                     vectors.get(&records[i].turn.memory_id),
                     vectors.get(&records[j].turn.memory_id),
                 ) {
                     (Some(a), Some(b)) => a
                         .iter()
-                        .flat_map(|x| b.iter().map(move |y| dot(x, y)))
+                        .flat_map(|x| b.iter().map(move |y| dot_lanes(x, y)))
                         .fold(f32::MIN, f32::max),
                     _ => 0.0,
                 };

@@ -40,7 +40,7 @@ pub struct EmbedderStage {
     /// are not embedded (the graph-writer drops them in any case; this saves the model work).
     graph: Option<Arc<dyn Graph>>,
     /// Keyword texts → vectors: each distinct keyword is embedded once.
-    keyword_cache: parking_lot::Mutex<HashMap<String, Vec<f32>>>,
+    keyword_cache: parking_lot::Mutex<HashMap<String, Arc<[f32]>>>,
     cache_limit: usize,
 }
 
@@ -56,6 +56,12 @@ impl EmbedderStage {
 
     pub fn with_erasures(mut self, graph: Arc<dyn Graph>) -> Self {
         self.graph = Some(graph);
+        self
+    }
+
+    /// How many keyword vectors are kept between batches (all forgotten at once when full).
+    pub fn with_keyword_cache_limit(mut self, limit: usize) -> Self {
+        self.cache_limit = limit;
         self
     }
 
@@ -167,43 +173,58 @@ impl Stage for EmbedderStage {
             Ok(v) => v,
             Err(e) => return batch.iter().map(|_| Err(e.clone())).collect(),
         };
-        let (field_vecs, kw_vecs) = vectors.split_at(n_fields);
-        {
+        let mut field_vecs = vectors;
+        let fresh: HashMap<String, Arc<[f32]>> = new_keywords
+            .into_iter()
+            .zip(field_vecs.split_off(n_fields).into_iter().map(Arc::from))
+            .collect();
+        // Each turn's keyword vectors, this batch's new ones or the cache's, taken before the
+        // cache may be emptied to make room (which used to drop a batch's cached keywords).
+        let keyword_vectors: Vec<Vec<KeywordVector>> = {
             let mut cache = self.keyword_cache.lock();
-            if cache.len() + new_keywords.len() > self.cache_limit {
+            let per_turn = decoded
+                .iter()
+                .zip(&skip)
+                .map(|(env, skip)| match env {
+                    Ok(env) if !*skip => env
+                        .body
+                        .extraction
+                        .keywords
+                        .iter()
+                        .filter_map(|k| {
+                            let v = fresh.get(&k.text).or_else(|| cache.get(&k.text))?;
+                            Some(KeywordVector {
+                                keyword: k.key.clone(),
+                                vector: Arc::clone(v),
+                            })
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                })
+                .collect();
+            if cache.len() + fresh.len() > self.cache_limit {
                 cache.clear();
             }
-            for (k, v) in new_keywords.iter().zip(kw_vecs) {
-                cache.insert(k.clone(), v.clone());
-            }
-        }
-        let cache = self.keyword_cache.lock();
-        let mut fields = field_vecs.iter();
+            cache.extend(fresh);
+            per_turn
+        };
+        let mut fields = field_vecs.into_iter();
         decoded
             .drain(..)
             .zip(skip)
-            .map(|(env, skip)| {
+            .zip(keyword_vectors)
+            .map(|((env, skip), keywords)| {
                 let env = env?;
                 if skip {
                     return Ok(Vec::new());
                 }
                 let ExtractedTurn { turn, extraction } = env.body;
-                let user = fields.next().cloned().unwrap_or_default();
+                let user = fields.next().unwrap_or_default();
                 let assistant = if turn.assistant.is_empty() {
                     vec![]
                 } else {
-                    fields.next().cloned().unwrap_or_default()
+                    fields.next().unwrap_or_default()
                 };
-                let keywords = extraction
-                    .keywords
-                    .iter()
-                    .filter_map(|k| {
-                        cache.get(&k.text).map(|v| KeywordVector {
-                            keyword: k.key.clone(),
-                            vector: v.clone(),
-                        })
-                    })
-                    .collect();
                 let embeddings = Embeddings {
                     user,
                     assistant,
@@ -225,5 +246,91 @@ impl Stage for EmbedderStage {
                 )])
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use recollect_embed::HashEmbedder;
+    use serde_json::json;
+
+    fn delivery(i: usize, keywords: &[&str]) -> Delivery {
+        let kws: Vec<_> = keywords
+            .iter()
+            .map(|k| json!({"key": k, "text": k}))
+            .collect();
+        let body = json!({"turn": {"tenant": "acme", "conversation_id": "c",
+                "turn_id": i.to_string(),
+                "memory_id": recollect_model::MemoryId::derive(&recollect_model::TenantId("acme".into()), "c", &i.to_string()),
+                "position": i, "user": format!("turn {i}"), "timestamp": "2024-05-01T10:00:00Z",
+                "recorded_at": "2024-05-01T10:00:00Z"},
+            "extraction": {"keywords": kws, "entities": [], "locations": [], "events": [],
+                "times": [], "references": [], "event_time": null, "extractor": "rules"}});
+        Delivery {
+            message: Message::from_bytes(
+                topics::EXTRACTED,
+                "acme/c".into(),
+                serde_json::to_vec(&json!({"schema_version": 3, "trace_id": "tr", "body": body}))
+                    .unwrap(),
+                vec![],
+            ),
+            partition: 0,
+            offset: i as i64,
+            timestamp_ms: None,
+        }
+    }
+
+    fn keywords_out(out: &[Result<Vec<Message>, StageError>]) -> Vec<Vec<(String, Vec<f32>)>> {
+        out.iter()
+            .map(|r| {
+                let msgs = r.as_ref().unwrap();
+                let e: Envelope<EmbeddedTurn> = msgs[0].decode().unwrap();
+                e.body
+                    .embeddings
+                    .keywords
+                    .iter()
+                    .map(|k| (k.keyword.clone(), k.vector.to_vec()))
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_batch_keeps_its_cached_keywords_when_the_cache_is_emptied_for_new_ones() {
+        let model = HashEmbedder::new(16);
+        let want = |k: &str| model.embed(&[k]).unwrap().remove(0);
+        let stage = EmbedderStage::new(Arc::new(HashEmbedder::new(16))).with_keyword_cache_limit(3);
+        // "pottery" is cached by the first batch; the second brings three new keywords beside
+        // it, more than the cache holds, so the cache is emptied to make room.
+        let first = stage.handle(&[delivery(0, &["pottery"])]).await;
+        assert_eq!(
+            keywords_out(&first),
+            vec![vec![("pottery".into(), want("pottery"))]]
+        );
+        let second = stage
+            .handle(&[
+                delivery(1, &["pottery", "kiln"]),
+                delivery(2, &["glaze", "wheel", "pottery"]),
+            ])
+            .await;
+        let got = keywords_out(&second);
+        let names: Vec<Vec<&str>> = got
+            .iter()
+            .map(|t| t.iter().map(|(k, _)| k.as_str()).collect())
+            .collect();
+        assert_eq!(
+            names,
+            vec![vec!["pottery", "kiln"], vec!["glaze", "wheel", "pottery"]]
+        );
+        for (k, v) in got.iter().flatten() {
+            assert_eq!(*v, want(k), "{k}");
+        }
+        // And the next batch still finds what the last one embedded.
+        let third = stage.handle(&[delivery(3, &["kiln"])]).await;
+        assert_eq!(
+            keywords_out(&third),
+            vec![vec![("kiln".into(), want("kiln"))]]
+        );
     }
 }

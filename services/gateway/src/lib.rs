@@ -322,13 +322,13 @@ impl Gateway {
             count: appended.len(),
         }
         .emit();
-        let new: Vec<Turn> = appended
-            .iter()
-            .filter(|a| a.new)
-            .map(|a| a.turn.clone())
-            .collect();
-        self.publish(&new, trace_id).await?;
         let ids: Vec<MemoryId> = appended.iter().map(|a| a.turn.memory_id).collect();
+        let new: Vec<Turn> = appended
+            .into_iter()
+            .filter(|a| a.new)
+            .map(|a| a.turn)
+            .collect();
+        self.publish(new, trace_id).await?;
         if req.wait.unwrap_or(false) {
             self.wait_stored(tenant, &ids).await?;
         }
@@ -383,8 +383,9 @@ impl Gateway {
                 }
             })
             .collect();
-        self.publish(&turns, trace_id).await?;
-        TurnsAccepted { count: turns.len() }.emit();
+        let count = turns.len();
+        self.publish(turns, trace_id).await?;
+        TurnsAccepted { count }.emit();
         if req.wait.unwrap_or(false) {
             self.wait_stored(tenant, &ids).await?;
         }
@@ -436,17 +437,17 @@ impl Gateway {
         Ok(superseded)
     }
 
-    async fn publish(&self, turns: &[Turn], trace_id: &str) -> Result<(), RecollectError> {
+    async fn publish(&self, turns: Vec<Turn>, trace_id: &str) -> Result<(), RecollectError> {
         if turns.is_empty() {
             return Ok(());
         }
         let msgs = turns
-            .iter()
+            .into_iter()
             .map(|t| {
                 Message::json(
                     topics::RAW,
                     bus_key(&t.tenant, &t.conversation_id),
-                    Envelope::new(trace_id, t.clone()),
+                    Envelope::new(trace_id, t),
                     trace_id,
                 )
             })
@@ -570,7 +571,7 @@ impl Gateway {
             }
         };
         if new {
-            self.publish(std::slice::from_ref(&turn), trace_id).await?;
+            self.publish(vec![turn.clone()], trace_id).await?;
             TurnsAccepted { count: 1 }.emit();
         }
         if patch.wait.unwrap_or(false) {
@@ -663,7 +664,7 @@ impl Gateway {
                 .map_err(classified)?;
             let all: Vec<Turn> = records.into_iter().map(|r| r.turn).collect();
             for chunk in all.chunks(256) {
-                self.publish(chunk, trace_id).await?;
+                self.publish(chunk.to_vec(), trace_id).await?;
             }
             turns += all.len() as u64;
         }
@@ -683,7 +684,7 @@ impl Gateway {
             .map_err(RecollectError::internal)?
             .map_err(RecollectError::from_classified)?;
         for chunk in pending.chunks(256) {
-            self.publish(chunk, "replay").await?;
+            self.publish(chunk.to_vec(), "replay").await?;
         }
         if !pending.is_empty() {
             tracing::info!(turns = pending.len(), "replayed unfinished turns");

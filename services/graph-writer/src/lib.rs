@@ -126,14 +126,16 @@ impl GraphWriterStage {
                 .await
                 .map_err(StageError::classified)?;
         }
-        let mut keywords: BTreeMap<(String, String), BTreeMap<String, Vec<f32>>> = BTreeMap::new();
+        // (tenant, conversation) → keyword → its vector, shared with the turns that carry it.
+        type Said = BTreeMap<(String, String), BTreeMap<String, Arc<[f32]>>>;
+        let mut keywords: Said = BTreeMap::new();
         for e in turns {
             let slot = keywords
                 .entry((e.turn.tenant.0.clone(), e.turn.conversation_id.clone()))
                 .or_default();
             for k in &e.embeddings.keywords {
                 slot.entry(k.keyword.clone())
-                    .or_insert_with(|| k.vector.clone());
+                    .or_insert_with(|| Arc::clone(&k.vector));
             }
         }
         // One call for the batch: the index writes (and flushes) once, not once per conversation.

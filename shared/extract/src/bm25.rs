@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use recollect_model::SparseVector;
 
-use crate::text::{is_apostrophe, push_lower, strip_clitic, STEMMER, STOPSET};
+use crate::text::{is_apostrophe, push_lower, stem_lower, strip_clitic, STOPSET};
 
 /// Term-frequency saturation.
 pub const K1: f32 = 1.2;
@@ -63,7 +63,7 @@ fn emit_term(raw: &str, out: &mut Vec<String>) {
     if it.next().is_some() && it.next().is_none() {
         return;
     }
-    out.push(STEMMER.stem(w).into_owned());
+    out.push(stem_lower(w));
 }
 
 /// Stable 32-bit FNV-1a hash of a term: the sparse-vector dimension, identical across

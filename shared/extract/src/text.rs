@@ -3,13 +3,14 @@
 //! Everything here must agree between store time and query time, so the same
 //! normalisation (lower case, clitic stripping, Snowball English stems) is used everywhere.
 
-use std::collections::HashSet;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 
 use once_cell::sync::Lazy;
 use rust_stemmers::{Algorithm, Stemmer};
 
 /// One stemmer for the process: creating one per call would dominate short texts.
-pub(crate) static STEMMER: Lazy<Stemmer> = Lazy::new(|| Stemmer::create(Algorithm::English));
+static STEMMER: Lazy<Stemmer> = Lazy::new(|| Stemmer::create(Algorithm::English));
 
 /// Function words and chat filler. Lexical matching on these only adds noise, and the
 /// keyword graph would merge unrelated turns on them.
@@ -88,11 +89,37 @@ pub fn is_stopword(word: &str) -> bool {
 /// Snowball English stem of a word, lower-cased first.
 pub fn stem(word: &str) -> String {
     if word.chars().any(char::is_uppercase) {
-        let lower = word.to_lowercase();
-        STEMMER.stem(&lower).into_owned()
+        stem_lower(&word.to_lowercase())
     } else {
-        STEMMER.stem(word).into_owned()
+        stem_lower(word)
     }
+}
+
+/// How many words each thread remembers the stem of. Chat reuses a small vocabulary: at this
+/// size the look-ups hit for nearly every word, in about 1 MB a thread.
+const STEMS_REMEMBERED: usize = 16_384;
+
+thread_local! {
+    static STEMS: RefCell<HashMap<Box<str>, Box<str>>> = RefCell::new(HashMap::new());
+}
+
+/// Snowball English stem of a lower-case word. The stemmer's suffix search costs several times
+/// a hash look-up, and the extractor, the embedder's BM25 vectors and every question stem the
+/// same words over and over, so each thread keeps the stems it made (all forgotten at once when
+/// full: no bookkeeping on the hot path).
+pub(crate) fn stem_lower(word: &str) -> String {
+    STEMS.with(|cell| {
+        let mut stems = cell.borrow_mut();
+        if let Some(s) = stems.get(word) {
+            return s.to_string();
+        }
+        let s = STEMMER.stem(word);
+        if stems.len() >= STEMS_REMEMBERED {
+            stems.clear();
+        }
+        stems.insert(word.into(), (*s).into());
+        s.into_owned()
+    })
 }
 
 pub(crate) fn is_apostrophe(c: char) -> bool {
@@ -305,6 +332,20 @@ mod tests {
         assert!(!is_stopword("museum"));
         assert_eq!(stem("Running"), "run");
         assert_eq!(stem("groups"), "group");
+    }
+
+    #[test]
+    fn remembered_stems_are_the_stemmers_before_and_after_the_memory_fills() {
+        let words: Vec<String> = (0..STEMS_REMEMBERED + 500)
+            .map(|i| format!("walking{i}s"))
+            .chain(["running", "groups", "café", "caroline's"].map(String::from))
+            .collect();
+        for _ in 0..2 {
+            for w in &words {
+                assert_eq!(stem_lower(w), STEMMER.stem(w), "{w}");
+            }
+        }
+        assert!(STEMS.with(|s| s.borrow().len()) <= STEMS_REMEMBERED);
     }
 
     #[test]

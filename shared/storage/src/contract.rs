@@ -1543,7 +1543,7 @@ async fn vector_filters(v: Arc<dyn VectorIndex>, dim: usize) {
         "f",
         vec![KeywordVector {
             keyword: "kayak".into(),
-            vector: vector(dim, 3),
+            vector: vector(dim, 3).into(),
         }],
     )
     .await
@@ -1648,11 +1648,11 @@ pub async fn vector_contract(v: Arc<dyn VectorIndex>, dim: usize) {
     let kws = vec![
         KeywordVector {
             keyword: "dog".into(),
-            vector: vector(dim, 1),
+            vector: vector(dim, 1).into(),
         },
         KeywordVector {
             keyword: "café \"ü\"".into(),
-            vector: vector(dim, 2),
+            vector: vector(dim, 2).into(),
         },
     ];
     v.upsert_keywords(&a, "c1", kws.clone()).await.unwrap();
@@ -1677,7 +1677,7 @@ pub async fn vector_contract(v: Arc<dyn VectorIndex>, dim: usize) {
     // conversation already has stays one point, a new one is added beside it.
     let kw = |k: &str, seed| KeywordVector {
         keyword: k.into(),
-        vector: vector(dim, seed),
+        vector: vector(dim, seed).into(),
     };
     let sets = vec![
         KeywordSet {
@@ -1722,7 +1722,7 @@ pub async fn vector_contract(v: Arc<dyn VectorIndex>, dim: usize) {
             conversation: "ks1".into(),
             keywords: vec![KeywordVector {
                 keyword: "short".into(),
-                vector: vec![0.5; dim - 1],
+                vector: vec![0.5; dim - 1].into(),
             }],
         }])
         .await,
@@ -1749,7 +1749,7 @@ pub async fn vector_contract(v: Arc<dyn VectorIndex>, dim: usize) {
     v.upsert_turns(d.clone()).await.unwrap();
     let kw = |k: &str, seed: usize| KeywordVector {
         keyword: k.into(),
-        vector: vector(dim, seed),
+        vector: vector(dim, seed).into(),
     };
     v.upsert_keywords(&a, "d1", vec![kw("dog", 1), kw("cat", 2)])
         .await
@@ -2088,7 +2088,7 @@ mod tests {
                 "c",
                 vec![KeywordVector {
                     keyword: "rex".into(),
-                    vector: vector(8, 3),
+                    vector: vector(8, 3).into(),
                 }],
             )
             .await

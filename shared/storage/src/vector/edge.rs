@@ -589,25 +589,6 @@ impl FormVectors {
     }
 }
 
-/// The dot product of two unit vectors, in eight lanes so the compiler vectorises it (a plain
-/// `sum` of floats must keep its order, and stays scalar).
-fn cosine_unit(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = a8
-        .remainder()
-        .iter()
-        .zip(b8.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in a8.zip(b8) {
-        for i in 0..8 {
-            lanes[i] += x[i] * y[i];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
-}
-
 fn unit(mut v: Vec<f32>) -> Vec<f32> {
     let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
     if n > 0.0 {
@@ -1169,7 +1150,7 @@ impl VectorIndex for EdgeVectorIndex {
                     point,
                 });
                 structs.entry(point).or_insert_with(|| {
-                    keyword_form_struct(&set.tenant, &k.keyword, point, k.vector)
+                    keyword_form_struct(&set.tenant, &k.keyword, point, k.vector.to_vec())
                 });
             }
         }
@@ -1236,7 +1217,7 @@ impl VectorIndex for EdgeVectorIndex {
             let mut best: HashMap<String, f32> = HashMap::new();
             for c in conversations {
                 for (stem, v) in self.conversation_forms(tenant, c).await?.iter() {
-                    let score = cosine_unit(&q, v);
+                    let score = recollect_model::dot_lanes(&q, v);
                     if score >= min_score {
                         let b = best.entry(stem.clone()).or_insert(score);
                         *b = b.max(score);

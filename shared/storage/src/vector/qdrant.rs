@@ -856,7 +856,7 @@ impl VectorIndex for QdrantVectorIndex {
                 payload.insert("conversation", set.conversation.as_str());
                 payload.insert("keyword", k.keyword.as_str());
                 let mut v: HashMap<String, Vector> = HashMap::new();
-                v.insert(KEYWORD_VECTOR.into(), Vector::new_dense(k.vector.clone()));
+                v.insert(KEYWORD_VECTOR.into(), Vector::new_dense(k.vector.to_vec()));
                 points.push((id, PointStruct::new(point_id(id), v, payload)));
             }
         }
