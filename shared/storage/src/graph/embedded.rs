@@ -578,7 +578,8 @@ impl EmbeddedGraph {
             let mut markers: HashMap<(&str, &str), Erasures> = HashMap::new();
             // The batch's new links, per node: added together at the end, one read and write
             // per block rather than per link (a node's earlier links are flushed before one of
-            // them is taken away).
+            // them is taken away). Not in key order: blocks inserted in order leave redb's
+            // leaves half full as they split (+45 B a turn at 100k, docs/SPEED.md).
             let mut pending: HashMap<Vec<u8>, Vec<Posting>> = HashMap::new();
             for (turn, x) in turns {
                 let tenant = turn.tenant.as_str();
