@@ -253,28 +253,29 @@ impl Stage for EmbedderStage {
 mod tests {
     use super::*;
     use recollect_embed::HashEmbedder;
+    use recollect_model::{Extraction, Keyword, Turn};
     use serde_json::json;
 
+    /// A turn saying `keywords`, as the extractor hands it on in the single binary (a value,
+    /// not bytes).
     fn delivery(i: usize, keywords: &[&str]) -> Delivery {
-        let kws: Vec<_> = keywords
-            .iter()
-            .map(|k| json!({"key": k, "text": k}))
-            .collect();
-        let body = json!({"turn": {"tenant": "acme", "conversation_id": "c",
-                "turn_id": i.to_string(),
-                "memory_id": recollect_model::MemoryId::derive(&recollect_model::TenantId("acme".into()), "c", &i.to_string()),
-                "position": i, "user": format!("turn {i}"), "timestamp": "2024-05-01T10:00:00Z",
-                "recorded_at": "2024-05-01T10:00:00Z"},
-            "extraction": {"keywords": kws, "entities": [], "locations": [], "events": [],
-                "times": [], "references": [], "event_time": null, "extractor": "rules"}});
+        let turn: Turn = serde_json::from_value(json!({"tenant": "acme", "conversation_id": "c",
+            "turn_id": i.to_string(), "position": i, "user": format!("turn {i}"),
+            "timestamp": "2024-05-01T10:00:00Z", "recorded_at": "2024-05-01T10:00:00Z"}))
+        .unwrap();
+        let extraction = Extraction {
+            keywords: keywords
+                .iter()
+                .map(|k| Keyword {
+                    key: k.to_string(),
+                    text: k.to_string(),
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let body = Envelope::new("tr", ExtractedTurn { turn, extraction });
         Delivery {
-            message: Message::from_bytes(
-                topics::EXTRACTED,
-                "acme/c".into(),
-                serde_json::to_vec(&json!({"schema_version": 3, "trace_id": "tr", "body": body}))
-                    .unwrap(),
-                vec![],
-            ),
+            message: Message::json(topics::EXTRACTED, "acme/c".into(), body, "tr"),
             partition: 0,
             offset: i as i64,
             timestamp_ms: None,
