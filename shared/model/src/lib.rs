@@ -527,8 +527,10 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// [`dot`] summed in eight lanes, so the compiler vectorises it (a plain `sum` of floats must
 /// keep its order, and stays scalar): for comparisons made and used in one place, such as the
 /// consolidator's grouping and the keyword-form scan, where a last-bit difference from [`dot`]
-/// changes nothing. About five times faster on 384 dimensions.
+/// changes nothing. Also over the shorter length.
 pub fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
     let mut lanes = [0f32; 8];
     let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = a8
@@ -878,6 +880,35 @@ impl ReferenceState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_dot_product_in_lanes_is_the_ordered_one_over_the_shorter_length() {
+        // A fixed pseudo-random sequence: no dependency for a handful of numbers.
+        let mut x = 0x2545_f491_u32;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x as f32 / u32::MAX as f32) - 0.5
+        };
+        for (la, lb) in [
+            (0, 0),
+            (3, 3),
+            (8, 8),
+            (384, 384),
+            (10, 16),
+            (16, 10),
+            (385, 7),
+        ] {
+            let a: Vec<f32> = (0..la).map(|_| next()).collect();
+            let b: Vec<f32> = (0..lb).map(|_| next()).collect();
+            let (want, got) = (dot(&a, &b), dot_lanes(&a, &b));
+            assert!(
+                (want - got).abs() <= 1e-5 * (1.0 + want.abs()),
+                "{la}/{lb}: {want} vs {got}"
+            );
+        }
+    }
 
     /// Time keys name graph nodes already stored: they must stay what chrono's `%Y-%m-%d`
     /// wrote, including the years it writes with a sign.
