@@ -60,6 +60,9 @@ struct EmbeddedHooks {
     wake: Notify,
     /// The writer found its input drained with turns handled and not yet flushed.
     drained: Notify,
+    /// The bus, to tell a burst's end (every stage before the writer drained too) from the
+    /// writer catching up mid-stream, when the flush waits for its second.
+    bus: Arc<InProcessBus>,
 }
 
 impl StoreHooks for EmbeddedHooks {
@@ -72,13 +75,17 @@ impl StoreHooks for EmbeddedHooks {
     }
 
     /// Nothing more to write for now: what was handled settles without waiting out the second.
-    /// Only with turns to settle, so that an idle pipeline leaves no wake-up for later.
+    /// Only with turns to settle, so that an idle pipeline leaves no wake-up for later, and
+    /// only when the stages before the writer have nothing waiting either: a writer that
+    /// caught up mid-stream would otherwise flush after every batch.
     fn idle(&self) {
-        if !self
-            .handled
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
+        let upstream = [topics::RAW, topics::EXTRACTED, topics::EMBEDDED];
+        if upstream.iter().all(|t| self.bus.depth(t) == 0)
+            && !self
+                .handled
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
         {
             self.drained.notify_one();
         }
@@ -441,6 +448,7 @@ impl App {
         bus.ensure_topics(&topics::ALL).await?;
         let stored = Arc::new(Notify::new());
         let hooks = Arc::new(EmbeddedHooks {
+            bus: bus.clone(),
             raw: raw.clone(),
             vectors: vectors.clone(),
             stored: stored.clone(),
@@ -606,6 +614,58 @@ mod tests {
                 agent_id: None,
             })
             .collect()
+    }
+
+    /// The writer's "drained" settles at once only at a burst's end: while a stage before it
+    /// still has turns waiting, the writer merely caught up, and the flush waits for its second.
+    #[tokio::test]
+    async fn the_writer_settles_at_once_only_when_the_stages_before_it_are_drained() {
+        let dir = tempfile::tempdir().unwrap();
+        let bus = InProcessBus::new(16);
+        bus.ensure_topics(&topics::ALL).await.unwrap();
+        let hooks = EmbeddedHooks {
+            raw: RawStore::open(&dir.path().join("raw.redb")).unwrap(),
+            vectors: Arc::new(
+                recollect_storage::EdgeVectorIndex::open(&dir.path().join("vectors"), 4).unwrap(),
+            ),
+            stored: Default::default(),
+            handled: Default::default(),
+            wake: Notify::new(),
+            drained: Notify::new(),
+            bus: bus.clone(),
+        };
+        async fn settles_now(h: &EmbeddedHooks) -> bool {
+            let told = h.drained.notified();
+            tokio::time::timeout(std::time::Duration::from_millis(20), told)
+                .await
+                .is_ok()
+        }
+        hooks.idle();
+        assert!(
+            !settles_now(&hooks).await,
+            "nothing handled, nothing to settle"
+        );
+        hooks.stored(&[(MemoryId::nil(), chrono::Utc::now())]);
+        for topic in [topics::RAW, topics::EXTRACTED, topics::EMBEDDED] {
+            bus.publish(vec![recollect_bus::Message::json(
+                topic,
+                "k".into(),
+                1,
+                "t",
+            )])
+            .await
+            .unwrap();
+            hooks.idle();
+            assert!(!settles_now(&hooks).await, "a turn waits in {topic}");
+            let mut sub = bus.subscribe(topic, "g").await.unwrap();
+            let taken = sub
+                .poll(8, std::time::Duration::from_secs(1))
+                .await
+                .unwrap();
+            assert_eq!(taken.len(), 1);
+        }
+        hooks.idle();
+        assert!(settles_now(&hooks).await, "every stage drained: settle now");
     }
 
     /// With the vector index flushed for several writer batches at once, a turn stored with

@@ -397,6 +397,8 @@ struct Row {
     concurrent: Option<Concurrent>,
     rss_mib: f64,
     reopen_s: f64,
+    /// A lone one-turn store with `wait` (answered once recallable), p50.
+    wait_store_p50_ms: f64,
     /// Recall latency of new questions at percentiles 0, 1, …, 100 (the CDF).
     latency_percentiles_ms: Vec<f64>,
 }
@@ -419,6 +421,9 @@ fn turn_input(i: usize, c: usize, user: &str, assistant: &str, p: usize) -> Turn
 
 /// The synthetic conversations: `turns` spread over `conversations` (`conv-<index>`, the last
 /// ones shorter), each with its speaker pair's texts from `text(pair)`, in order.
+/// Lone one-turn stores with `wait` timed after each size's recall phases.
+const WAITED_STORES: usize = 30;
+
 fn synthetic_conversations(
     conversations: usize,
     turns: usize,
@@ -847,6 +852,36 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
         } else {
             None
         };
+        // A lone store with `wait` on the settled store: answered once its turn is
+        // recallable, i.e. the whole pipeline's latency for one turn when nothing else runs.
+        let mut r = Rng(0x5eed_fa17 ^ size as u64);
+        let lone = synthetic_conversations(WAITED_STORES, WAITED_STORES, |p| {
+            let items = &pool[p];
+            items[(r.next() % items.len() as u64) as usize].clone()
+        });
+        let mut waited = Vec::with_capacity(lone.len());
+        for (i, turns) in lone.into_iter().enumerate() {
+            let t = Instant::now();
+            app.gateway
+                .store(
+                    &tenants[i % tenants.len()],
+                    &format!("waited-{i}"),
+                    StoreRequest {
+                        turns,
+                        wait: Some(true),
+                    },
+                    "bench",
+                )
+                .await?;
+            waited.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        waited.sort_by(f64::total_cmp);
+        let wait_store_p50 = percentile(&waited, 0.5);
+        println!(
+            "{size}: a lone store with `wait` (one turn, answered once recallable): p50 {wait_store_p50:.1} ms, max {:.1} ms ({} stores)",
+            waited.last().copied().unwrap_or(f64::NAN),
+            waited.len()
+        );
         let n = app.raw.count()?.max(1);
         app.shutdown().await;
         let log_before = vector_log_bytes(&dir);
@@ -892,6 +927,7 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
             concurrent,
             rss_mib: peak_rss_mib(),
             reopen_s,
+            wait_store_p50_ms: wait_store_p50,
             latency_percentiles_ms: (0..=100)
                 .map(|p| percentile(&lat, p as f64 / 100.0))
                 .collect(),

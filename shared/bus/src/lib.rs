@@ -362,8 +362,9 @@ pub trait Stage: Send + Sync + 'static {
     }
     /// One result per delivery, in order. Outputs are published before the input is committed.
     async fn handle(&self, batch: &[Delivery]) -> Vec<Result<Vec<Message>, StageError>>;
-    /// A poll waited its whole time and found nothing: the input is drained for now. A stage
-    /// that defers work to batch it (a flush) can do it now rather than at its next deadline.
+    /// The input is drained for now: nothing was waiting right after a batch, or a poll waited
+    /// its whole time and found nothing. A stage that defers work to batch it (a flush) can do
+    /// it now rather than at its next deadline.
     fn idle(&self) {}
 }
 
@@ -399,12 +400,21 @@ pub async fn run_stage(
     let mut sub = bus.subscribe(stage.input_topic(), &group).await?;
     let name = stage.name();
     tracing::info!(stage = name, topic = stage.input_topic(), "stage started");
+    // Right after a batch the input is looked at without waiting: if nothing is there, the
+    // stage hears it is drained now, not after a poll's whole wait (a burst's last turns were
+    // settled, and a `wait` answered, 200 ms late).
+    let mut after_batch = false;
     loop {
         if *shutdown.borrow() {
             break;
         }
+        let wait = if after_batch {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(200)
+        };
         let batch = tokio::select! {
-            r = sub.poll(stage.max_batch(), Duration::from_millis(200)) => match r {
+            r = sub.poll(stage.max_batch(), wait) => match r {
                 Ok(b) => b,
                 Err(BusError::Closed) => break,
                 Err(e) => {
@@ -415,6 +425,7 @@ pub async fn run_stage(
             },
             _ = shutdown.changed() => continue,
         };
+        after_batch = !batch.is_empty();
         if batch.is_empty() {
             stage.idle();
             continue;
@@ -633,6 +644,73 @@ mod tests {
         let dl: DeadLetter = serde_json::from_slice(&dead[0].message.payload()).unwrap();
         assert_eq!(dl.payload, "{oops");
         assert_eq!(dl.stage, "doubler");
+        tx.send(true).unwrap();
+        h.await.unwrap().unwrap();
+    }
+
+    /// Counts its batches and notes, at each `idle`, the clock and how many it had handled.
+    #[derive(Default)]
+    struct Idling {
+        handled: std::sync::Mutex<Vec<tokio::time::Instant>>,
+        idles: std::sync::Mutex<Vec<(tokio::time::Instant, usize)>>,
+    }
+
+    #[async_trait]
+    impl Stage for Idling {
+        fn name(&self) -> &'static str {
+            "idling"
+        }
+        fn input_topic(&self) -> &'static str {
+            "in"
+        }
+        fn idle(&self) {
+            let handled = self.handled.lock().unwrap().len();
+            self.idles
+                .lock()
+                .unwrap()
+                .push((tokio::time::Instant::now(), handled));
+        }
+        async fn handle(&self, batch: &[Delivery]) -> Vec<Result<Vec<Message>, StageError>> {
+            self.handled
+                .lock()
+                .unwrap()
+                .push(tokio::time::Instant::now());
+            batch.iter().map(|_| Ok(Vec::new())).collect()
+        }
+    }
+
+    /// A stage hears its input is drained right after the batch that drained it, not a poll's
+    /// whole wait later (the embedded writer settles a burst's last turns, and answers a
+    /// `wait`, on it). The clock is tokio's paused one, so "right after" is exact.
+    #[tokio::test(start_paused = true)]
+    async fn a_stage_hears_it_is_drained_right_after_its_last_batch() {
+        let bus = InProcessBus::new(16);
+        bus.ensure_topics(&["in"]).await.unwrap();
+        let stage = Arc::new(Idling::default());
+        let (tx, rx) = watch::channel(false);
+        let h = tokio::spawn(run_stage(bus.clone(), stage.clone(), "g".into(), rx));
+        // Idle before anything arrives: a whole poll's wait.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let msgs = (0..3)
+            .map(|i| Message::json("in", "k".into(), i, "t"))
+            .collect();
+        bus.publish(msgs).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let handled = stage.handled.lock().unwrap().clone();
+        assert_eq!(handled.len(), 1, "the three messages in one batch");
+        let after: Vec<_> = stage
+            .idles
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, n)| *n == 1)
+            .map(|(at, _)| *at)
+            .collect();
+        assert_eq!(after.len(), 1, "drained once since the batch, 50 ms later");
+        assert_eq!(
+            after[0], handled[0],
+            "no time passed between the batch and `idle`"
+        );
         tx.send(true).unwrap();
         h.await.unwrap().unwrap();
     }

@@ -1141,10 +1141,17 @@ impl VectorIndex for EdgeVectorIndex {
                 self.check_dim(&k.vector)?;
             }
         }
-        for set in sets {
-            for k in set.keywords {
-                let point = keyword_form_point(&set.tenant, &k.keyword, &k.vector);
-                said.entry(set.tenant.0.clone()).or_default().push(Said {
+        // A form's id hashes its whole vector (1.5 KB, byte by byte). Conversations of a
+        // batch share their keywords' vectors (one `Arc` from the embedder's cache), so each
+        // (tenant, form, vector) is hashed once: while `sets` lives, one address is one vector.
+        let mut ids: HashMap<(&str, &str, usize), [u8; 16]> = HashMap::new();
+        for set in &sets {
+            let tenant_said = said.entry(set.tenant.0.clone()).or_default();
+            for k in &set.keywords {
+                let point = *ids
+                    .entry((set.tenant.as_str(), &k.keyword, k.vector.as_ptr() as usize))
+                    .or_insert_with(|| keyword_form_point(&set.tenant, &k.keyword, &k.vector));
+                tenant_said.push(Said {
                     conversation: set.conversation.clone(),
                     stem: k.keyword.clone(),
                     point,
@@ -1154,6 +1161,7 @@ impl VectorIndex for EdgeVectorIndex {
                 });
             }
         }
+        drop(ids);
         if structs.is_empty() {
             return Ok(());
         }
