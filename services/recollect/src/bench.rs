@@ -419,11 +419,11 @@ fn turn_input(i: usize, c: usize, user: &str, assistant: &str, p: usize) -> Turn
     }
 }
 
-/// The synthetic conversations: `turns` spread over `conversations` (`conv-<index>`, the last
-/// ones shorter), each with its speaker pair's texts from `text(pair)`, in order.
 /// Lone one-turn stores with `wait` timed after each size's recall phases.
 const WAITED_STORES: usize = 30;
 
+/// The synthetic conversations: `turns` spread over `conversations` (`conv-<index>`, the last
+/// ones shorter), each with its speaker pair's texts from `text(pair)`, in order.
 fn synthetic_conversations(
     conversations: usize,
     turns: usize,
