@@ -419,6 +419,17 @@ fn turn_input(i: usize, c: usize, user: &str, assistant: &str, p: usize) -> Turn
     }
 }
 
+/// A speaker pair's next texts, drawn from its part of the precomputed pool.
+fn pool_texts(
+    pool: &[Vec<(String, String)>],
+    mut r: Rng,
+) -> impl FnMut(usize) -> (String, String) + '_ {
+    move |p| {
+        let items = &pool[p];
+        items[(r.next() % items.len() as u64) as usize].clone()
+    }
+}
+
 /// Lone one-turn stores with `wait` timed after each size's recall phases.
 const WAITED_STORES: usize = 30;
 
@@ -759,12 +770,8 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
         let cpu0 = cpu_seconds();
         let batches0 = stage_batches();
         let (durable, e2e) = if existing < size {
-            let mut r = Rng(0xfeed_f00d ^ size as u64);
-            ingest(&app, &tenants, conversations, size, |p| {
-                let items = &pool[p];
-                items[(r.next() % items.len() as u64) as usize].clone()
-            })
-            .await?
+            let r = Rng(0xfeed_f00d ^ size as u64);
+            ingest(&app, &tenants, conversations, size, pool_texts(&pool, r)).await?
         } else {
             app.wait_enriched().await?;
             println!("{size}: reusing the {existing} turns in {}", dir.display());
@@ -854,11 +861,8 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
         };
         // A lone store with `wait` on the settled store: answered once its turn is
         // recallable, i.e. the whole pipeline's latency for one turn when nothing else runs.
-        let mut r = Rng(0x5eed_fa17 ^ size as u64);
-        let lone = synthetic_conversations(WAITED_STORES, WAITED_STORES, |p| {
-            let items = &pool[p];
-            items[(r.next() % items.len() as u64) as usize].clone()
-        });
+        let r = Rng(0x5eed_fa17 ^ size as u64);
+        let lone = synthetic_conversations(WAITED_STORES, WAITED_STORES, pool_texts(&pool, r));
         let mut waited = Vec::with_capacity(lone.len());
         for (i, turns) in lone.into_iter().enumerate() {
             let t = Instant::now();
