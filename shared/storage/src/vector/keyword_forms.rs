@@ -10,14 +10,22 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use redb::{Database, MultimapTableDefinition};
+use redb::{
+    Database, MultimapTableDefinition, MultimapTableHandle, ReadableMultimapTable, ReadableTable,
+    TableDefinition, WriteTransaction,
+};
 
 use crate::StoreError;
 
 /// (tenant, conversation, stem) → the form's point id (16 bytes).
 const SAID: MultimapTableDefinition<&[u8], &[u8]> = MultimapTableDefinition::new("said");
-/// (tenant, point id) → conversation: who still says a form.
-const SAYERS: MultimapTableDefinition<&[u8], &[u8]> = MultimapTableDefinition::new("sayers");
+/// (tenant, point id) → how many conversations say the form: an erasure deletes a form with
+/// the last of them. A count, not the list of them: a common form is said by most of a tenant's
+/// conversations, and the lists were a quarter of this file at 10k turns (docs/SPEED.md).
+const SAYERS: TableDefinition<&[u8], u64> = TableDefinition::new("sayer_counts");
+/// What stores before the counts kept instead: (tenant, point id) → each conversation that
+/// says it. Counted into [`SAYERS`] and deleted on open.
+const LEGACY_SAYERS: MultimapTableDefinition<&[u8], &[u8]> = MultimapTableDefinition::new("sayers");
 
 fn part(out: &mut Vec<u8>, s: &[u8]) {
     out.extend_from_slice(&(s.len() as u32).to_be_bytes());
@@ -74,7 +82,8 @@ impl KeywordForms {
         let db = Database::create(path).map_err(err)?;
         let tx = db.begin_write().map_err(err)?;
         tx.open_multimap_table(SAID).map_err(err)?;
-        tx.open_multimap_table(SAYERS).map_err(err)?;
+        tx.open_table(SAYERS).map_err(err)?;
+        count_legacy_sayers(&tx)?;
         tx.commit().map_err(err)?;
         Ok(Self { db })
     }
@@ -99,7 +108,8 @@ impl KeywordForms {
         self.change(said.iter().map(|s| (tenant, s)), false)
     }
 
-    /// Both tables in one commit, each (tenant, form said) inserted or removed.
+    /// Both tables in one commit, each (tenant, form said) inserted or removed; a form's count
+    /// moves only when a conversation starts or stops saying it, so a repeat changes nothing.
     fn change<'a>(
         &self,
         said: impl Iterator<Item = (&'a str, &'a Said)>,
@@ -112,23 +122,32 @@ impl KeywordForms {
         let tx = self.db.begin_write().map_err(err)?;
         {
             let mut by_conv = tx.open_multimap_table(SAID).map_err(err)?;
-            let mut sayers = tx.open_multimap_table(SAYERS).map_err(err)?;
+            // A batch's conversations share their common forms: one count update per form.
+            let mut moved: HashMap<Vec<u8>, i64> = HashMap::new();
             for (tenant, s) in said {
-                let k1 = said_key(tenant, &s.conversation, &s.stem);
-                let k2 = sayers_key(tenant, s.point);
-                let (k1, v1, k2, v2) = (
-                    k1.as_slice(),
-                    s.point.as_slice(),
-                    k2.as_slice(),
-                    s.conversation.as_bytes(),
-                );
-                if insert {
-                    by_conv.insert(k1, v1).map_err(err)?;
-                    sayers.insert(k2, v2).map_err(err)?;
-                } else {
-                    by_conv.remove(k1, v1).map_err(err)?;
-                    sayers.remove(k2, v2).map_err(err)?;
+                let k = said_key(tenant, &s.conversation, &s.stem);
+                let (k, v) = (k.as_slice(), s.point.as_slice());
+                // insert: true if it was said already; remove: true if it was.
+                let step = match (insert, insert_or_remove(&mut by_conv, k, v, insert)?) {
+                    (true, false) => 1,
+                    (false, true) => -1,
+                    _ => continue,
+                };
+                *moved.entry(sayers_key(tenant, s.point)).or_default() += step;
+            }
+            let mut moved: Vec<(Vec<u8>, i64)> = moved.into_iter().filter(|m| m.1 != 0).collect();
+            moved.sort_unstable();
+            let mut counts = tx.open_table(SAYERS).map_err(err)?;
+            for (k, step) in moved {
+                let now = counts
+                    .get(k.as_slice())
+                    .map_err(err)?
+                    .map_or(0, |v| v.value());
+                match now.saturating_add_signed(step) {
+                    0 => counts.remove(k.as_slice()).map(drop),
+                    n => counts.insert(k.as_slice(), n).map(drop),
                 }
+                .map_err(err)?;
             }
         }
         tx.commit().map_err(err)
@@ -190,28 +209,26 @@ impl KeywordForms {
         said: &[Said],
     ) -> Result<Vec<[u8; 16]>, StoreError> {
         let tx = self.db.begin_read().map_err(err)?;
-        let t = tx.open_multimap_table(SAYERS).map_err(err)?;
-        let leaving: HashSet<(&str, [u8; 16])> = said
-            .iter()
-            .map(|s| (s.conversation.as_str(), s.point))
-            .collect();
-        let mut out = Vec::new();
-        let mut seen = HashSet::new();
+        let t = tx.open_table(SAYERS).map_err(err)?;
+        // Each form of `said` (read from SAID, so every pair is counted) and how many of the
+        // leaving conversations say it: the form goes when they are all its sayers.
+        let mut leaving: HashMap<[u8; 16], HashSet<&str>> = HashMap::new();
+        let mut order = Vec::new();
         for s in said {
-            if !seen.insert(s.point) {
-                continue;
-            }
-            let mut others = false;
-            for c in t.get(sayers_key(tenant, s.point).as_slice()).map_err(err)? {
-                let c = c.map_err(err)?;
-                let conv = std::str::from_utf8(c.value()).unwrap_or_default();
-                if !leaving.contains(&(conv, s.point)) {
-                    others = true;
-                    break;
-                }
-            }
-            if !others {
-                out.push(s.point);
+            let sayers = leaving.entry(s.point).or_insert_with(|| {
+                order.push(s.point);
+                HashSet::new()
+            });
+            sayers.insert(s.conversation.as_str());
+        }
+        let mut out = Vec::new();
+        for point in order {
+            let all = t
+                .get(sayers_key(tenant, point).as_slice())
+                .map_err(err)?
+                .map_or(0, |v| v.value());
+            if all <= leaving[&point].len() as u64 {
+                out.push(point);
             }
         }
         Ok(out)
@@ -227,6 +244,44 @@ impl KeywordForms {
     }
 }
 
+fn insert_or_remove(
+    t: &mut redb::MultimapTable<&[u8], &[u8]>,
+    k: &[u8],
+    v: &[u8],
+    insert: bool,
+) -> Result<bool, StoreError> {
+    if insert {
+        t.insert(k, v).map_err(err)
+    } else {
+        t.remove(k, v).map_err(err)
+    }
+}
+
+/// A store written before the counts: each form's list of conversations becomes its count,
+/// in the transaction that opens the store, so a crash leaves either layout whole.
+fn count_legacy_sayers(tx: &WriteTransaction) -> Result<(), StoreError> {
+    let legacy = tx
+        .list_multimap_tables()
+        .map_err(err)?
+        .any(|h| h.name() == LEGACY_SAYERS.name());
+    if !legacy {
+        return Ok(());
+    }
+    {
+        let old = tx.open_multimap_table(LEGACY_SAYERS).map_err(err)?;
+        let mut counts = tx.open_table(SAYERS).map_err(err)?;
+        for entry in old.iter().map_err(err)? {
+            let (k, conversations) = entry.map_err(err)?;
+            let n = conversations.len();
+            if n > 0 {
+                counts.insert(k.value(), n).map_err(err)?;
+            }
+        }
+    }
+    tx.delete_multimap_table(LEGACY_SAYERS).map_err(err)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,6 +292,90 @@ mod tests {
             stem: stem.into(),
             point: [p; 16],
         }
+    }
+
+    #[test]
+    fn a_store_with_lists_of_sayers_opens_with_their_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k.redb");
+        {
+            // As stores before the counts wrote it: t's "swim" said by a and b, "tent" by a.
+            let db = Database::create(&path).unwrap();
+            let tx = db.begin_write().unwrap();
+            {
+                let mut by_conv = tx.open_multimap_table(SAID).unwrap();
+                let mut sayers = tx.open_multimap_table(LEGACY_SAYERS).unwrap();
+                for (c, stem, p) in [("a", "swim", 1), ("a", "tent", 2), ("b", "swim", 1)] {
+                    let k = said_key("t", c, stem);
+                    by_conv.insert(k.as_slice(), [p; 16].as_slice()).unwrap();
+                    let k = sayers_key("t", [p; 16]);
+                    sayers.insert(k.as_slice(), c.as_bytes()).unwrap();
+                }
+            }
+            tx.commit().unwrap();
+        }
+        let f = KeywordForms::open(&path).unwrap();
+        let tx = f.db.begin_read().unwrap();
+        assert_eq!(
+            tx.list_multimap_tables().unwrap().count(),
+            1,
+            "only `said` is left"
+        );
+        let counts = tx.open_table(SAYERS).unwrap();
+        let count = |p: u8| {
+            counts
+                .get(sayers_key("t", [p; 16]).as_slice())
+                .unwrap()
+                .map(|v| v.value())
+        };
+        assert_eq!((count(1), count(2)), (Some(2), Some(1)));
+        drop((counts, tx));
+        let a = f.said("t", "a", None).unwrap();
+        assert_eq!(f.said_by_none_but("t", &a).unwrap(), vec![[2; 16]]);
+        f.remove("t", &a).unwrap();
+        let b = f.said("t", "b", None).unwrap();
+        assert_eq!(f.said_by_none_but("t", &b).unwrap(), vec![[1; 16]]);
+        // Reopening finds nothing more to count.
+        drop(f);
+        let f = KeywordForms::open(&path).unwrap();
+        assert_eq!(f.said_by_none_but("t", &b).unwrap(), vec![[1; 16]]);
+    }
+
+    #[test]
+    fn a_count_moves_only_when_a_conversation_starts_or_stops_saying_a_form() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = KeywordForms::open(&dir.path().join("k.redb")).unwrap();
+        let count = |p: u8| {
+            let tx = f.db.begin_read().unwrap();
+            let t = tx.open_table(SAYERS).unwrap();
+            let n = t
+                .get(sayers_key("t", [p; 16]).as_slice())
+                .unwrap()
+                .map(|v| v.value());
+            n
+        };
+        // One batch saying a form twice for one conversation, and again in a later batch.
+        f.add(
+            "t",
+            &[
+                said("a", "swim", 1),
+                said("a", "swim", 1),
+                said("b", "swim", 1),
+            ],
+        )
+        .unwrap();
+        f.add("t", &[said("a", "swim", 1)]).unwrap();
+        assert_eq!(count(1), Some(2));
+        // Forgetting what was never said changes nothing; the last sayer takes the count.
+        f.remove("t", &[said("c", "swim", 1)]).unwrap();
+        assert_eq!(count(1), Some(2));
+        f.remove("t", &[said("a", "swim", 1), said("a", "swim", 1)])
+            .unwrap();
+        assert_eq!(count(1), Some(1));
+        let b = f.said("t", "b", None).unwrap();
+        assert_eq!(f.said_by_none_but("t", &b).unwrap(), vec![[1; 16]]);
+        f.remove("t", &b).unwrap();
+        assert_eq!(count(1), None);
     }
 
     #[test]
