@@ -79,12 +79,22 @@ pub(crate) struct KeywordForms {
 
 impl KeywordForms {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = Database::create(path).map_err(err)?;
+        let mut db = Database::create(path).map_err(err)?;
         let tx = db.begin_write().map_err(err)?;
         tx.open_multimap_table(SAID).map_err(err)?;
         tx.open_table(SAYERS).map_err(err)?;
-        count_legacy_sayers(&tx)?;
+        let started = std::time::Instant::now();
+        let counted = count_legacy_sayers(&tx)?;
         tx.commit().map_err(err)?;
+        if let Some(forms) = counted {
+            // The lists' pages are free now; give them back to the file system once.
+            db.compact().map_err(err)?;
+            tracing::info!(
+                forms,
+                secs = started.elapsed().as_secs_f64(),
+                "keyword forms: who says each form counted, file compacted"
+            );
+        }
         Ok(Self { db })
     }
 
@@ -258,15 +268,17 @@ fn insert_or_remove(
 }
 
 /// A store written before the counts: each form's list of conversations becomes its count,
-/// in the transaction that opens the store, so a crash leaves either layout whole.
-fn count_legacy_sayers(tx: &WriteTransaction) -> Result<(), StoreError> {
+/// in the transaction that opens the store, so a crash leaves either layout whole. Returns how
+/// many forms were counted, None when there was nothing to do.
+fn count_legacy_sayers(tx: &WriteTransaction) -> Result<Option<u64>, StoreError> {
     let legacy = tx
         .list_multimap_tables()
         .map_err(err)?
         .any(|h| h.name() == LEGACY_SAYERS.name());
     if !legacy {
-        return Ok(());
+        return Ok(None);
     }
+    let mut forms = 0;
     {
         let old = tx.open_multimap_table(LEGACY_SAYERS).map_err(err)?;
         let mut counts = tx.open_table(SAYERS).map_err(err)?;
@@ -275,11 +287,12 @@ fn count_legacy_sayers(tx: &WriteTransaction) -> Result<(), StoreError> {
             let n = conversations.len();
             if n > 0 {
                 counts.insert(k.value(), n).map_err(err)?;
+                forms += 1;
             }
         }
     }
     tx.delete_multimap_table(LEGACY_SAYERS).map_err(err)?;
-    Ok(())
+    Ok(Some(forms))
 }
 
 #[cfg(test)]
