@@ -307,6 +307,17 @@ mod tests {
         }
     }
 
+    /// How many conversations of tenant t say form `p`, as the counts table has it.
+    fn sayers(f: &KeywordForms, p: u8) -> Option<u64> {
+        let tx = f.db.begin_read().unwrap();
+        let t = tx.open_table(SAYERS).unwrap();
+        let n = t
+            .get(sayers_key("t", [p; 16]).as_slice())
+            .unwrap()
+            .map(|v| v.value());
+        n
+    }
+
     #[test]
     fn a_store_with_lists_of_sayers_opens_with_their_counts() {
         let dir = tempfile::tempdir().unwrap();
@@ -334,15 +345,8 @@ mod tests {
             1,
             "only `said` is left"
         );
-        let counts = tx.open_table(SAYERS).unwrap();
-        let count = |p: u8| {
-            counts
-                .get(sayers_key("t", [p; 16]).as_slice())
-                .unwrap()
-                .map(|v| v.value())
-        };
-        assert_eq!((count(1), count(2)), (Some(2), Some(1)));
-        drop((counts, tx));
+        drop(tx);
+        assert_eq!((sayers(&f, 1), sayers(&f, 2)), (Some(2), Some(1)));
         let a = f.said("t", "a", None).unwrap();
         assert_eq!(f.said_by_none_but("t", &a).unwrap(), vec![[2; 16]]);
         f.remove("t", &a).unwrap();
@@ -358,15 +362,7 @@ mod tests {
     fn a_count_moves_only_when_a_conversation_starts_or_stops_saying_a_form() {
         let dir = tempfile::tempdir().unwrap();
         let f = KeywordForms::open(&dir.path().join("k.redb")).unwrap();
-        let count = |p: u8| {
-            let tx = f.db.begin_read().unwrap();
-            let t = tx.open_table(SAYERS).unwrap();
-            let n = t
-                .get(sayers_key("t", [p; 16]).as_slice())
-                .unwrap()
-                .map(|v| v.value());
-            n
-        };
+        let count = |p: u8| sayers(&f, p);
         // One batch saying a form twice for one conversation, and again in a later batch.
         f.add(
             "t",
