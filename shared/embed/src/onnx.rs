@@ -1,8 +1,8 @@
-//! all-MiniLM-L6-v2 through ONNX Runtime (`embedder.runtime = "onnx"`): the same network and
-//! weights as [`crate::BertEmbedder`], written by `scripts/make-onnx.py` into a graph of ONNX
-//! Runtime's fused CPU operators (46 nodes), 2.5–3× faster per question on this machine's
-//! cores than candle. The vectors match candle's to cosine 0.9999997, so the model name is the
-//! same and a store built with one runtime is searched with the other.
+//! all-MiniLM-L6-v2 (and the E5 models) through ONNX Runtime (`embedder.runtime = "onnx"`): the
+//! same network and weights as [`crate::BertEmbedder`], written by `scripts/make-onnx.py` into a
+//! graph of ONNX Runtime's fused CPU operators (5 nodes a layer), 2.5–3× faster per question on
+//! this machine's cores than candle. The vectors match candle's to cosine 0.9999997, so the
+//! model name is the same and a store built with one runtime is searched with the other.
 //!
 //! [`crate::MINILM_INT8`] is that graph with int8 arithmetic (`scripts/make-onnx-int8.py`),
 //! another 2–3× faster; its vectors are close to (cosine ≥ 0.995), not equal to, the f32 ones,
@@ -129,6 +129,13 @@ impl OnnxEmbedder {
                 spec.name
             )));
         };
+        // `forward` pools by the mean; a CLS-pooled model has no graph.
+        if spec.pooling != crate::Pooling::Mean {
+            return Err(EmbedError::Runtime(format!(
+                "{} pools by its first token; its ONNX graph is not supported",
+                spec.name
+            )));
+        }
         let model = require(dir, graph)?;
         let tokenizer = load_tokenizer(&require(dir, "tokenizer.json")?, spec.max_seq_len)?;
         let env = environment(lib)?;
@@ -189,7 +196,7 @@ impl OnnxEmbedder {
         }
         let mut rows = Vec::with_capacity(b);
         for (r, s) in seqs.iter().enumerate() {
-            // MiniLM pools by the mean over its real tokens.
+            // Mean pooling over the real tokens (MiniLM, E5).
             let mut v = vec![0f32; self.dim];
             for t in 0..s.len() {
                 let h = &hidden[(r * n + t) * self.dim..(r * n + t + 1) * self.dim];
@@ -217,13 +224,32 @@ impl Embedder for OnnxEmbedder {
     }
 
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.embed_with(self.spec.document_prefix, texts)
+    }
+
+    fn embed_queries(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.embed_with(self.spec.query_prefix, texts)
+    }
+
+    fn is_asymmetric(&self) -> bool {
+        self.spec.query_prefix != self.spec.document_prefix
+    }
+}
+
+impl OnnxEmbedder {
+    /// `texts` with the model's `prefix` (E5's "query: " / "passage: "; none for MiniLM, whose
+    /// texts are tokenized as they are).
+    fn embed_with(&self, prefix: &str, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
         if texts.is_empty() {
             return Ok(Vec::new());
         }
-        let encodings = self
-            .tokenizer
-            .encode_batch(texts.to_vec(), true)
-            .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
+        let encodings = if prefix.is_empty() {
+            self.tokenizer.encode_batch(texts.to_vec(), true)
+        } else {
+            let inputs: Vec<String> = texts.iter().map(|t| format!("{prefix}{t}")).collect();
+            self.tokenizer.encode_batch(inputs, true)
+        }
+        .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
         let seqs: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
         crate::embed_in_chunks(&seqs, self.sessions.len(), BATCH_SIZE, |k, batch| {
             self.forward(batch, k)

@@ -5,7 +5,8 @@
 use std::path::PathBuf;
 
 use recollect_embed::{
-    cosine, model_spec, BertEmbedder, Embedder, ModelSpec, E5_SMALL_ENPT_Q4, E5_SMALL_Q4,
+    cosine, default_onnx_runtime_path, model_spec, BertEmbedder, Embedder, ModelSpec, OnnxEmbedder,
+    E5_SMALL_ENPT_Q4, E5_SMALL_Q4,
 };
 
 /// `models/<name>` in the checkout, else the user's cache; never `RECOLLECT_MODEL_DIR`, which
@@ -16,7 +17,7 @@ fn installed(spec: &ModelSpec) -> Option<PathBuf> {
     let found = [Some(repo), cache]
         .into_iter()
         .flatten()
-        .map(|d| d.join(spec.name))
+        .map(|d| d.join(spec.dir))
         .find(|d| d.join("model.safetensors").is_file());
     if found.is_none() {
         eprintln!(
@@ -99,6 +100,62 @@ fn e5_small_enpt_matches_the_reference_tokens_and_vectors() {
     check(&E5_SMALL_ENPT_Q4, true);
 }
 
+/// The model's ONNX graph (`scripts/setup-onnx.sh` writes it for an installed E5 model) gives
+/// the reference vectors too, alone and batched, with the prefixes of each kind of text.
+fn check_onnx(spec: &'static ModelSpec) {
+    let Some(dir) = installed(spec) else { return };
+    let lib = default_onnx_runtime_path();
+    let graph = spec.onnx_graph.expect("E5 has a graph");
+    if !dir.join(graph).is_file() || !lib.is_file() {
+        eprintln!(
+            "SKIPPED: no {graph} in {} or no {} (run scripts/setup-onnx.sh)",
+            dir.display(),
+            lib.display()
+        );
+        return;
+    }
+    let model = OnnxEmbedder::load_model(&dir, &lib, spec).expect("installed graph loads");
+    assert_eq!((model.model_name(), model.runtime()), (spec.name, "onnx"));
+    assert!(model.is_asymmetric());
+    let cases = cases();
+    let (queries, documents): (Vec<&Case>, Vec<&Case>) = cases.iter().partition(|c| c.query);
+    let query_texts: Vec<&str> = queries.iter().map(|c| c.text.as_str()).collect();
+    let document_texts: Vec<&str> = documents.iter().map(|c| c.text.as_str()).collect();
+    let batched_queries = model.embed_queries(&query_texts).unwrap();
+    let batched_documents = model.embed(&document_texts).unwrap();
+    let batched = queries
+        .iter()
+        .zip(&batched_queries)
+        .chain(documents.iter().zip(&batched_documents));
+    let mut worst = 1.0f32;
+    for (case, in_batch) in batched {
+        let alone = if case.query {
+            model.embed_queries(&[&case.text]).unwrap()
+        } else {
+            model.embed(&[&case.text]).unwrap()
+        };
+        for (how, got) in [("alone", &alone[0]), ("batched", in_batch)] {
+            let c = cosine(got, &case.vector);
+            worst = worst.min(c);
+            assert!(c >= 0.9999, "{how}: cosine {c} for {:?}", case.text);
+        }
+    }
+    eprintln!(
+        "{} on ONNX Runtime: lowest cosine to the numpy reference {worst:.6}",
+        spec.name
+    );
+}
+
+#[test]
+fn e5_small_on_onnx_runtime_matches_the_reference_vectors() {
+    check_onnx(&E5_SMALL_Q4);
+}
+
+#[test]
+fn e5_small_enpt_on_onnx_runtime_matches_the_reference_vectors() {
+    check_onnx(&E5_SMALL_ENPT_Q4);
+}
+
 #[test]
 fn queries_and_documents_differ_only_for_prefixed_models() {
     let Some(dir) = installed(&E5_SMALL_ENPT_Q4) else {
@@ -164,11 +221,7 @@ fn bench_models_on_locomo_text() {
     let rounds: Vec<String> = utterances.chunks(2).map(|c| c.join("\n")).collect();
     let rounds: Vec<&str> = rounds.iter().map(String::as_str).collect();
 
-    for spec in &recollect_embed::MODELS {
-        let Some(dir) = installed(spec) else { continue };
-        let t = Instant::now();
-        let m = BertEmbedder::load_model(&dir, spec).unwrap();
-        let load_ms = t.elapsed().as_secs_f64() * 1e3;
+    let time = |m: &dyn Embedder, load_ms: f64| {
         m.embed(&rounds[..16]).unwrap(); // warm up
         let mut lat: Vec<f64> = questions
             .iter()
@@ -183,15 +236,34 @@ fn bench_models_on_locomo_text() {
         m.embed(&rounds).unwrap();
         let secs = t.elapsed().as_secs_f64();
         eprintln!(
-            "{}: load {load_ms:.0} ms; one question p50 {:.1} ms, p90 {:.1} ms ({} questions); \
-             batch of {} rounds {:.0} texts/s",
-            spec.name,
+            "{} on {}: load {load_ms:.0} ms; one question p50 {:.1} ms, p90 {:.1} ms ({} \
+             questions); batch of {} rounds {:.0} texts/s",
+            m.model_name(),
+            m.runtime(),
             lat[lat.len() / 2],
             lat[lat.len() * 9 / 10],
             lat.len(),
             rounds.len(),
             rounds.len() as f64 / secs
         );
+    };
+    let lib = default_onnx_runtime_path();
+    for spec in &recollect_embed::MODELS {
+        let Some(dir) = installed(spec) else { continue };
+        if spec.on_candle {
+            let t = Instant::now();
+            let m = BertEmbedder::load_model(&dir, spec).unwrap();
+            time(&m, t.elapsed().as_secs_f64() * 1e3);
+        }
+        if let Some(graph) = spec
+            .onnx_graph
+            .filter(|g| dir.join(g).is_file() && lib.is_file())
+        {
+            let t = Instant::now();
+            let m = OnnxEmbedder::load_model(&dir, &lib, spec)
+                .unwrap_or_else(|e| panic!("{}'s {graph}: {e}", spec.name));
+            time(&m, t.elapsed().as_secs_f64() * 1e3);
+        }
     }
 }
 

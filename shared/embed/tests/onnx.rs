@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use recollect_embed::{
     cosine, default_onnx_runtime_path, EmbedError, Embedder, MiniLmEmbedder, OnnxEmbedder,
-    E5_SMALL_Q4, MINILM_INT8, MODEL_DIR_ENV, ONNX_MODEL_FILE,
+    BGE_SMALL_EN_V15, MINILM_INT8, MODEL_DIR_ENV, ONNX_MODEL_FILE,
 };
 
 fn model_dir() -> PathBuf {
@@ -179,9 +179,13 @@ fn int8_vectors_stay_close_to_f32_and_rank_the_same() {
 
 #[test]
 fn a_model_without_a_graph_is_a_clear_error() {
-    let err = OnnxEmbedder::load_model(&model_dir(), &default_onnx_runtime_path(), &E5_SMALL_Q4)
-        .unwrap_err()
-        .to_string();
+    let err = OnnxEmbedder::load_model(
+        &model_dir(),
+        &default_onnx_runtime_path(),
+        &BGE_SMALL_EN_V15,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(
         err.contains("no ONNX graph") && err.contains("candle"),
         "{err}"

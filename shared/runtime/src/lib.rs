@@ -515,7 +515,7 @@ mod embedder_tests {
             .filter(|m| m.onnx_graph.is_some())
             .map(|m| m.name)
             .collect();
-        assert_eq!(on_onnx, recollect_config::EMBEDDER_MODELS[..2]);
+        assert_eq!(on_onnx, recollect_config::EMBEDDER_MODELS[..4]);
         let onnx_only: Vec<_> = recollect_embed::MODELS
             .iter()
             .filter(|m| !m.on_candle)
@@ -570,6 +570,39 @@ mod embedder_tests {
                 lib.display()
             );
         }
+    }
+
+    #[test]
+    #[cfg(unix)]
+    fn auto_runs_e5_on_onnx_runtime_with_its_graph_and_on_candle_without() {
+        let spec = recollect_embed::E5_SMALL_ENPT_Q4;
+        let dir = model_dir_for(spec.dir);
+        let lib = recollect_embed::default_onnx_runtime_path();
+        let graph = spec.onnx_graph.expect("E5 has a graph");
+        if !dir.join(graph).is_file() || !lib.is_file() {
+            eprintln!(
+                "SKIPPED: no {graph} in {} or no {} (make test sets them up)",
+                dir.display(),
+                lib.display()
+            );
+            return;
+        }
+        let mut s = Settings::defaults();
+        s.embedder.model = spec.name.into();
+        let e = load_embedder(&s).unwrap();
+        assert_eq!((e.model_name(), e.runtime()), (spec.name, "onnx"));
+        assert!(e.is_asymmetric(), "E5's prefixes go with it");
+        // A model directory with the weights and no graph (installed before graphs existed).
+        let bare = tempfile::tempdir().unwrap();
+        for f in ["model.safetensors", "tokenizer.json", "config.json"] {
+            std::os::unix::fs::symlink(dir.join(f), bare.path().join(f)).unwrap();
+        }
+        s.embedder.model_dir = bare.path().display().to_string();
+        let e = load_embedder(&s).unwrap();
+        assert_eq!((e.model_name(), e.runtime()), (spec.name, "candle"));
+        s.embedder.runtime = EmbedderRuntime::Onnx;
+        let err = load_embedder(&s).err().expect("no graph there").to_string();
+        assert!(err.contains("setup-onnx.sh"), "{err}");
     }
 
     #[test]
