@@ -2,10 +2,10 @@
 ONNX graph written directly from the model directory's model.safetensors and config.json with
 ONNX Runtime's fused CPU operators (domain com.microsoft): EmbedLayerNormalization, Attention
 (one QKV projection + masked softmax attention), SkipLayerNormalization, BiasGelu (exact erf
-GELU). 5 nodes a layer instead of ~400 nodes of MiniLM's torch export. Same interface as the
-torch export: input_ids, attention_mask, token_type_ids (int64, [batch, seq], padding on the
-right) -> last_hidden_state (float32, [batch, seq, hidden]). The graph is named after the model
-directory, so the same weights and tools always write the same bytes.
+GELU). 7 nodes a layer (46 in all for MiniLM) instead of ~400 nodes of MiniLM's torch export.
+Same interface as the torch export: input_ids, attention_mask, token_type_ids (int64, [batch,
+seq], padding on the right) -> last_hidden_state (float32, [batch, seq, hidden]). The graph is
+named after the model directory, so the same weights and tools always write the same bytes.
 usage: make-onnx.py model_dir out.onnx  (run by scripts/setup-onnx.sh; numpy, onnx, safetensors)"""
 import json
 import os

@@ -24,13 +24,13 @@ GRAPH="$MODEL_DIR/model.onnx"
 GRAPH_SHA256=d03bb1b9e074d912c7c334bf0f81ff99feefd9ad6aa5517d40e14b78fc2e4e4f
 INT8="$MODEL_DIR/model-int8.onnx"
 INT8_SHA256=279df19be9c21d54c0d7ffd181cc7381cb038f65de73eca6bb06d870d435917c
-# The graphs' bytes depend on these versions; other versions fail the digests above.
 # The E5 models' f32 graphs (model.onnx beside their safetensors), made only for the models
 # installed: without one, embedder.runtime "auto" runs the model on candle, with the same vectors.
 declare -A E5_GRAPH_SHA256=(
     [multilingual-e5-small-q4]=f8ddb71ae4dee6b7b2d34b980cb6a981d079e0a2ff7ae773e7ef91658b64b7d0
     [multilingual-e5-small-enpt-q4]=9c82928fc5c8aa2eba05aeb187e8887297b91dfdb7077aa02dbf7aab90ccefef
 )
+# The graphs' bytes depend on these versions; other versions fail the digests above.
 PY_TOOLS=(onnx==1.23.2 numpy==2.4.6 safetensors==0.8.0 protobuf==7.36.2 "onnxruntime==$ORT_VERSION"
     tokenizers==0.23.3)
 

@@ -1,6 +1,6 @@
 //! all-MiniLM-L6-v2 (and the E5 models) through ONNX Runtime (`embedder.runtime = "onnx"`): the
 //! same network and weights as [`crate::BertEmbedder`], written by `scripts/make-onnx.py` into a
-//! graph of ONNX Runtime's fused CPU operators (5 nodes a layer), 2.5–3× faster per question on
+//! graph of ONNX Runtime's fused CPU operators (7 nodes a layer), 2.5–3× faster per question on
 //! this machine's cores than candle. The vectors match candle's to cosine 0.9999997, so the
 //! model name is the same and a store built with one runtime is searched with the other.
 //!
