@@ -208,6 +208,25 @@ impl OnnxEmbedder {
         }
         Ok(rows)
     }
+
+    /// `texts` with the model's `prefix` (E5's "query: " / "passage: "; none for MiniLM, whose
+    /// texts are tokenized as they are).
+    fn embed_with(&self, prefix: &str, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let encodings = if prefix.is_empty() {
+            self.tokenizer.encode_batch(texts.to_vec(), true)
+        } else {
+            let inputs: Vec<String> = texts.iter().map(|t| format!("{prefix}{t}")).collect();
+            self.tokenizer.encode_batch(inputs, true)
+        }
+        .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
+        let seqs: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
+        crate::embed_in_chunks(&seqs, self.sessions.len(), BATCH_SIZE, |k, batch| {
+            self.forward(batch, k)
+        })
+    }
 }
 
 impl Embedder for OnnxEmbedder {
@@ -233,26 +252,5 @@ impl Embedder for OnnxEmbedder {
 
     fn is_asymmetric(&self) -> bool {
         self.spec.query_prefix != self.spec.document_prefix
-    }
-}
-
-impl OnnxEmbedder {
-    /// `texts` with the model's `prefix` (E5's "query: " / "passage: "; none for MiniLM, whose
-    /// texts are tokenized as they are).
-    fn embed_with(&self, prefix: &str, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
-        if texts.is_empty() {
-            return Ok(Vec::new());
-        }
-        let encodings = if prefix.is_empty() {
-            self.tokenizer.encode_batch(texts.to_vec(), true)
-        } else {
-            let inputs: Vec<String> = texts.iter().map(|t| format!("{prefix}{t}")).collect();
-            self.tokenizer.encode_batch(inputs, true)
-        }
-        .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
-        let seqs: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
-        crate::embed_in_chunks(&seqs, self.sessions.len(), BATCH_SIZE, |k, batch| {
-            self.forward(batch, k)
-        })
     }
 }

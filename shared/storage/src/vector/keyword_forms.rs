@@ -362,7 +362,6 @@ mod tests {
     fn a_count_moves_only_when_a_conversation_starts_or_stops_saying_a_form() {
         let dir = tempfile::tempdir().unwrap();
         let f = KeywordForms::open(&dir.path().join("k.redb")).unwrap();
-        let count = |p: u8| sayers(&f, p);
         // One batch saying a form twice for one conversation, and again in a later batch.
         f.add(
             "t",
@@ -374,17 +373,17 @@ mod tests {
         )
         .unwrap();
         f.add("t", &[said("a", "swim", 1)]).unwrap();
-        assert_eq!(count(1), Some(2));
+        assert_eq!(sayers(&f, 1), Some(2));
         // Forgetting what was never said changes nothing; the last sayer takes the count.
         f.remove("t", &[said("c", "swim", 1)]).unwrap();
-        assert_eq!(count(1), Some(2));
+        assert_eq!(sayers(&f, 1), Some(2));
         f.remove("t", &[said("a", "swim", 1), said("a", "swim", 1)])
             .unwrap();
-        assert_eq!(count(1), Some(1));
+        assert_eq!(sayers(&f, 1), Some(1));
         let b = f.said("t", "b", None).unwrap();
         assert_eq!(f.said_by_none_but("t", &b).unwrap(), vec![[1; 16]]);
         f.remove("t", &b).unwrap();
-        assert_eq!(count(1), None);
+        assert_eq!(sayers(&f, 1), None);
     }
 
     #[test]
