@@ -305,7 +305,7 @@ fn edit_history_and_as_of_from_the_cli() {
     )
     .unwrap();
     cli(&["ingest", file.to_str().unwrap()]);
-    let id = recollect_model::MemoryId::derive(&TenantId("default".into()), "c", "t1").to_string();
+    let id = recollect_model::MemoryId::of_turn(&TenantId("default".into()), "c", "t1").to_string();
     let before = chrono::Utc::now().to_rfc3339();
     std::thread::sleep(std::time::Duration::from_millis(20));
     let edited: Value = serde_json::from_str(&cli(&[

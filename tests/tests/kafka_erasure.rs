@@ -332,7 +332,7 @@ fn erasure_wins_against_turns_in_flight() {
     // One turn of a kept conversation erased on its own through the distributed gateway: gone
     // with its point, its 99 neighbours kept; a second delete finds nothing.
     let kept = conv(ERASED);
-    let id = MemoryId::derive(&TenantId(TENANT.into()), &kept, "t050");
+    let id = MemoryId::of_turn(&TenantId(TENANT.into()), &kept, "t050");
     let (st, r) = gateway.delete(&format!("/v1/memories/{id}"), Some(KEY));
     assert_eq!(st, 200, "{r}");
     assert_eq!(r["turn_id"], "t050", "{r}");

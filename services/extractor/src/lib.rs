@@ -232,7 +232,9 @@ fn decode(d: &Delivery) -> Result<RawMessage, StageError> {
     let turn = &mut env.body;
     check_direct(turn)?;
     if turn.memory_id.is_nil() {
-        turn.memory_id = MemoryId::derive(&turn.tenant, &turn.conversation_id, &turn.turn_id);
+        // As the gateway names a new turn; a producer that wrote this turn before ids were
+        // grouped by conversation, and retries it without its id, makes a second memory.
+        turn.memory_id = MemoryId::of_turn(&turn.tenant, &turn.conversation_id, &turn.turn_id);
     }
     turn.stamp_recorded(d.timestamp_ms);
     Ok(env)

@@ -344,43 +344,41 @@ impl Gateway {
         req: StoreRequest,
         trace_id: &str,
     ) -> Result<StoreResponse, RecollectError> {
-        let superseded = self
-            .refuse_conflicts(tenant, conversation, &req.turns)
+        let turn_ids: Vec<String> = req
+            .turns
+            .iter()
+            .map(|input| input.turn_id.clone().unwrap_or_else(|| content_id(input)))
+            .collect();
+        let (ids, superseded) = self
+            .resolve_ids(tenant, conversation, &req.turns, &turn_ids)
             .await?;
         let now = recollect_model::now_micros();
-        let mut ids = Vec::with_capacity(req.turns.len());
         let turns: Vec<Turn> = req
             .turns
             .into_iter()
-            .filter(|input| {
-                // A retry of a version an edit has replaced: nothing to send (a copy on the bus
-                // would only be skipped by the writer).
-                let turn_id = input.turn_id.clone().unwrap_or_else(|| content_id(input));
-                let id = MemoryId::derive(tenant, conversation, &turn_id);
-                ids.push(id);
-                !superseded.contains(&id)
-            })
-            .map(|input| {
-                let turn_id = input.turn_id.clone().unwrap_or_else(|| content_id(&input));
-                Turn {
-                    memory_id: MemoryId::derive(tenant, conversation, &turn_id),
-                    tenant: tenant.clone(),
-                    conversation_id: conversation.to_string(),
-                    turn_id,
-                    position: Turn::UNSEQUENCED,
-                    user: input.user,
-                    assistant: input.assistant.unwrap_or_default(),
-                    user_speaker: input.user_speaker,
-                    assistant_speaker: input.assistant_speaker,
-                    timestamp: input.timestamp,
-                    recorded_at: now,
-                    metadata: input.metadata,
-                    user_id: input.user_id,
-                    agent_id: input.agent_id,
-                    version: 1,
-                    first_recorded_at: None,
-                    expired_at: None,
-                }
+            .zip(turn_ids)
+            .zip(&ids)
+            // A retry of a version an edit has replaced: nothing to send (a copy on the bus
+            // would only be skipped by the writer).
+            .filter(|(_, id)| !superseded.contains(*id))
+            .map(|((input, turn_id), id)| Turn {
+                memory_id: *id,
+                tenant: tenant.clone(),
+                conversation_id: conversation.to_string(),
+                turn_id,
+                position: Turn::UNSEQUENCED,
+                user: input.user,
+                assistant: input.assistant.unwrap_or_default(),
+                user_speaker: input.user_speaker,
+                assistant_speaker: input.assistant_speaker,
+                timestamp: input.timestamp,
+                recorded_at: now,
+                metadata: input.metadata,
+                user_id: input.user_id,
+                agent_id: input.agent_id,
+                version: 1,
+                first_recorded_at: None,
+                expired_at: None,
             })
             .collect();
         let count = turns.len();
@@ -392,49 +390,57 @@ impl Gateway {
         Ok(StoreResponse { memory_ids: ids })
     }
 
-    /// 409 for a turn id that already holds a different turn in the graph (what this gateway
-    /// can see: a conflicting turn still on Kafka is not caught here, and the later copy then
-    /// replaces the earlier one in the stores). Returns the memories the request repeats an
-    /// edited-away version of (retries with nothing to do).
-    async fn refuse_conflicts(
+    /// The id each input is stored under: [`MemoryId::of_turn`], unless the graph already
+    /// holds the turn under its hashed id (stored before ids were grouped by conversation),
+    /// which a retry must land on again. Also 409 for a turn id that already holds a different
+    /// turn in the graph (what this gateway can see: a conflicting turn still on Kafka is not
+    /// caught here, and the later copy then replaces the earlier one in the stores), and the
+    /// memories the request repeats an edited-away version of (retries with nothing to do).
+    async fn resolve_ids(
         &self,
         tenant: &TenantId,
         conversation: &str,
         inputs: &[TurnInput],
-    ) -> Result<std::collections::HashSet<MemoryId>, RecollectError> {
+        turn_ids: &[String],
+    ) -> Result<(Vec<MemoryId>, std::collections::HashSet<MemoryId>), RecollectError> {
+        let mut ids: Vec<MemoryId> = turn_ids
+            .iter()
+            .map(|t| MemoryId::of_turn(tenant, conversation, t))
+            .collect();
         let mut superseded = std::collections::HashSet::new();
         let Some(graph) = &self.graph else {
-            return Ok(superseded);
+            return Ok((ids, superseded));
         };
-        let named: Vec<(usize, MemoryId)> = inputs
+        if inputs.is_empty() {
+            return Ok((ids, superseded));
+        }
+        let forms: Vec<(usize, MemoryId)> = turn_ids
             .iter()
             .enumerate()
-            .filter_map(|(i, t)| {
-                t.turn_id
-                    .as_ref()
-                    .map(|id| (i, MemoryId::derive(tenant, conversation, id)))
-            })
+            .flat_map(|(i, t)| MemoryId::forms_of_turn(tenant, conversation, t).map(|id| (i, id)))
             .collect();
-        if named.is_empty() {
-            return Ok(superseded);
-        }
-        let ids: Vec<MemoryId> = named.iter().map(|(_, id)| *id).collect();
+        let lookup: Vec<MemoryId> = forms.iter().map(|(_, id)| *id).collect();
         let stored = graph
-            .turns(tenant, &ids)
+            .turns(tenant, &lookup)
             .await
             .map_err(RecollectError::from_classified)?;
         for rec in stored {
-            if let Some((i, _)) = named.iter().find(|(_, id)| *id == rec.turn.memory_id) {
-                // A retry of the store that made any version (an edit may have followed).
-                if !rec.versions().iter().any(|v| v.same_content(&inputs[*i])) {
-                    return Err(RecollectError::Conflict(rec.turn.conflict_message(*i)));
-                }
-                if rec.turn.is_edit() {
-                    superseded.insert(rec.turn.memory_id);
-                }
+            let Some(&(i, id)) = forms.iter().find(|(_, id)| *id == rec.turn.memory_id) else {
+                continue;
+            };
+            ids[i] = id;
+            // A retry of the store that made any version (an edit may have followed). A turn
+            // without a turn id is named by its content, so only a named one can conflict.
+            if inputs[i].turn_id.is_some()
+                && !rec.versions().iter().any(|v| v.same_content(&inputs[i]))
+            {
+                return Err(RecollectError::Conflict(rec.turn.conflict_message(i)));
+            }
+            if rec.turn.is_edit() {
+                superseded.insert(rec.turn.memory_id);
             }
         }
-        Ok(superseded)
+        Ok((ids, superseded))
     }
 
     async fn publish(&self, turns: Vec<Turn>, trace_id: &str) -> Result<(), RecollectError> {
@@ -1242,4 +1248,78 @@ pub trait Eraser: Send + Sync {
         tenant: &TenantId,
         id: MemoryId,
     ) -> Result<Option<Turn>, RecollectError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use recollect_bus::InProcessBus;
+    use recollect_model::Extraction;
+    use recollect_storage::EmbeddedGraph;
+
+    use super::*;
+
+    fn input(turn_id: &str, user: &str) -> TurnInput {
+        serde_json::from_value(serde_json::json!({
+            "turn_id": turn_id,
+            "user": user,
+            "timestamp": "2024-01-01T10:00:00Z",
+        }))
+        .unwrap()
+    }
+
+    /// A distributed gateway over a graph that holds a turn under its hashed id (stored before
+    /// ids were grouped by conversation): a retry lands on that id, a changed turn under the
+    /// same turn id is refused, and a new turn gets the grouped form.
+    #[tokio::test]
+    async fn a_retry_of_a_turn_stored_under_its_hashed_id_lands_on_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let graph = Arc::new(EmbeddedGraph::open(&dir.path().join("g.redb")).unwrap());
+        let tenant = TenantId("t".into());
+        let old = input("a", "one");
+        let hashed = MemoryId::derive(&tenant, "c", "a");
+        let turn = Turn {
+            memory_id: hashed,
+            tenant: tenant.clone(),
+            conversation_id: "c".into(),
+            turn_id: "a".into(),
+            position: 0,
+            user: old.user.clone(),
+            assistant: String::new(),
+            user_speaker: None,
+            assistant_speaker: None,
+            timestamp: old.timestamp,
+            recorded_at: recollect_model::now_micros(),
+            metadata: Default::default(),
+            user_id: None,
+            agent_id: None,
+            version: 1,
+            first_recorded_at: None,
+            expired_at: None,
+        };
+        graph
+            .write_turns(&[(turn, Extraction::default())])
+            .await
+            .unwrap();
+        let gateway = Gateway::distributed(InProcessBus::new(64), graph, Limits::default());
+        let store = |turns: Vec<TurnInput>| {
+            gateway.store(
+                &tenant,
+                "c",
+                StoreRequest {
+                    turns,
+                    wait: Some(false),
+                },
+                "test",
+            )
+        };
+        let r = store(vec![input("a", "one"), input("b", "two")])
+            .await
+            .unwrap();
+        assert_eq!(
+            r.memory_ids,
+            vec![hashed, MemoryId::of_turn(&tenant, "c", "b")]
+        );
+        let e = store(vec![input("a", "changed")]).await.unwrap_err();
+        assert!(matches!(e, RecollectError::Conflict(_)), "{e}");
+    }
 }

@@ -433,8 +433,12 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
             .flat_map(|r| r.dia_ids.iter().cloned())
             .collect();
         for r in &rounds {
-            let id = MemoryId::derive(&tenant, &sample, r.input.turn_id.as_deref().unwrap_or(""));
-            dia_of.insert(id, r.dia_ids.clone());
+            // Both forms: a store kept from before ids were grouped by conversation has the
+            // hashed ones.
+            let turn_id = r.input.turn_id.as_deref().unwrap_or("");
+            for id in MemoryId::forms_of_turn(&tenant, &sample, turn_id) {
+                dia_of.insert(id, r.dia_ids.clone());
+            }
         }
         if !known.contains(&sample) {
             ingested += rounds.len();

@@ -345,8 +345,20 @@ async fn replay_edits(
             let tenant = TenantId::default_tenant();
             for e in edits {
                 let turn_id = e.first.turn_id.clone().unwrap_or_default();
-                let id = recollect_model::MemoryId::derive(&tenant, &e.conversation, &turn_id);
-                let have = app.raw.get(id)?.map_or(1, |t| t.version) as usize;
+                let mut stored = None;
+                for id in
+                    recollect_model::MemoryId::forms_of_turn(&tenant, &e.conversation, &turn_id)
+                {
+                    if let Some(t) = app.raw.get(id)? {
+                        stored = Some(t);
+                        break;
+                    }
+                }
+                let id = stored.as_ref().map_or_else(
+                    || recollect_model::MemoryId::of_turn(&tenant, &e.conversation, &turn_id),
+                    |t| t.memory_id,
+                );
+                let have = stored.map_or(1, |t| t.version) as usize;
                 for p in e.edits.iter().skip(have.saturating_sub(1)) {
                     app.gateway
                         .edit(&tenant, &id.to_string(), p.clone(), "import")

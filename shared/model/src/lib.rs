@@ -116,8 +116,31 @@ impl std::fmt::Display for TenantId {
 
 /// Deterministic id of a memory (one turn): a UUID made from a hash of tenant,
 /// conversation and turn id, so a retried write lands on the same id everywhere.
+///
+/// A turn's id comes in two forms. [`MemoryId::of_turn`] (every turn stored since 2026-11-29)
+/// starts with 8 bytes of the conversation's hash, so the stores, which key turns by memory id,
+/// keep a conversation's turns together: a request's turns rewrite a few pages of those tables
+/// instead of one page each. [`MemoryId::derive`] (turns stored before, and the ids of keyword
+/// points, fragments and kept versions) hashes all three parts together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct MemoryId(pub [u8; 16]);
+
+/// blake3 over length-prefixed parts, so ("a","bc") and ("ab","c") stay apart.
+fn hash_parts(parts: &[&str]) -> blake3::Hash {
+    let mut h = blake3::Hasher::new();
+    for part in parts {
+        h.update(&(part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    h.finalize()
+}
+
+/// Stamps the version-4 UUID bits, so external stores that validate UUIDs accept the id.
+fn stamped(mut out: [u8; 16]) -> MemoryId {
+    out[6] = (out[6] & 0x0f) | 0x40;
+    out[8] = (out[8] & 0x3f) | 0x80;
+    MemoryId(out)
+}
 
 impl MemoryId {
     /// "Not derived yet" (a producer left the id out).
@@ -129,19 +152,36 @@ impl MemoryId {
         self.0 == [0; 16]
     }
 
+    /// The hashed form: all 122 free bits from one hash of the three parts. Turns stored before
+    /// [`MemoryId::of_turn`] keep it, and so do the ids made from a turn's (keyword points,
+    /// fragments, kept versions), which must not change under a store that has them.
     pub fn derive(tenant: &TenantId, conversation: &str, turn_id: &str) -> Self {
-        let mut h = blake3::Hasher::new();
-        // Length prefixes keep ("a","bc") and ("ab","c") apart.
-        for part in [tenant.as_str(), conversation, turn_id] {
-            h.update(&(part.len() as u64).to_le_bytes());
-            h.update(part.as_bytes());
-        }
         let mut out = [0u8; 16];
-        out.copy_from_slice(&h.finalize().as_bytes()[..16]);
-        // Stamp as a version-4 style UUID so external stores that validate UUIDs accept it.
-        out[6] = (out[6] & 0x0f) | 0x40;
-        out[8] = (out[8] & 0x3f) | 0x80;
-        Self(out)
+        out.copy_from_slice(
+            &hash_parts(&[tenant.as_str(), conversation, turn_id]).as_bytes()[..16],
+        );
+        stamped(out)
+    }
+
+    /// A new turn's id: 8 bytes of the hash of tenant and conversation, then 8 of the hash of
+    /// all three. Ids of one conversation share their first 8 bytes (60 bits once stamped), so
+    /// key order groups them; between conversations they are as unlikely to meet as hashed ids
+    /// (122 bits), and within one a clash needs 62 bits to agree.
+    pub fn of_turn(tenant: &TenantId, conversation: &str, turn_id: &str) -> Self {
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&hash_parts(&[tenant.as_str(), conversation]).as_bytes()[..8]);
+        out[8..].copy_from_slice(
+            &hash_parts(&[tenant.as_str(), conversation, turn_id]).as_bytes()[..8],
+        );
+        stamped(out)
+    }
+
+    /// The ids a turn may have been stored under, the current form first.
+    pub fn forms_of_turn(tenant: &TenantId, conversation: &str, turn_id: &str) -> [Self; 2] {
+        [
+            Self::of_turn(tenant, conversation, turn_id),
+            Self::derive(tenant, conversation, turn_id),
+        ]
     }
 
     pub fn as_u128(&self) -> u128 {
@@ -967,6 +1007,37 @@ mod tests {
         assert_eq!(s.len(), 36);
         assert_eq!(MemoryId::parse(&s), Some(a));
         assert_eq!(MemoryId::parse("not-an-id"), None);
+    }
+
+    /// A conversation's turn ids share their first 8 bytes, so they sort together; they are
+    /// still deterministic, distinct, valid v4 UUIDs, and never the hashed form.
+    #[test]
+    fn turn_ids_of_a_conversation_share_a_prefix() {
+        let t = TenantId("a".into());
+        let ids: Vec<MemoryId> = (0..1000)
+            .map(|i| MemoryId::of_turn(&t, "c1", &i.to_string()))
+            .collect();
+        assert_eq!(ids[7], MemoryId::of_turn(&t, "c1", "7"));
+        assert!(ids.iter().all(|id| id.0[..8] == ids[0].0[..8]));
+        let distinct: std::collections::HashSet<_> = ids.iter().collect();
+        assert_eq!(distinct.len(), ids.len());
+        let other = MemoryId::of_turn(&t, "c2", "7");
+        assert_ne!(other.0[..8], ids[0].0[..8]);
+        assert_ne!(
+            MemoryId::of_turn(&t, "c", "17"),
+            MemoryId::of_turn(&t, "c1", "7")
+        );
+        assert_ne!(MemoryId::of_turn(&TenantId("b".into()), "c1", "7"), ids[7]);
+        for id in [ids[7], other] {
+            assert_eq!(id.0[6] >> 4, 4, "UUID version 4");
+            assert_eq!(id.0[8] >> 6, 0b10, "RFC 4122 variant");
+            assert_eq!(MemoryId::parse(&id.to_string()), Some(id));
+        }
+        assert_eq!(
+            MemoryId::forms_of_turn(&t, "c1", "7"),
+            [ids[7], MemoryId::derive(&t, "c1", "7")]
+        );
+        assert_ne!(ids[7], MemoryId::derive(&t, "c1", "7"));
     }
 
     #[test]

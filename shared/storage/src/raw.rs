@@ -34,6 +34,12 @@ const CONV_NEXT: TableDefinition<&[u8], u64> = TableDefinition::new("conversatio
 const PENDING: TableDefinition<u128, ()> = TableDefinition::new("pending");
 /// memory id (BE) + version (BE) → Turn ([`turn_bytes`]): versions an edit replaced, `expired_at` set
 const VERSIONS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("turn_versions");
+/// The store's settings that outlive a version of the code: [`OF_TURN_FROM`].
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// The first conversation number whose turns all have [`MemoryId::of_turn`] ids. Conversations
+/// numbered before it may hold turns under their hashed id ([`MemoryId::derive`]), which a
+/// retry must still find.
+const OF_TURN_FROM: &str = "of_turn_ids_from";
 
 /// A turn as the raw store keeps it: its conversation named by number when it has one (every
 /// conversation appended since numbers exist), so the turn does not spell out its tenant and id.
@@ -125,6 +131,8 @@ fn versions_in(
 #[derive(Clone)]
 pub struct RawStore {
     db: Arc<Database>,
+    /// [`OF_TURN_FROM`], fixed when the store is first opened by a version that knows it.
+    of_turn_from: u64,
 }
 
 /// The outcome of appending one input.
@@ -151,6 +159,22 @@ impl RawStore {
         w.open_table(VERSIONS)?;
         let started = std::time::Instant::now();
         let renumbered = renumber(&w)?;
+        let of_turn_from = {
+            let mut meta = w.open_table(META)?;
+            let known = meta.get(OF_TURN_FROM)?.map(|v| v.value());
+            match known {
+                Some(n) => n,
+                None => {
+                    // Every conversation numbered so far was written with hashed ids.
+                    let next = w
+                        .open_table(CONV_NAMES)?
+                        .last()?
+                        .map_or(1, |(k, _)| k.value() + 1);
+                    meta.insert(OF_TURN_FROM, next)?;
+                    next
+                }
+            }
+        };
         w.commit()?;
         if let Some(turns) = renumbered {
             // The older index's pages are free now; give them back to the file system once.
@@ -161,7 +185,10 @@ impl RawStore {
                 "raw store: conversation index rewritten by conversation number, file compacted"
             );
         }
-        Ok(Self { db: Arc::new(db) })
+        Ok(Self {
+            db: Arc::new(db),
+            of_turn_from,
+        })
     }
 
     /// Appends turns to a conversation in one durable transaction. Inputs must be validated.
@@ -191,12 +218,17 @@ impl RawStore {
                     .turn_id
                     .clone()
                     .unwrap_or_else(|| position.to_string());
-                let id = MemoryId::derive(tenant, conversation, &turn_id);
-                if let Some(existing) = turns.get(id.as_u128())? {
-                    let turn: Turn = turn_of(&names, existing.value())?;
+                let [id, hashed] = MemoryId::forms_of_turn(tenant, conversation, &turn_id);
+                // A turn stored before ids grouped by conversation keeps its hashed id.
+                let mut existing = turns.get(id.as_u128())?;
+                if existing.is_none() && number < self.of_turn_from {
+                    existing = turns.get(hashed.as_u128())?;
+                }
+                let existing = existing.map(|v| turn_of(&names, v.value())).transpose()?;
+                if let Some(turn) = existing {
                     // A retry of the store that made any version (an edit may have followed).
                     let retry = turn.same_content(input)
-                        || versions_in(&w.open_table(VERSIONS)?, &names, id)?
+                        || versions_in(&w.open_table(VERSIONS)?, &names, turn.memory_id)?
                             .iter()
                             .any(|v| v.same_content(input));
                     // Dropping the transaction stores nothing of the request.
@@ -672,7 +704,8 @@ mod tests {
                 .unwrap_err();
             assert!(matches!(e, StoreError::Conflict(_)), "{e}");
             assert!(e.to_string().contains("turns[1].turn_id"), "{e}");
-            assert!(s.get(MemoryId::derive(&t, "c", "z")).unwrap().is_none());
+            assert!(s.get(MemoryId::of_turn(&t, "c", "z")).unwrap().is_none());
+            assert_eq!(a[0].turn.memory_id, MemoryId::of_turn(&t, "c", "a"));
             a.iter().map(|x| x.turn.memory_id).collect::<Vec<_>>()
         };
         let s = RawStore::open(&path).unwrap();
@@ -691,6 +724,78 @@ mod tests {
         assert_eq!(s.delete_conversation(&t, "c").unwrap(), 2);
         assert_eq!(s.count().unwrap(), 0);
         assert!(!s.conversation_exists(&t, "c").unwrap());
+    }
+
+    /// A store whose turns have hashed ids (written before ids grouped by conversation): a
+    /// retry of one finds it under that id, a changed one is refused, and everything new (a
+    /// turn of the same conversation, another conversation) gets the grouped form.
+    #[test]
+    fn turns_stored_under_hashed_ids_keep_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("raw.redb");
+        let t = TenantId("t".into());
+        {
+            let s = RawStore::open(&path).unwrap();
+            s.append(&t, "old", &[input(Some("a"), "one"), input(None, "two")])
+                .unwrap();
+            // Back to hashed ids and no record of when grouped ids began.
+            let w = s.db.begin_write().unwrap();
+            {
+                let names = w.open_table(CONV_NAMES).unwrap();
+                let mut turns = w.open_table(TURNS).unwrap();
+                let mut pending = w.open_table(PENDING).unwrap();
+                let mut positions = w.open_table(TURN_POSITIONS).unwrap();
+                let all: Vec<(u128, Turn)> = turns
+                    .iter()
+                    .unwrap()
+                    .map(|e| {
+                        let (k, v) = e.unwrap();
+                        (k.value(), turn_of(&names, v.value()).unwrap())
+                    })
+                    .collect();
+                for (id, mut turn) in all {
+                    turn.memory_id = MemoryId::derive(&t, "old", &turn.turn_id);
+                    let hashed = turn.memory_id.as_u128();
+                    turns.remove(id).unwrap();
+                    pending.remove(id).unwrap();
+                    turns
+                        .insert(hashed, turn_bytes(&turn, Some(1)).unwrap().as_slice())
+                        .unwrap();
+                    pending.insert(hashed, ()).unwrap();
+                    positions
+                        .insert(&turn_key(1, turn.position), hashed)
+                        .unwrap();
+                }
+            }
+            w.delete_table(META).unwrap();
+            w.commit().unwrap();
+        }
+        let s = RawStore::open(&path).unwrap();
+        assert_eq!(s.of_turn_from, 2, "conversation 1 was written before");
+        let hashed = MemoryId::derive(&t, "old", "a");
+        let again = s.append(&t, "old", &[input(Some("a"), "one")]).unwrap();
+        assert!(!again[0].new);
+        assert_eq!(again[0].turn.memory_id, hashed);
+        let e = s
+            .append(&t, "old", &[input(Some("a"), "changed")])
+            .unwrap_err();
+        assert!(matches!(e, StoreError::Conflict(_)), "{e}");
+        let more = s.append(&t, "old", &[input(Some("b"), "three")]).unwrap();
+        assert!(more[0].new);
+        assert_eq!(more[0].turn.memory_id, MemoryId::of_turn(&t, "old", "b"));
+        let other = s.append(&t, "new", &[input(Some("a"), "one")]).unwrap();
+        assert_eq!(other[0].turn.memory_id, MemoryId::of_turn(&t, "new", "a"));
+        assert!(!s.append(&t, "new", &[input(Some("a"), "one")]).unwrap()[0].new);
+        assert_eq!(s.count().unwrap(), 4);
+        assert_eq!(s.get(hashed).unwrap().unwrap().user, "one");
+        let turns = s.conversation_turns(&t, "old").unwrap();
+        assert_eq!(
+            turns.iter().map(|t| t.position).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+        // The mark is kept: a reopen does not move it past the conversations written since.
+        drop(s);
+        assert_eq!(RawStore::open(&path).unwrap().of_turn_from, 2);
     }
 
     /// A store written before conversation numbers opens with its index rewritten: the turns
@@ -788,7 +893,7 @@ mod tests {
         assert_eq!(d["turn_positions"], 1);
         assert_eq!(d["conversation_names"], 1);
         // One turn deleted alone leaves its conversation's others in place.
-        let e_id = MemoryId::derive(&t, "e", "0");
+        let e_id = MemoryId::of_turn(&t, "e", "0");
         assert!(s.delete_turn(&t, e_id).unwrap());
         assert!(texts("e").is_empty());
         assert_eq!(s.rows_of(&t, Some("e")).unwrap()["turn_positions"], 0);

@@ -92,10 +92,42 @@ impl Id {
     }
 }
 
+/// How a stored turn gives its memory id. The first two are the bytes of the `Option` an
+/// older layout had here (postcard: 0 for None, 1 and the 16 bytes for Some), so its records
+/// read unchanged.
+#[derive(Serialize, Deserialize)]
+enum IdForm {
+    /// [`MemoryId::derive`] of tenant, conversation and turn id.
+    Hashed,
+    Explicit([u8; 16]),
+    /// [`MemoryId::of_turn`] of tenant, conversation and turn id.
+    OfTurn,
+}
+
+impl IdForm {
+    fn of(id: MemoryId, tenant: &TenantId, conversation: &str, turn_id: &str) -> Self {
+        if id == MemoryId::of_turn(tenant, conversation, turn_id) {
+            Self::OfTurn
+        } else if id == MemoryId::derive(tenant, conversation, turn_id) {
+            Self::Hashed
+        } else {
+            Self::Explicit(id.as_u128().to_be_bytes())
+        }
+    }
+
+    fn id(self, tenant: &TenantId, conversation: &str, turn_id: &str) -> MemoryId {
+        match self {
+            Self::Hashed => MemoryId::derive(tenant, conversation, turn_id),
+            Self::Explicit(b) => MemoryId::from_u128(u128::from_be_bytes(b)),
+            Self::OfTurn => MemoryId::of_turn(tenant, conversation, turn_id),
+        }
+    }
+}
+
 #[derive(Serialize, Deserialize)]
 struct StoredTurn {
-    /// None when it is the hash of tenant, conversation and turn id (read derives it again).
-    memory_id: Option<[u8; 16]>,
+    /// Left out when a read can derive it again from tenant, conversation and turn id.
+    memory_id: IdForm,
     tenant: String,
     conversation_id: String,
     /// None when it is the position written out, as Recollect numbers turns sent without one.
@@ -163,9 +195,8 @@ struct StoredRecord {
 }
 
 fn stored_turn(t: Turn) -> Result<StoredTurn, StoreError> {
-    let derived = MemoryId::derive(&t.tenant, &t.conversation_id, &t.turn_id);
     Ok(StoredTurn {
-        memory_id: (t.memory_id != derived).then(|| t.memory_id.as_u128().to_be_bytes()),
+        memory_id: IdForm::of(t.memory_id, &t.tenant, &t.conversation_id, &t.turn_id),
         tenant: t.tenant.0,
         conversation_id: t.conversation_id,
         turn_id: (t.turn_id != t.position.to_string()).then_some(t.turn_id),
@@ -192,10 +223,7 @@ fn stored_turn(t: Turn) -> Result<StoredTurn, StoreError> {
 fn turn(s: StoredTurn) -> Result<Turn, StoreError> {
     let tenant = TenantId(s.tenant);
     let turn_id = s.turn_id.unwrap_or_else(|| s.position.to_string());
-    let memory_id = match s.memory_id {
-        Some(b) => MemoryId::from_u128(u128::from_be_bytes(b)),
-        None => MemoryId::derive(&tenant, &s.conversation_id, &turn_id),
-    };
+    let memory_id = s.memory_id.id(&tenant, &s.conversation_id, &turn_id);
     Ok(Turn {
         memory_id,
         tenant,
@@ -605,8 +633,12 @@ pub fn fragment_of(b: &[u8]) -> Result<Fragment, StoreError> {
 /// 16 bytes.
 #[derive(Serialize, Deserialize)]
 enum Member {
+    /// The [`MemoryId::derive`] of the member's position.
     At(u64),
     Id([u8; 16]),
+    /// The [`MemoryId::of_turn`] of the member's position (after the older two, whose
+    /// encoding it keeps).
+    TurnAt(u64),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -625,10 +657,14 @@ pub fn numbered_fragment_bytes(
     number: u64,
     position_of: impl Fn(MemoryId) -> Option<u64>,
 ) -> Result<Vec<u8>, StoreError> {
-    let member = |m: MemoryId| match position_of(m) {
-        Some(p) if MemoryId::derive(&f.tenant, &f.conversation_id, &p.to_string()) == m => {
-            Member::At(p)
-        }
+    let member = |m: MemoryId| match position_of(m).map(|p| {
+        (
+            p,
+            IdForm::of(m, &f.tenant, &f.conversation_id, &p.to_string()),
+        )
+    }) {
+        Some((p, IdForm::OfTurn)) => Member::TurnAt(p),
+        Some((p, IdForm::Hashed)) => Member::At(p),
         _ => Member::Id(m.as_u128().to_be_bytes()),
     };
     let members = f.members.iter().map(|m| member(*m)).collect();
@@ -656,6 +692,7 @@ pub fn numbered_fragment_of(
         .map(|m| match m {
             Member::At(p) => MemoryId::derive(&tenant, &conversation_id, &p.to_string()),
             Member::Id(b) => MemoryId::from_u128(u128::from_be_bytes(b)),
+            Member::TurnAt(p) => MemoryId::of_turn(&tenant, &conversation_id, &p.to_string()),
         })
         .collect();
     Ok(Fragment {
@@ -867,6 +904,50 @@ mod tests {
         }
         let e = numbered_fragment_of(&short[..short.len() - 1], names).unwrap_err();
         assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
+    }
+
+    /// A turn stored with the id of its conversation's prefix keeps it left out, as a hashed
+    /// one; records of the older layout (an `Option` where the id's form is now) read as they
+    /// were written; a fragment member at a known position is stored as the position in
+    /// either form.
+    #[test]
+    fn turn_ids_of_either_form_are_left_out_and_older_layouts_read() {
+        assert_eq!(
+            postcard::to_allocvec(&None::<[u8; 16]>).unwrap(),
+            postcard::to_allocvec(&IdForm::Hashed).unwrap()
+        );
+        assert_eq!(
+            postcard::to_allocvec(&Some([7u8; 16])).unwrap(),
+            postcard::to_allocvec(&IdForm::Explicit([7u8; 16])).unwrap()
+        );
+        assert_eq!(postcard::to_allocvec(&IdForm::OfTurn).unwrap(), [2]);
+        let hashed = turn("I went to the park", None);
+        let mut clustered = hashed.clone();
+        clustered.memory_id = MemoryId::of_turn(&hashed.tenant, "c-1", "7");
+        let names = |_| Ok(("acme".to_string(), "c-1".to_string()));
+        for t in [&hashed, &clustered] {
+            let b = numbered_turn_bytes(t.clone(), 300).unwrap();
+            assert_eq!(&numbered_turn_of(&b, names).unwrap(), t);
+            assert_eq!(
+                b.len(),
+                numbered_turn_bytes(hashed.clone(), 300).unwrap().len()
+            );
+        }
+        let f = Fragment {
+            id: MemoryId::from_u128(9).to_string(),
+            tenant: TenantId("acme".into()),
+            conversation_id: "c-1".into(),
+            description: "park".into(),
+            members: vec![hashed.memory_id, clustered.memory_id],
+            keywords: vec![],
+            created_at: at(1_764_115_200, 5),
+        };
+        let plain = numbered_fragment_bytes(f.clone(), 300, |_| None).unwrap();
+        let short = numbered_fragment_bytes(f.clone(), 300, |_| Some(7)).unwrap();
+        assert_eq!(short.len(), plain.len() - 2 * 15);
+        for b in [&plain, &short] {
+            assert_eq!(numbered_fragment_of(b, names).unwrap(), f);
+        }
     }
 
     /// Damaged bytes are an error naming what they were, never a panic or a wrong value.
