@@ -1277,25 +1277,18 @@ mod tests {
         let tenant = TenantId("t".into());
         let old = input("a", "one");
         let hashed = MemoryId::derive(&tenant, "c", "a");
-        let turn = Turn {
-            memory_id: hashed,
-            tenant: tenant.clone(),
-            conversation_id: "c".into(),
-            turn_id: "a".into(),
-            position: 0,
-            user: old.user.clone(),
-            assistant: String::new(),
-            user_speaker: None,
-            assistant_speaker: None,
-            timestamp: old.timestamp,
-            recorded_at: recollect_model::now_micros(),
-            metadata: Default::default(),
-            user_id: None,
-            agent_id: None,
-            version: 1,
-            first_recorded_at: None,
-            expired_at: None,
-        };
+        // As the build before stored it: position 0, the hashed id.
+        let turn: Turn = serde_json::from_value(serde_json::json!({
+            "memory_id": hashed,
+            "tenant": "t",
+            "conversation_id": "c",
+            "turn_id": "a",
+            "position": 0,
+            "user": old.user,
+            "timestamp": old.timestamp,
+            "recorded_at": "2024-01-02T00:00:00Z",
+        }))
+        .unwrap();
         graph
             .write_turns(&[(turn, Extraction::default())])
             .await
