@@ -420,12 +420,15 @@ impl Gateway {
             .flat_map(|(i, t)| MemoryId::forms_of_turn(tenant, conversation, t).map(|id| (i, id)))
             .collect();
         let lookup: Vec<MemoryId> = forms.iter().map(|(_, id)| *id).collect();
+        let input_of: std::collections::HashMap<MemoryId, usize> =
+            forms.iter().map(|&(i, id)| (id, i)).collect();
         let stored = graph
             .turns(tenant, &lookup)
             .await
             .map_err(RecollectError::from_classified)?;
         for rec in stored {
-            let Some(&(i, id)) = forms.iter().find(|(_, id)| *id == rec.turn.memory_id) else {
+            let id = rec.turn.memory_id;
+            let Some(&i) = input_of.get(&id) else {
                 continue;
             };
             ids[i] = id;
