@@ -345,19 +345,15 @@ async fn replay_edits(
             let tenant = TenantId::default_tenant();
             for e in edits {
                 let turn_id = e.first.turn_id.clone().unwrap_or_default();
-                let mut stored = None;
-                for id in
-                    recollect_model::MemoryId::forms_of_turn(&tenant, &e.conversation, &turn_id)
-                {
-                    if let Some(t) = app.raw.get(id)? {
-                        stored = Some(t);
-                        break;
-                    }
-                }
-                let id = stored.as_ref().map_or_else(
-                    || recollect_model::MemoryId::of_turn(&tenant, &e.conversation, &turn_id),
-                    |t| t.memory_id,
-                );
+                // The turn under either id form (one stored before ids were grouped keeps its
+                // hashed id).
+                let forms =
+                    recollect_model::MemoryId::forms_of_turn(&tenant, &e.conversation, &turn_id);
+                let stored = forms
+                    .iter()
+                    .find_map(|id| app.raw.get(*id).transpose())
+                    .transpose()?;
+                let id = stored.as_ref().map_or(forms[0], |t| t.memory_id);
                 let have = stored.map_or(1, |t| t.version) as usize;
                 for p in e.edits.iter().skip(have.saturating_sub(1)) {
                     app.gateway
