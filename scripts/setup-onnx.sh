@@ -4,7 +4,7 @@
 # ONNX graph (model.onnx beside its safetensors) written by scripts/make-onnx.py from the weights
 # setup-model.sh installed, and its int8 form (model-int8.onnx, embedder.model =
 # "all-MiniLM-L6-v2-int8") written from that graph by scripts/make-onnx-int8.py; and, for each E5
-# model scripts/setup-model.sh installed, its f32 graph by make-onnx.py. Wheel, library and
+# or MPNet model scripts/setup-model.sh installed, its f32 graph by make-onnx.py. Wheel, library and
 # graphs are checked against pinned sha256 digests (the graphs are bit-reproducible from the
 # pinned weights and tools). Idempotent: exits at once when all are in place. Prints one line
 # saying what it did.
@@ -24,11 +24,13 @@ GRAPH="$MODEL_DIR/model.onnx"
 GRAPH_SHA256=d03bb1b9e074d912c7c334bf0f81ff99feefd9ad6aa5517d40e14b78fc2e4e4f
 INT8="$MODEL_DIR/model-int8.onnx"
 INT8_SHA256=279df19be9c21d54c0d7ffd181cc7381cb038f65de73eca6bb06d870d435917c
-# The E5 models' f32 graphs (model.onnx beside their safetensors), made only for the models
-# installed: without one, embedder.runtime "auto" runs the model on candle, with the same vectors.
-declare -A E5_GRAPH_SHA256=(
+# The other models' f32 graphs (model.onnx beside their safetensors), made only for the models
+# installed: without one, embedder.runtime "auto" runs an E5 model on candle, with the same
+# vectors; all-mpnet-base-v2 runs on ONNX Runtime only.
+declare -A MORE_GRAPH_SHA256=(
     [multilingual-e5-small-q4]=f8ddb71ae4dee6b7b2d34b980cb6a981d079e0a2ff7ae773e7ef91658b64b7d0
     [multilingual-e5-small-enpt-q4]=9c82928fc5c8aa2eba05aeb187e8887297b91dfdb7077aa02dbf7aab90ccefef
+    [all-mpnet-base-v2]=dce2cf807794feb9fd1320ed320911115a66b3131952a9920fd76782fddb7722
 )
 # The graphs' bytes depend on these versions; other versions fail the digests above.
 PY_TOOLS=(onnx==1.23.2 numpy==2.4.6 safetensors==0.8.0 protobuf==7.36.2 "onnxruntime==$ORT_VERSION"
@@ -36,17 +38,17 @@ PY_TOOLS=(onnx==1.23.2 numpy==2.4.6 safetensors==0.8.0 protobuf==7.36.2 "onnxrun
 
 ok() { echo "$1  $2" | sha256sum -c --status - 2>/dev/null; }
 
-# The installed E5 models whose graph is missing or not the pinned one.
-E5_TODO=()
-for m in "${!E5_GRAPH_SHA256[@]}"; do
+# The installed models above whose graph is missing or not the pinned one.
+GRAPHS_TODO=()
+for m in "${!MORE_GRAPH_SHA256[@]}"; do
     if [[ -f "$CACHE/models/$m/model.safetensors" ]] \
-        && ! ok "${E5_GRAPH_SHA256[$m]}" "$CACHE/models/$m/model.onnx"; then
-        E5_TODO+=("$m")
+        && ! ok "${MORE_GRAPH_SHA256[$m]}" "$CACHE/models/$m/model.onnx"; then
+        GRAPHS_TODO+=("$m")
     fi
 done
 
 if ok "$ORT_LIB_SHA256" "$ORT_LIB" && ok "$GRAPH_SHA256" "$GRAPH" && ok "$INT8_SHA256" "$INT8" \
-    && ((${#E5_TODO[@]} == 0)); then
+    && ((${#GRAPHS_TODO[@]} == 0)); then
     echo "setup-onnx: ONNX Runtime $ORT_VERSION and the models' graphs already present (nothing to do)"
     exit 0
 fi
@@ -82,7 +84,7 @@ PY
     rm -rf "$ORT_DIR" && mv "$tmp" "$ORT_DIR"
 fi
 
-if ! ok "$GRAPH_SHA256" "$GRAPH" || ! ok "$INT8_SHA256" "$INT8" || ((${#E5_TODO[@]} > 0)); then
+if ! ok "$GRAPH_SHA256" "$GRAPH" || ! ok "$INT8_SHA256" "$INT8" || ((${#GRAPHS_TODO[@]} > 0)); then
     VENV="${RECOLLECT_VENV:-$CACHE/venv}"
     # shellcheck source=scripts/venv.sh
     source "$SCRIPT_DIR/venv.sh"
@@ -109,8 +111,8 @@ fi
 if ! ok "$INT8_SHA256" "$INT8"; then
     build "$INT8" "$INT8_SHA256" "$SCRIPT_DIR/make-onnx-int8.py" "$MODEL_DIR" "$GRAPH"
 fi
-for m in "${E5_TODO[@]}"; do
-    build "$CACHE/models/$m/model.onnx" "${E5_GRAPH_SHA256[$m]}" "$SCRIPT_DIR/make-onnx.py" \
+for m in "${GRAPHS_TODO[@]}"; do
+    build "$CACHE/models/$m/model.onnx" "${MORE_GRAPH_SHA256[$m]}" "$SCRIPT_DIR/make-onnx.py" \
         "$CACHE/models/$m"
 done
-echo "setup-onnx: ONNX Runtime $ORT_VERSION in $ORT_DIR, MiniLM graphs (f32, int8) in $MODEL_DIR${E5_TODO[*]:+; the f32 graph of ${E5_TODO[*]}}"
+echo "setup-onnx: ONNX Runtime $ORT_VERSION in $ORT_DIR, MiniLM graphs (f32, int8) in $MODEL_DIR${GRAPHS_TODO[*]:+; the f32 graph of ${GRAPHS_TODO[*]}}"

@@ -122,15 +122,49 @@ pub enum EmbedderKind {
     Hash,
 }
 
-/// The models `embedder.model` accepts (the names of `recollect_embed::MODELS`, which a test in
+/// What the settings know of a model `embedder.model` accepts: the width of its vectors and
+/// the runtimes that run it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmbedderModel {
+    pub name: &'static str,
+    pub dim: usize,
+    pub on_onnx: bool,
+    pub on_candle: bool,
+}
+
+const fn model(name: &'static str, dim: usize, on_onnx: bool, on_candle: bool) -> EmbedderModel {
+    EmbedderModel {
+        name,
+        dim,
+        on_onnx,
+        on_candle,
+    }
+}
+
+/// The models `embedder.model` accepts (`recollect_embed::MODELS`, which a test in
 /// `recollect-runtime` keeps equal to this list; this crate does not link the model code).
-pub const EMBEDDER_MODELS: [&str; 5] = [
-    "all-MiniLM-L6-v2",
-    "all-MiniLM-L6-v2-int8",
-    "multilingual-e5-small-q4",
-    "multilingual-e5-small-enpt-q4",
-    "bge-small-en-v1.5",
+pub const EMBEDDER_MODELS: [EmbedderModel; 6] = [
+    model("all-MiniLM-L6-v2", 384, true, true),
+    model("all-MiniLM-L6-v2-int8", 384, true, false),
+    model("multilingual-e5-small-q4", 384, true, true),
+    model("multilingual-e5-small-enpt-q4", 384, true, true),
+    model("bge-small-en-v1.5", 384, false, true),
+    model("all-mpnet-base-v2", 768, true, false),
 ];
+
+/// The model named `name` (exact match), if `embedder.model` accepts it.
+pub fn embedder_model(name: &str) -> Option<&'static EmbedderModel> {
+    EMBEDDER_MODELS.iter().find(|m| m.name == name)
+}
+
+fn model_names(keep: impl Fn(&EmbedderModel) -> bool) -> String {
+    let names: Vec<&str> = EMBEDDER_MODELS
+        .iter()
+        .filter(|m| keep(m))
+        .map(|m| m.name)
+        .collect();
+    names.join(", ")
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EmbedderSettings {
@@ -604,37 +638,32 @@ impl Settings {
                 return invalid("llm.max_retries", "must be at most 10".into());
             }
         }
-        if !EMBEDDER_MODELS.contains(&self.embedder.model.as_str()) {
+        let Some(model) = embedder_model(&self.embedder.model) else {
             return invalid(
                 "embedder.model",
                 format!(
                     "{:?} is not a known model; one of {}",
                     self.embedder.model,
-                    EMBEDDER_MODELS.join(", ")
+                    model_names(|_| true)
                 ),
             );
-        }
-        let on_onnx = &EMBEDDER_MODELS[..4];
-        if self.embedder.runtime == EmbedderRuntime::Onnx
-            && !on_onnx.contains(&self.embedder.model.as_str())
-        {
+        };
+        if self.embedder.runtime == EmbedderRuntime::Onnx && !model.on_onnx {
             return invalid(
                 "embedder.runtime",
                 format!(
                     "\"onnx\" runs {} only; {} runs on \"candle\"",
-                    on_onnx.join(", "),
-                    self.embedder.model
+                    model_names(|m| m.on_onnx),
+                    model.name
                 ),
             );
         }
-        if self.embedder.runtime == EmbedderRuntime::Candle
-            && self.embedder.model == EMBEDDER_MODELS[1]
-        {
+        if self.embedder.runtime == EmbedderRuntime::Candle && !model.on_candle {
             return invalid(
                 "embedder.model",
                 format!(
                     "{} runs on ONNX Runtime only; set embedder.runtime = \"onnx\" or \"auto\"",
-                    EMBEDDER_MODELS[1]
+                    model.name
                 ),
             );
         }
@@ -761,11 +790,14 @@ impl Settings {
             .collect()
     }
 
-    /// Dimension of the dense vectors: every model of `embedder.model` and the hash embedder give
-    /// 384. Services that
-    /// only store vectors (graph-writer, consolidator) open their index with it.
+    /// Dimension of the dense vectors: `embedder.model`'s (the hash embedder matches the
+    /// default's 384). Services that only store vectors (graph-writer, consolidator) open their
+    /// index with it.
     pub fn embedder_dim(&self) -> usize {
-        384
+        match self.embedder.kind {
+            EmbedderKind::Hash => 384,
+            EmbedderKind::Minilm => embedder_model(&self.embedder.model).map_or(384, |m| m.dim),
+        }
     }
 
     pub fn listen_addr(&self) -> SocketAddr {
@@ -1074,12 +1106,12 @@ mod tests {
         let mut s = Settings::defaults();
         assert_eq!(s.embedder.runtime, EmbedderRuntime::Auto);
         for model in EMBEDDER_MODELS {
-            s.embedder.model = model.into();
+            s.embedder.model = model.name.into();
             s.validate().unwrap();
         }
         s.embedder.runtime = EmbedderRuntime::Onnx;
-        for model in &EMBEDDER_MODELS[..4] {
-            s.embedder.model = (*model).into();
+        for model in EMBEDDER_MODELS.iter().filter(|m| m.on_onnx) {
+            s.embedder.model = model.name.into();
             s.validate().unwrap();
         }
         s.embedder.model = "bge-small-en-v1.5".into();
@@ -1088,11 +1120,13 @@ mod tests {
             e.contains("embedder.runtime") && e.contains("multilingual-e5-small-enpt-q4"),
             "{e}"
         );
-        // The int8 graph has no candle form.
+        // The int8 graph and MPNet have no candle form.
         s.embedder.runtime = EmbedderRuntime::Candle;
-        s.embedder.model = "all-MiniLM-L6-v2-int8".into();
-        let e = s.validate().unwrap_err().to_string();
-        assert!(e.contains("embedder.model") && e.contains("onnx"), "{e}");
+        for model in ["all-MiniLM-L6-v2-int8", "all-mpnet-base-v2"] {
+            s.embedder.model = model.into();
+            let e = s.validate().unwrap_err().to_string();
+            assert!(e.contains("embedder.model") && e.contains("onnx"), "{e}");
+        }
     }
 
     #[test]
@@ -1100,18 +1134,24 @@ mod tests {
         let mut s = Settings::defaults();
         assert_eq!(s.embedder.model, "all-MiniLM-L6-v2");
         assert_eq!(
-            s.embedder.model, EMBEDDER_MODELS[0],
+            s.embedder.model, EMBEDDER_MODELS[0].name,
             "the default leads the list"
         );
+        assert_eq!(s.embedder_dim(), 384);
         for m in EMBEDDER_MODELS {
-            s.embedder.model = m.into();
-            s.embedder.runtime = if m.ends_with("-int8") {
-                EmbedderRuntime::Onnx
-            } else {
+            s.embedder.model = m.name.into();
+            s.embedder.runtime = if m.on_candle {
                 EmbedderRuntime::Candle
+            } else {
+                EmbedderRuntime::Onnx
             };
             s.validate().unwrap();
+            assert_eq!(s.embedder_dim(), m.dim);
         }
+        // The hash embedder's width, whatever the model setting says.
+        s.embedder.kind = EmbedderKind::Hash;
+        assert_eq!(s.embedder_dim(), 384);
+        s.embedder.kind = EmbedderKind::Minilm;
         s.embedder.model = "bge-small".into();
         let e = s.validate().unwrap_err().to_string();
         assert!(

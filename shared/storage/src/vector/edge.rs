@@ -613,6 +613,26 @@ fn unit(mut v: Vec<f32>) -> Vec<f32> {
     v
 }
 
+/// A shard written with vectors of another width (another `embedder.model`) is refused, with
+/// the way out, before the engine loads it: the engine's own refusal names neither width.
+fn refuse_another_width(path: &Path, config: &qdrant_edge::EdgeConfig) -> Result<(), StoreError> {
+    let stored: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(path.join("edge_config.json"))?)?;
+    for (name, params) in &config.vectors {
+        let held = stored["vectors"][name.as_str()]["size"].as_u64();
+        if let Some(held) = held.filter(|&h| h != params.size as u64) {
+            return Err(StoreError::Invalid(format!(
+                "the vector index in {} holds {held}-dimension vectors and embedder.model gives \
+                 {}: run with the model that wrote it, or move the data directory's vectors/ \
+                 aside and run `recollect reindex`",
+                path.display(),
+                params.size
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn open_shard(
     path: &Path,
     config: qdrant_edge::EdgeConfig,
@@ -621,6 +641,7 @@ fn open_shard(
     std::fs::create_dir_all(path)?;
     let has_config = path.join("edge_config.json").exists();
     let shard = if has_config {
+        refuse_another_width(path, &config)?;
         let freed = prune_write_ahead_log(path)?;
         if freed > 0 {
             tracing::info!(
@@ -1617,6 +1638,36 @@ mod tests {
                     .starts_with("closed-")
             })
             .count()
+    }
+
+    /// A store written by a model of another width is refused by name and widths, and left as
+    /// it was: the model that wrote it still opens it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_of_another_vector_width_is_refused_and_left_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = TenantId("t".into());
+        {
+            let idx = EdgeVectorIndex::open(dir.path(), 4).unwrap();
+            let set = KeywordSet {
+                tenant: t.clone(),
+                conversation: "a".into(),
+                keywords: vec![recollect_model::KeywordVector {
+                    keyword: "swim".into(),
+                    vector: vec![1.0, 0.1, 0.0, 0.0].into(),
+                }],
+            };
+            idx.upsert_keyword_sets(vec![set]).await.unwrap();
+            idx.sync().await.unwrap();
+        }
+        let e = EdgeVectorIndex::open(dir.path(), 8).err().expect("refused");
+        let message = e.to_string();
+        assert!(matches!(e, StoreError::Invalid(_)), "{message}");
+        assert!(
+            message.contains("4-dimension") && message.contains("gives 8"),
+            "{message}"
+        );
+        let idx = EdgeVectorIndex::open(dir.path(), 4).unwrap();
+        assert_eq!(names(&idx, &t, &["a"]).await, ["swim"]);
     }
 
     /// Updates without the engine's log: nothing is logged, and what was written stays across
