@@ -175,9 +175,9 @@ pub struct EmbedderSettings {
     /// ~/.cache/recollect/models/<model>.
     pub model_dir: String,
     pub batch_size: usize,
-    /// What runs the encoder: candle, ONNX Runtime (MiniLM, its int8 form and the E5 models, not
-    /// bge-small-en-v1.5; the int8 form runs on ONNX Runtime only), or auto: ONNX Runtime where
-    /// it and the model's graph are installed.
+    /// What runs the encoder: candle, ONNX Runtime (MiniLM, its int8 form, the E5 models and
+    /// MPNet, not bge-small-en-v1.5; the int8 form and MPNet run on ONNX Runtime only), or auto:
+    /// ONNX Runtime where it and the model's graph are installed.
     pub runtime: EmbedderRuntime,
     /// The ONNX Runtime library; empty: where `scripts/setup-onnx.sh` puts it.
     pub onnx_runtime: String,
