@@ -27,7 +27,7 @@ VENV="${PEERS_VENV:-$CACHE/venv-peers}"
 MODEL_DIR="$CACHE/models/all-MiniLM-L6-v2"
 WHEELS="${RECOLLECT_WHEEL_CACHE:-$CACHE/wheels}"
 
-[[ -x "$BIN" ]] || { echo "bench-peers: $BIN not found; run make build" >&2; exit 1; }
+[[ -x "$BIN" ]] || { echo "bench-peers: $BIN not found; run make build-release" >&2; exit 1; }
 # The model, ONNX Runtime and MiniLM's graph (Recollect's onnx runtime and the peer's embedder).
 bash "$SCRIPT_DIR/setup-onnx.sh" >/dev/null
 
