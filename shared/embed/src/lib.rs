@@ -31,8 +31,8 @@ pub use cache::{CacheStats, CachedEmbedder, DEFAULT_CACHE_CAPACITY};
 pub use error::EmbedError;
 pub use hash::{HashEmbedder, HASH_DIM};
 pub use models::{
-    model_names, model_spec, ModelSpec, Pooling, BGE_SMALL_EN_V15, DEFAULT_MODEL, E5_SMALL_ENPT_Q4,
-    E5_SMALL_Q4, MINILM, MINILM_INT8, MODELS, MPNET_BASE,
+    model_spec, ModelSpec, Pooling, BGE_SMALL_EN_V15, DEFAULT_MODEL, E5_SMALL_ENPT_Q4, E5_SMALL_Q4,
+    MINILM, MINILM_INT8, MODELS, MPNET_BASE,
 };
 pub use onnx::{default_onnx_runtime_path, OnnxEmbedder, ONNX_MODEL_FILE, ONNX_RUNTIME_VERSION};
 

@@ -135,11 +135,6 @@ pub fn model_spec(name: &str) -> Option<&'static ModelSpec> {
     MODELS.iter().find(|m| m.name == name)
 }
 
-/// The names of [`MODELS`], for error messages.
-pub fn model_names() -> Vec<&'static str> {
-    MODELS.iter().map(|m| m.name).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,7 +144,7 @@ mod tests {
         for m in &MODELS {
             assert_eq!(model_spec(m.name), Some(m));
         }
-        let mut names = model_names();
+        let mut names: Vec<&str> = MODELS.iter().map(|m| m.name).collect();
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), MODELS.len());
