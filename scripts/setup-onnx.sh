@@ -4,7 +4,8 @@
 # ONNX graph (model.onnx beside its safetensors) written by scripts/make-onnx.py from the weights
 # setup-model.sh installed, and its int8 form (model-int8.onnx, embedder.model =
 # "all-MiniLM-L6-v2-int8") written from that graph by scripts/make-onnx-int8.py; and, for each E5
-# or MPNet model scripts/setup-model.sh installed, its f32 graph by make-onnx.py. Wheel, library and
+# or MPNet model scripts/setup-model.sh installed, its f32 graph by make-onnx.py (and MPNet's int8
+# form, "all-mpnet-base-v2-int8", by make-onnx-int8.py). Wheel, library and
 # graphs are checked against pinned sha256 digests (the graphs are bit-reproducible from the
 # pinned weights and tools). Idempotent: exits at once when all are in place. Prints one line
 # saying what it did.
@@ -32,6 +33,10 @@ declare -A MORE_GRAPH_SHA256=(
     [multilingual-e5-small-enpt-q4]=9c82928fc5c8aa2eba05aeb187e8887297b91dfdb7077aa02dbf7aab90ccefef
     [all-mpnet-base-v2]=dce2cf807794feb9fd1320ed320911115a66b3131952a9920fd76782fddb7722
 )
+# Their int8 graphs (model-int8.onnx), written from the f32 graph above.
+declare -A MORE_INT8_SHA256=(
+    [all-mpnet-base-v2]=370fdd8e052b27abb9e2fa656f3747850725bdc8216ea7821567da2a74df56d8
+)
 # The graphs' bytes depend on these versions; other versions fail the digests above.
 PY_TOOLS=(onnx==1.23.2 numpy==2.4.6 safetensors==0.8.0 protobuf==7.36.2 "onnxruntime==$ORT_VERSION"
     tokenizers==0.23.3)
@@ -46,9 +51,16 @@ for m in "${!MORE_GRAPH_SHA256[@]}"; do
         GRAPHS_TODO+=("$m")
     fi
 done
+INT8_TODO=()
+for m in "${!MORE_INT8_SHA256[@]}"; do
+    if [[ -f "$CACHE/models/$m/model.safetensors" ]] \
+        && ! ok "${MORE_INT8_SHA256[$m]}" "$CACHE/models/$m/model-int8.onnx"; then
+        INT8_TODO+=("$m")
+    fi
+done
 
 if ok "$ORT_LIB_SHA256" "$ORT_LIB" && ok "$GRAPH_SHA256" "$GRAPH" && ok "$INT8_SHA256" "$INT8" \
-    && ((${#GRAPHS_TODO[@]} == 0)); then
+    && ((${#GRAPHS_TODO[@]} == 0)) && ((${#INT8_TODO[@]} == 0)); then
     echo "setup-onnx: ONNX Runtime $ORT_VERSION and the models' graphs already present (nothing to do)"
     exit 0
 fi
@@ -84,7 +96,8 @@ PY
     rm -rf "$ORT_DIR" && mv "$tmp" "$ORT_DIR"
 fi
 
-if ! ok "$GRAPH_SHA256" "$GRAPH" || ! ok "$INT8_SHA256" "$INT8" || ((${#GRAPHS_TODO[@]} > 0)); then
+if ! ok "$GRAPH_SHA256" "$GRAPH" || ! ok "$INT8_SHA256" "$INT8" || ((${#GRAPHS_TODO[@]} > 0)) \
+    || ((${#INT8_TODO[@]} > 0)); then
     VENV="${RECOLLECT_VENV:-$CACHE/venv}"
     # shellcheck source=scripts/venv.sh
     source "$SCRIPT_DIR/venv.sh"
@@ -115,4 +128,8 @@ for m in "${GRAPHS_TODO[@]}"; do
     build "$CACHE/models/$m/model.onnx" "${MORE_GRAPH_SHA256[$m]}" "$SCRIPT_DIR/make-onnx.py" \
         "$CACHE/models/$m"
 done
-echo "setup-onnx: ONNX Runtime $ORT_VERSION in $ORT_DIR, MiniLM graphs (f32, int8) in $MODEL_DIR${GRAPHS_TODO[*]:+; the f32 graph of ${GRAPHS_TODO[*]}}"
+for m in "${INT8_TODO[@]}"; do
+    build "$CACHE/models/$m/model-int8.onnx" "${MORE_INT8_SHA256[$m]}" "$SCRIPT_DIR/make-onnx-int8.py" \
+        "$CACHE/models/$m" "$CACHE/models/$m/model.onnx"
+done
+echo "setup-onnx: ONNX Runtime $ORT_VERSION in $ORT_DIR, MiniLM graphs (f32, int8) in $MODEL_DIR${GRAPHS_TODO[*]:+; the f32 graph of ${GRAPHS_TODO[*]}}${INT8_TODO[*]:+; the int8 graph of ${INT8_TODO[*]}}"

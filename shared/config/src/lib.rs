@@ -143,13 +143,14 @@ const fn model(name: &'static str, dim: usize, on_onnx: bool, on_candle: bool) -
 
 /// The models `embedder.model` accepts (`recollect_embed::MODELS`, which a test in
 /// `recollect-runtime` keeps equal to this list; this crate does not link the model code).
-pub const EMBEDDER_MODELS: [EmbedderModel; 6] = [
+pub const EMBEDDER_MODELS: [EmbedderModel; 7] = [
     model("all-MiniLM-L6-v2", 384, true, true),
     model("all-MiniLM-L6-v2-int8", 384, true, false),
     model("multilingual-e5-small-q4", 384, true, true),
     model("multilingual-e5-small-enpt-q4", 384, true, true),
     model("bge-small-en-v1.5", 384, false, true),
     model("all-mpnet-base-v2", 768, true, false),
+    model("all-mpnet-base-v2-int8", 768, true, false),
 ];
 
 /// The model named `name` (exact match), if `embedder.model` accepts it.
@@ -1120,9 +1121,13 @@ mod tests {
             e.contains("embedder.runtime") && e.contains("multilingual-e5-small-enpt-q4"),
             "{e}"
         );
-        // The int8 graph and MPNet have no candle form.
+        // The int8 graphs and MPNet have no candle form.
         s.embedder.runtime = EmbedderRuntime::Candle;
-        for model in ["all-MiniLM-L6-v2-int8", "all-mpnet-base-v2"] {
+        for model in [
+            "all-MiniLM-L6-v2-int8",
+            "all-mpnet-base-v2",
+            "all-mpnet-base-v2-int8",
+        ] {
             s.embedder.model = model.into();
             let e = s.validate().unwrap_err().to_string();
             assert!(e.contains("embedder.model") && e.contains("onnx"), "{e}");

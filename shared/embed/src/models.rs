@@ -117,14 +117,24 @@ pub const MPNET_BASE: ModelSpec = ModelSpec {
     dim: 768,
 };
 
+/// all-mpnet-base-v2 with int8 arithmetic (`scripts/make-onnx-int8.py`): 2.6 times faster a
+/// question than its f32 graph, within cosine 0.98 of its vectors; a model of its own, as
+/// [`MINILM_INT8`] is.
+pub const MPNET_BASE_INT8: ModelSpec = ModelSpec {
+    name: "all-mpnet-base-v2-int8",
+    onnx_graph: Some("model-int8.onnx"),
+    ..MPNET_BASE
+};
+
 /// Every model the `embedder.model` setting accepts.
-pub const MODELS: [ModelSpec; 6] = [
+pub const MODELS: [ModelSpec; 7] = [
     MINILM,
     MINILM_INT8,
     E5_SMALL_Q4,
     E5_SMALL_ENPT_Q4,
     BGE_SMALL_EN_V15,
     MPNET_BASE,
+    MPNET_BASE_INT8,
 ];
 
 /// The model of `embedder.model` when the setting is left alone.
@@ -172,10 +182,12 @@ mod tests {
         }
         assert_eq!(MINILM_INT8.dir, MINILM.dir, "int8 reads MiniLM's tokenizer");
         assert_ne!(MINILM_INT8.onnx_graph, MINILM.onnx_graph);
+        assert_eq!(MPNET_BASE_INT8.dir, MPNET_BASE.dir);
+        assert_eq!(MPNET_BASE_INT8.onnx_graph, MINILM_INT8.onnx_graph);
         let on_candle: Vec<bool> = MODELS.iter().map(|m| m.on_candle).collect();
         assert_eq!(
             on_candle,
-            [true, false, true, true, true, false],
+            [true, false, true, true, true, false, false],
             "int8 and MPNet are ONNX only"
         );
         // The ONNX embedder pools by the mean only.
