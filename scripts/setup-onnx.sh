@@ -43,21 +43,19 @@ PY_TOOLS=(onnx==1.23.2 numpy==2.4.6 safetensors==0.8.0 protobuf==7.36.2 "onnxrun
 
 ok() { echo "$1  $2" | sha256sum -c --status - 2>/dev/null; }
 
-# The installed models above whose graph is missing or not the pinned one.
-GRAPHS_TODO=()
-for m in "${!MORE_GRAPH_SHA256[@]}"; do
-    if [[ -f "$CACHE/models/$m/model.safetensors" ]] \
-        && ! ok "${MORE_GRAPH_SHA256[$m]}" "$CACHE/models/$m/model.onnx"; then
-        GRAPHS_TODO+=("$m")
-    fi
-done
-INT8_TODO=()
-for m in "${!MORE_INT8_SHA256[@]}"; do
-    if [[ -f "$CACHE/models/$m/model.safetensors" ]] \
-        && ! ok "${MORE_INT8_SHA256[$m]}" "$CACHE/models/$m/model-int8.onnx"; then
-        INT8_TODO+=("$m")
-    fi
-done
+# The installed models of the digest map named $1 whose graph file $2 is missing or not the
+# pinned one, a line each.
+missing() {
+    local -n digests="$1"
+    local m
+    for m in "${!digests[@]}"; do
+        if [[ -f "$CACHE/models/$m/model.safetensors" ]] && ! ok "${digests[$m]}" "$CACHE/models/$m/$2"; then
+            echo "$m"
+        fi
+    done
+}
+mapfile -t GRAPHS_TODO < <(missing MORE_GRAPH_SHA256 model.onnx)
+mapfile -t INT8_TODO < <(missing MORE_INT8_SHA256 model-int8.onnx)
 
 if ok "$ORT_LIB_SHA256" "$ORT_LIB" && ok "$GRAPH_SHA256" "$GRAPH" && ok "$INT8_SHA256" "$INT8" \
     && ((${#GRAPHS_TODO[@]} == 0)) && ((${#INT8_TODO[@]} == 0)); then
