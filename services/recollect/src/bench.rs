@@ -275,6 +275,10 @@ impl Embedder for Precomputed {
     fn is_asymmetric(&self) -> bool {
         self.model.is_asymmetric()
     }
+
+    fn cosine_scale(&self) -> recollect_embed::CosineScale {
+        self.model.cosine_scale()
+    }
 }
 
 fn file_bytes_on_disk(file: &Path) -> u64 {

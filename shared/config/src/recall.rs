@@ -13,7 +13,8 @@ use crate::{ConfigError, Settings};
 pub struct RecallConfig {
     /// Path B (paper: 30): nearest Keyword nodes per query keyword.
     pub keyword_neighbours: usize,
-    /// Path B and SoftTF-IDF (paper: 0.45): the keyword cosine floor.
+    /// Path B and SoftTF-IDF (paper: 0.45): the keyword cosine floor, on all-MiniLM-L6-v2's
+    /// scale (another encoder's cosines are mapped onto it: `recollect_embed::CosineScale`).
     pub keyword_min_cosine: f32,
     /// Whether recall runs Path C, fragment expansion (ours: off; on LoCoMo it measured as
     /// noise on top of dense and BM25 candidates and cost ~1.5 ms a recall, docs/RECALL.md).

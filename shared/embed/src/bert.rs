@@ -294,6 +294,10 @@ impl Embedder for BertEmbedder {
     fn is_asymmetric(&self) -> bool {
         self.spec.query_prefix != self.spec.document_prefix
     }
+
+    fn cosine_scale(&self) -> crate::CosineScale {
+        self.spec.cosine_scale
+    }
 }
 
 #[cfg(test)]

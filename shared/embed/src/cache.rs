@@ -209,6 +209,10 @@ impl<E: Embedder> Embedder for CachedEmbedder<E> {
     fn is_asymmetric(&self) -> bool {
         self.inner.is_asymmetric()
     }
+
+    fn cosine_scale(&self) -> crate::CosineScale {
+        self.inner.cosine_scale()
+    }
 }
 
 #[cfg(test)]

@@ -31,8 +31,8 @@ pub use cache::{CacheStats, CachedEmbedder, DEFAULT_CACHE_CAPACITY};
 pub use error::EmbedError;
 pub use hash::{HashEmbedder, HASH_DIM};
 pub use models::{
-    model_spec, ModelSpec, Pooling, BGE_SMALL_EN_V15, DEFAULT_MODEL, E5_SMALL_ENPT_Q4, E5_SMALL_Q4,
-    MINILM, MINILM_INT8, MODELS, MPNET_BASE, MPNET_BASE_INT8, NOMIC_EMBED_V15,
+    model_spec, CosineScale, ModelSpec, Pooling, BGE_SMALL_EN_V15, DEFAULT_MODEL, E5_SMALL_ENPT_Q4,
+    E5_SMALL_Q4, MINILM, MINILM_INT8, MODELS, MPNET_BASE, MPNET_BASE_INT8, NOMIC_EMBED_V15,
 };
 pub use onnx::{default_onnx_runtime_path, OnnxEmbedder, ONNX_MODEL_FILE, ONNX_RUNTIME_VERSION};
 
@@ -65,6 +65,10 @@ pub trait Embedder: Send + Sync {
     fn is_asymmetric(&self) -> bool {
         false
     }
+    /// Where this model's cosines of unrelated texts sit; MiniLM's unless the model says.
+    fn cosine_scale(&self) -> CosineScale {
+        CosineScale::REFERENCE
+    }
 }
 
 impl<E: Embedder + ?Sized> Embedder for Arc<E> {
@@ -86,6 +90,9 @@ impl<E: Embedder + ?Sized> Embedder for Arc<E> {
     fn is_asymmetric(&self) -> bool {
         (**self).is_asymmetric()
     }
+    fn cosine_scale(&self) -> CosineScale {
+        (**self).cosine_scale()
+    }
 }
 
 impl<E: Embedder + ?Sized> Embedder for Box<E> {
@@ -106,6 +113,9 @@ impl<E: Embedder + ?Sized> Embedder for Box<E> {
     }
     fn is_asymmetric(&self) -> bool {
         (**self).is_asymmetric()
+    }
+    fn cosine_scale(&self) -> CosineScale {
+        (**self).cosine_scale()
     }
 }
 

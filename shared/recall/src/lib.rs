@@ -538,6 +538,7 @@ impl Recall {
             neighbours: &retrieved.b.neighbours,
             idf: &retrieved.b.idf,
             weights: keymem::weights(cfg, qa.query_type),
+            scale: self.embedder.cosine_scale(),
         };
         let scores = keymem::score(&candidates.items, &query, ablation);
         let out = fuse::fuse(candidates, &scores, (&qa).into(), cfg, k);

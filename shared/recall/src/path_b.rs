@@ -101,20 +101,26 @@ pub async fn run(
     ablation: &Ablation,
 ) -> Result<PathB, RecallError> {
     let cfg = &r.config;
-    // kw: the 30 nearest Keyword nodes (cosine ≥ 0.45) of every query and answer keyword.
+    // kw: the 30 nearest Keyword nodes (cosine ≥ 0.45) of every query and answer keyword, the
+    // floor and the cosines on MiniLM's scale, which the constants were set on.
+    let scale = r.embedder.cosine_scale();
     let searches = qv.keywords.iter().map(|(_, v)| {
         r.vectors.search_keywords(
             tenant,
             scope,
             v,
             cfg.keyword_neighbours,
-            cfg.keyword_min_cosine,
+            scale.keyword_floor(cfg.keyword_min_cosine),
         )
     });
     let neighbours: Neighbours = try_join_all(searches)
         .await?
         .into_iter()
-        .map(|hits| hits.into_iter().collect())
+        .map(|hits| {
+            hits.into_iter()
+                .map(|(name, c)| (name, scale.keyword(c)))
+                .collect()
+        })
         .collect();
     let mut names: Vec<String> = neighbours.iter().flat_map(|n| n.keys().cloned()).collect();
     names.sort();
