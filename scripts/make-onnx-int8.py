@@ -17,10 +17,11 @@ MatMuls are quantised like MiniLM's, but for the FFN down-projections of layers 
 lose most. Min cosine to the f32 model 0.984, mean 0.995 over 250 LoCoMo utterances and
 questions; all quantised it is 0.962 / 0.993 for 1.2 ms less a question (docs/EVALUATION.md).
 
-max|X| comes from the calibration texts below: hand-written chat turns and questions of the
-kind Recollect stores (none from any evaluation set).
+max|X| comes from the calibration texts (shared/embed/calibration-texts.json): hand-written
+chat turns and questions of the kind Recollect stores (none from any evaluation set).
 usage: make-onnx-int8.py model_dir fused_f32.onnx out.onnx
 (run by scripts/setup-onnx.sh; numpy, onnx, onnxruntime, tokenizers)"""
+import json
 import logging
 import os
 import sys
@@ -37,48 +38,12 @@ ALPHA = 0.7
 # Output tensors (make-onnx.py's names) of the MatMuls left in f32, most sensitive first, by the
 # graph's name (make-onnx.py names it after the model directory).
 KEEP_F32 = {"all-MiniLM-L6-v2-fused": ["l0_fo", "l2_fo"], "all-mpnet-base-v2-fused": ["l0_fo", "l3_fo"]}
-CALIBRATION = [
-    "When did Priya start her new job at the hospital?",
-    "What did Tomas cook for his sister's birthday?",
-    "Where is Amara planning to travel next summer?",
-    "How long has Daniel been learning the violin?",
-    "Which books did Lena recommend last month?",
-    "Why did Marcus decide to move back to Chicago?",
-    "What does Yuki do on weekends?",
-    "Who went hiking with Omar in October?",
-    "What was the name of the dog they adopted?",
-    "Did Sofia ever finish the marathon?",
-    "What happened at the meeting on Tuesday?",
-    "How many kids does Grace have?",
-    "What activities does Ben enjoy with his family?",
-    "Which cities has Nadia lived in?",
-    "When is the appointment with the dentist?",
-    "What did I say about the budget for the kitchen?",
-    "I finally got the job at St. Mary's, I start on the 3rd of March!",
-    "We made paella for Ana's birthday and everyone loved it.",
-    "Next summer I want to go to Lisbon and maybe Porto if there is time.",
-    "I've been playing the violin for about six years now, mostly classical.",
-    "You should read The Remains of the Day, it is quiet but it stays with you.",
-    "My mom got sick, so moving back to Chicago just made sense for us.",
-    "On Saturdays I usually go climbing, then we have dinner with friends.",
-    "Omar and I hiked up Mount Tamalpais last October; the view was unreal.",
-    "We adopted a beagle puppy and named him Biscuit.",
-    "I didn't finish the race, my knee gave out around mile eighteen.",
-    "Sure, I can move the call to 4pm tomorrow. Does that work for you?",
-    "Thanks! That's really helpful, I'll try the second option first.",
-    "lol yes, that was the worst concert ever, the sound kept cutting out",
-    "Sorry to hear that. How are you holding up after the surgery?",
-    "The contractor quoted $18,500 for the kitchen, which is way over what we planned.",
-    "Grace has three kids: Leo, Mia and baby Sam, who was born in June.",
-    " ".join([
-        "Our team keeps a shared notebook of every decision we make during the week, because",
-        "people forget why something was chosen long before they forget that it was chosen.",
-        "On Mondays we review open questions, on Wednesdays we pair on the hardest bug, and on",
-        "Fridays we write down what we learned, including the experiments that failed and the",
-        "numbers that surprised us. When someone new joins, they read the notebook first, then",
-        "the code, and they ask about anything that does not make sense.",
-    ] * 4),
-]
+# Hand-written chat questions and turns, and one long text (shared/embed/calibration-texts.json,
+# which the embed tests read too).
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shared", "embed",
+                       "calibration-texts.json"), encoding="utf-8") as _f:
+    _texts = json.load(_f)
+CALIBRATION = _texts["questions"] + _texts["turns"] + [_texts["long"]]
 
 
 def split_biased_attention(model: onnx.ModelProto) -> None:

@@ -42,9 +42,9 @@ pub struct ModelSpec {
 /// constants (the keyword floor, the dense term's weight) were set on MiniLM's cosines. Recall
 /// maps each model's cosines onto MiniLM's scale ([`CosineScale::keyword`],
 /// [`CosineScale::question`]): the model's unrelated-pair mean goes to MiniLM's, and 1 stays 1.
-/// Measured over the texts of `tests/models.rs::cosine_scales_are_the_models_own` (60 everyday
-/// keywords; all 256 pairs of the 16 hand-written questions and 16 turns of
-/// `scripts/make-onnx-int8.py`, most of them unrelated).
+/// Measured by `tests/models.rs::cosine_scales_are_the_models_own` over
+/// `calibration-texts.json`: every pair of its 60 everyday keywords, and all 256 pairs of its 16
+/// hand-written questions and 16 turns, most of them unrelated.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CosineScale {
     pub keywords: f32,

@@ -195,107 +195,22 @@ fn mpnet_int8_stays_close_to_the_reference_vectors() {
     check_onnx(&MPNET_BASE_INT8, cases, 0.975);
 }
 
-/// Unrelated everyday keywords, and questions and turns about different things (the
-/// hand-written ones of `scripts/make-onnx-int8.py`): what [`ModelSpec::cosine_scale`] was
-/// measured on.
-const SCALE_KEYWORDS: &[&str] = &[
-    "camping",
-    "swimming",
-    "painting",
-    "pottery",
-    "guitar",
-    "hiking",
-    "dog",
-    "cat",
-    "Paris",
-    "Tokyo",
-    "birthday",
-    "job",
-    "interview",
-    "school",
-    "cooking",
-    "pasta",
-    "marathon",
-    "violin",
-    "garden",
-    "beach",
-    "museum",
-    "library",
-    "book",
-    "novel",
-    "poetry",
-    "basketball",
-    "soccer",
-    "chess",
-    "game",
-    "tournament",
-    "family",
-    "sister",
-    "brother",
-    "mother",
-    "father",
-    "kids",
-    "friend",
-    "wedding",
-    "vacation",
-    "trip",
-    "sunset",
-    "mountain",
-    "lake",
-    "river",
-    "car",
-    "bike",
-    "train",
-    "flight",
-    "hospital",
-    "doctor",
-    "therapy",
-    "support group",
-    "adoption",
-    "career",
-    "counseling",
-    "volunteer",
-    "charity",
-    "concert",
-    "music",
-    "dance",
-];
-const SCALE_QUESTIONS: &[&str] = &[
-    "When did Priya start her new job at the hospital?",
-    "What did Tomas cook for his sister's birthday?",
-    "Where is Amara planning to travel next summer?",
-    "How long has Daniel been learning the violin?",
-    "Which books did Lena recommend last month?",
-    "Why did Marcus decide to move back to Chicago?",
-    "What does Yuki do on weekends?",
-    "Who went hiking with Omar in October?",
-    "What was the name of the dog they adopted?",
-    "Did Sofia ever finish the marathon?",
-    "What happened at the meeting on Tuesday?",
-    "How many kids does Grace have?",
-    "What activities does Ben enjoy with his family?",
-    "Which cities has Nadia lived in?",
-    "When is the appointment with the dentist?",
-    "What did I say about the budget for the kitchen?",
-];
-const SCALE_TURNS: &[&str] = &[
-    "I finally got the job at St. Mary's, I start on the 3rd of March!",
-    "We made paella for Ana's birthday and everyone loved it.",
-    "Next summer I want to go to Lisbon and maybe Porto if there is time.",
-    "I've been playing the violin for about six years now, mostly classical.",
-    "You should read The Remains of the Day, it is quiet but it stays with you.",
-    "My mom got sick, so moving back to Chicago just made sense for us.",
-    "On Saturdays I usually go climbing, then we have dinner with friends.",
-    "Omar and I hiked up Mount Tamalpais last October; the view was unreal.",
-    "We adopted a beagle puppy and named him Biscuit.",
-    "I didn't finish the race, my knee gave out around mile eighteen.",
-    "Sure, I can move the call to 4pm tomorrow. Does that work for you?",
-    "Thanks! That's really helpful, I'll try the second option first.",
-    "lol yes, that was the worst concert ever, the sound kept cutting out",
-    "Sorry to hear that. How are you holding up after the surgery?",
-    "The contractor quoted $18,500 for the kitchen, which is way over what we planned.",
-    "Grace has three kids: Leo, Mia and baby Sam, who was born in June.",
-];
+/// What [`ModelSpec::cosine_scale`] was measured on: everyday keywords, and hand-written
+/// questions and turns (also `scripts/make-onnx-int8.py`'s calibration set).
+fn scale_texts(key: &str) -> Vec<String> {
+    let texts: serde_json::Value =
+        serde_json::from_str(include_str!("../calibration-texts.json")).expect("texts are JSON");
+    texts[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn refs(texts: &[String]) -> Vec<&str> {
+    texts.iter().map(String::as_str).collect()
+}
 
 /// Each installed model's [`ModelSpec::cosine_scale`] is what its vectors give: the mean cosine
 /// of two different keywords (embedded as documents) and of a question and a turn (each with
@@ -318,15 +233,17 @@ fn cosine_scales_are_the_models_own() {
         }
         let model = OnnxEmbedder::load_model(&dir, &lib, spec).expect("installed graph loads");
         let mean = |xs: &[f32]| xs.iter().sum::<f32>() / xs.len() as f32;
-        let kw = model.embed(SCALE_KEYWORDS).unwrap();
+        let kw = model.embed(&refs(&scale_texts("keywords"))).unwrap();
         let mut pairs = Vec::new();
         for i in 0..kw.len() {
             for j in i + 1..kw.len() {
                 pairs.push(cosine(&kw[i], &kw[j]));
             }
         }
-        let q = model.embed_queries(SCALE_QUESTIONS).unwrap();
-        let t = model.embed(SCALE_TURNS).unwrap();
+        let q = model
+            .embed_queries(&refs(&scale_texts("questions")))
+            .unwrap();
+        let t = model.embed(&refs(&scale_texts("turns"))).unwrap();
         let across: Vec<f32> = q
             .iter()
             .flat_map(|a| t.iter().map(move |b| cosine(a, b)))
