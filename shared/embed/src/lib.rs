@@ -5,7 +5,10 @@
 //!   `embedder.model` setting), loaded from a model directory set up by
 //!   `scripts/setup-model.sh` (see [`default_model_dir`], [`model_dir_for`]).
 //! * [`OnnxEmbedder`]: the same all-MiniLM-L6-v2 through ONNX Runtime (`embedder.runtime =
-//!   "onnx"`), 2.5–3× faster per question; set up by `scripts/setup-onnx.sh`.
+//!   "onnx"`), 2.5–3× faster per question; set up by `scripts/setup-onnx.sh`. It also runs the
+//!   models candle cannot: the int8 graphs, MPNet and nomic-embed-text-v1.5.
+//! * [`CosineScale`]: where each model's cosines of unrelated texts sit, so that recall reads
+//!   every model's cosines on all-MiniLM-L6-v2's scale.
 //! * [`HashEmbedder`]: a deterministic, lexical-only feature-hashing embedder for fast tests and
 //!   the explicit `embedder = "hash"` option.
 //! * [`CachedEmbedder`]: a bounded cache in front of either, for repeated query/keyword texts.
