@@ -1865,6 +1865,25 @@ mod tests {
         vector_contract(v.clone(), 32).await;
         let a = TenantId("tenant-a".into());
         assert_eq!(v.keyword_count(&a, &Scope::of(&["c1"])).await.unwrap(), 0);
+        // Another model's width is refused at start, as the embedded index refuses it, and
+        // the collections are left as they were.
+        let e = crate::QdrantVectorIndex::connect(&url, &prefix, 64)
+            .await
+            .err()
+            .expect("refused");
+        let message = e.to_string();
+        assert!(matches!(e, StoreError::Invalid(_)), "{message}");
+        assert!(
+            message.contains("32-dimension") && message.contains("gives 64"),
+            "{message}"
+        );
+        let again = crate::QdrantVectorIndex::connect(&url, &prefix, 32)
+            .await
+            .unwrap();
+        assert_eq!(
+            again.keyword_count(&a, &Scope::of(&["c1"])).await.unwrap(),
+            0
+        );
     }
 
     /// A Qdrant server of scripts/qdrant.sh with its own state, stopped (by PID) on drop.

@@ -621,13 +621,12 @@ fn refuse_another_width(path: &Path, config: &qdrant_edge::EdgeConfig) -> Result
     for (name, params) in &config.vectors {
         let held = stored["vectors"][name.as_str()]["size"].as_u64();
         if let Some(held) = held.filter(|&h| h != params.size as u64) {
-            return Err(StoreError::Invalid(format!(
-                "the vector index in {} holds {held}-dimension vectors and embedder.model gives \
-                 {}: run with the model that wrote it, or move the data directory's vectors/ \
-                 aside and run `recollect reindex`",
-                path.display(),
-                params.size
-            )));
+            return Err(super::another_width(
+                &format!("in {}", path.display()),
+                held,
+                params.size,
+                "move the data directory's vectors/ aside",
+            ));
         }
     }
     Ok(())

@@ -78,6 +78,15 @@ pub fn version_point_id(memory_id: MemoryId, recorded_at: DateTime<Utc>) -> Memo
     )
 }
 
+/// An index holding vectors of another width than `embedder.model` gives: every backend
+/// refuses it when it opens, before anything is written, naming both widths and the way out.
+pub(crate) fn another_width(index: &str, held: u64, wants: usize, way_out: &str) -> StoreError {
+    StoreError::Invalid(format!(
+        "the vector index {index} holds {held}-dimension vectors and embedder.model gives \
+         {wants}: run with the model that wrote it, or {way_out} and run `recollect reindex`"
+    ))
+}
+
 fn epoch() -> DateTime<Utc> {
     DateTime::<Utc>::UNIX_EPOCH
 }

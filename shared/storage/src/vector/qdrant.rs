@@ -13,14 +13,15 @@ use async_trait::async_trait;
 use qdrant_client::config::QdrantConfig;
 use qdrant_client::qdrant::r#match::MatchValue;
 use qdrant_client::qdrant::{
-    point_id::PointIdOptions, value::Kind, Condition, CountPointsBuilder, CreateCollection,
-    CreateCollectionBuilder, CreateFieldIndexCollection, CreateFieldIndexCollectionBuilder,
-    DatetimeIndexParamsBuilder, DatetimeRange, DeletePointsBuilder, Distance, FieldType, Filter,
-    Fusion, GetPointsBuilder, HnswConfigDiffBuilder, IntegerIndexParamsBuilder,
-    KeywordIndexParamsBuilder, Modifier, PayloadIncludeSelector, PointId, PointStruct,
-    PrefetchQueryBuilder, Query, QueryBatchPointsBuilder, QueryPoints, QueryPointsBuilder, Range,
-    ScoredPoint, SparseVectorParamsBuilder, SparseVectorsConfigBuilder, Timestamp, Value as QValue,
-    Vector, VectorInput, VectorParamsBuilder, VectorsConfigBuilder, VectorsSelector,
+    point_id::PointIdOptions, value::Kind, vectors_config, Condition, CountPointsBuilder,
+    CreateCollection, CreateCollectionBuilder, CreateFieldIndexCollection,
+    CreateFieldIndexCollectionBuilder, DatetimeIndexParamsBuilder, DatetimeRange,
+    DeletePointsBuilder, Distance, FieldType, Filter, Fusion, GetPointsBuilder,
+    HnswConfigDiffBuilder, IntegerIndexParamsBuilder, KeywordIndexParamsBuilder, Modifier,
+    PayloadIncludeSelector, PointId, PointStruct, PrefetchQueryBuilder, Query,
+    QueryBatchPointsBuilder, QueryPoints, QueryPointsBuilder, Range, ScoredPoint,
+    SparseVectorParamsBuilder, SparseVectorsConfigBuilder, Timestamp, Value as QValue, Vector,
+    VectorInput, VectorParamsBuilder, VectorsConfigBuilder, VectorsSelector,
 };
 use qdrant_client::{Payload, Qdrant};
 use recollect_model::{MemoryId, SparseVector, TenantId};
@@ -537,12 +538,14 @@ impl QdrantVectorIndex {
                 false,
             ),
         ] {
-            if !self
+            if self
                 .client
                 .collection_exists(name.as_str())
                 .await
                 .map_err(err)?
             {
+                self.refuse_another_width(name).await?;
+            } else {
                 // Two starting services may race here: "already exists" is success.
                 if let Err(e) = self.client.create_collection(create).await {
                     if !e.to_string().contains("already exists") {
@@ -555,6 +558,34 @@ impl QdrantVectorIndex {
             }
         }
         Ok(())
+    }
+
+    /// An existing collection written with another model's width is refused at start, as the
+    /// embedded index does; the server's own error would come only at the first write.
+    async fn refuse_another_width(&self, name: &str) -> Result<(), StoreError> {
+        let info = self.client.collection_info(name).await.map_err(err)?;
+        let held = info
+            .result
+            .and_then(|c| c.config)
+            .and_then(|c| c.params)
+            .and_then(|p| p.vectors_config)
+            .and_then(|v| v.config)
+            .and_then(|c| match c {
+                vectors_config::Config::Params(p) => Some(p.size),
+                vectors_config::Config::ParamsMap(m) => m.map.values().map(|p| p.size).next(),
+            });
+        match held {
+            Some(held) if held != self.dim as u64 => Err(super::another_width(
+                &format!("(Qdrant collection {name})"),
+                held,
+                self.dim,
+                &format!(
+                    "delete the collections {} and {}",
+                    self.turns, self.keywords
+                ),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Dense field vectors of the given points whose tenant key is `owner`, by point id.
