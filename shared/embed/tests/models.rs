@@ -218,6 +218,11 @@ fn refs(texts: &[String]) -> Vec<&str> {
 #[test]
 fn cosine_scales_are_the_models_own() {
     let lib = default_onnx_runtime_path();
+    let (keywords, questions, turns) = (
+        scale_texts("keywords"),
+        scale_texts("questions"),
+        scale_texts("turns"),
+    );
     let mut checked = Vec::new();
     for spec in recollect_embed::MODELS
         .iter()
@@ -233,30 +238,29 @@ fn cosine_scales_are_the_models_own() {
         }
         let model = OnnxEmbedder::load_model(&dir, &lib, spec).expect("installed graph loads");
         let mean = |xs: &[f32]| xs.iter().sum::<f32>() / xs.len() as f32;
-        let kw = model.embed(&refs(&scale_texts("keywords"))).unwrap();
+        let kw = model.embed(&refs(&keywords)).unwrap();
         let mut pairs = Vec::new();
         for i in 0..kw.len() {
             for j in i + 1..kw.len() {
                 pairs.push(cosine(&kw[i], &kw[j]));
             }
         }
-        let q = model
-            .embed_queries(&refs(&scale_texts("questions")))
-            .unwrap();
-        let t = model.embed(&refs(&scale_texts("turns"))).unwrap();
+        let q = model.embed_queries(&refs(&questions)).unwrap();
+        let t = model.embed(&refs(&turns)).unwrap();
         let across: Vec<f32> = q
             .iter()
             .flat_map(|a| t.iter().map(move |b| cosine(a, b)))
             .collect();
-        let (keywords, questions) = (mean(&pairs), mean(&across));
+        let (got_keywords, got_questions) = (mean(&pairs), mean(&across));
         eprintln!(
-            "{}: keywords {keywords:.3}, questions {questions:.3}",
+            "{}: keywords {got_keywords:.3}, questions {got_questions:.3}",
             spec.name
         );
         let want = spec.cosine_scale;
         assert!(
-            (keywords - want.keywords).abs() < 0.01 && (questions - want.questions).abs() < 0.01,
-            "{}: measured {keywords:.3} / {questions:.3}, the spec says {} / {}",
+            (got_keywords - want.keywords).abs() < 0.01
+                && (got_questions - want.questions).abs() < 0.01,
+            "{}: measured {got_keywords:.3} / {got_questions:.3}, the spec says {} / {}",
             spec.name,
             want.keywords,
             want.questions
