@@ -94,7 +94,10 @@ if NOMIC:
     init("rope_cos", np.cos(angles).astype(np.float32))
     init("rope_sin", np.sin(angles).astype(np.float32))
     init("rope_start", np.array([0], np.int64))
-for l in range(L if NOMIC else 0):
+
+
+def nomic_layer(l, x):
+    """One nomic-bert layer on x: rotary Q and K, attention without biases, SwiGLU."""
     p = f"blk.{l}."
     qkv = W[p + "attn_qkv.weight"]
     heads = []
@@ -113,10 +116,13 @@ for l in range(L if NOMIC else 0):
     silu = node("Mul", [gate, sig], [f"l{l}_silu"], ms=False)
     h = node("Mul", [up, silu], [f"l{l}_swiglu"], ms=False)
     h = node("MatMul", [h, init(f"l{l}_fo_w", W[p + "ffn_down.weight"].T)], [f"l{l}_fo"], ms=False)
-    x = node("SkipLayerNormalization", [h, x, init(f"l{l}_ln2_g", W[p + "layer_output_norm.weight"]),
+    return node("SkipLayerNormalization", [h, x, init(f"l{l}_ln2_g", W[p + "layer_output_norm.weight"]),
              init(f"l{l}_ln2_b", W[p + "layer_output_norm.bias"])],
              ["last_hidden_state" if l == L - 1 else f"l{l}_x2"], epsilon=EPS)
-for l in range(0 if NOMIC else L):
+
+
+def bert_layer(l, x):
+    """One BERT (or MPNet) layer on x, with the fused Attention (and MPNet's attention bias)."""
     p = f"encoder.layer.{l}."
     qkv = [f"attention.attn.{t}" for t in "qkv"] if MPNET else [f"attention.self.{t}" for t in ("query", "key", "value")]
     ao, ao_ln = ("attention.attn.o", "attention.LayerNorm") if MPNET else ("attention.output.dense", "attention.output.LayerNorm")
@@ -131,9 +137,13 @@ for l in range(0 if NOMIC else L):
     h = node("MatMul", [x, init(f"l{l}_fi_w", W[p + "intermediate.dense.weight"].T)], [f"l{l}_fi"], ms=False)
     h = node("BiasGelu", [h, init(f"l{l}_fi_b", W[p + "intermediate.dense.bias"])], [f"l{l}_gelu"])
     h = node("MatMul", [h, init(f"l{l}_fo_w", W[p + "output.dense.weight"].T)], [f"l{l}_fo"], ms=False)
-    x = node("SkipLayerNormalization", [h, x, init(f"l{l}_ln2_g", W[p + "output.LayerNorm.weight"]),
+    return node("SkipLayerNormalization", [h, x, init(f"l{l}_ln2_g", W[p + "output.LayerNorm.weight"]),
              init(f"l{l}_ln2_b", W[p + "output.LayerNorm.bias"]), init(f"l{l}_fo_b", W[p + "output.dense.bias"])],
              ["last_hidden_state" if l == L - 1 else f"l{l}_x2"], epsilon=EPS)
+
+
+for l in range(L):
+    x = nomic_layer(l, x) if NOMIC else bert_layer(l, x)
 
 ins = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "sequence"]) for n in ["input_ids", "attention_mask", "token_type_ids"]]
 outs = [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", H])]
