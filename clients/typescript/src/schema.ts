@@ -479,6 +479,12 @@ export interface components {
             time: number;
             /** Format: float */
             fused: number;
+            /**
+             * Format: float
+             * @description The cross-encoder's logit, when `recall.rerank_model` re-read this result (its score is
+             *     then `fused + recall.rerank_weight × rerank`).
+             */
+            rerank?: number | null;
         };
         /** @description `POST /v1/conversations/{id}/turns` body. */
         StoreRequest: {

@@ -7,7 +7,7 @@ use recollect_api::Auth;
 use recollect_embed::CachedEmbedder;
 use recollect_query::QueryState;
 use recollect_recall::{Recall, RecallLimits};
-use recollect_runtime::{graph_check, load_embedder, start, vectors_check};
+use recollect_runtime::{graph_check, load_embedder, load_reranker, start, vectors_check};
 use recollect_serve::Roles;
 
 #[tokio::main]
@@ -18,13 +18,16 @@ async fn main() -> anyhow::Result<()> {
     let graph = recollect_storage::open_graph(&settings, &dir).await?;
     let vectors = recollect_storage::open_vectors(&settings, &dir, embedder.dim()).await?;
     let checks = vec![graph_check(graph.clone()), vectors_check(vectors.clone())];
-    let recall = Arc::new(Recall::new(
-        graph,
-        vectors,
-        Arc::new(CachedEmbedder::new(embedder)),
-        settings.recall.clone(),
-        RecallLimits::from(&settings.server),
-    ));
+    let recall = Arc::new(
+        Recall::new(
+            graph,
+            vectors,
+            Arc::new(CachedEmbedder::new(embedder)),
+            settings.recall.clone(),
+            RecallLimits::from(&settings.server),
+        )
+        .with_reranker(load_reranker(&settings)?),
+    );
     let roles = Roles {
         gateway: None,
         query: Some(Arc::new(QueryState {

@@ -504,13 +504,16 @@ impl App {
                 .with_graph(graph.clone())
                 .with_gate(gate.clone()),
         );
-        let recall = Arc::new(Recall::new(
-            graph.clone(),
-            vectors.clone(),
-            query_embedder,
-            settings.recall.clone(),
-            RecallLimits::from(&settings.server),
-        ));
+        let recall = Arc::new(
+            Recall::new(
+                graph.clone(),
+                vectors.clone(),
+                query_embedder,
+                settings.recall.clone(),
+                RecallLimits::from(&settings.server),
+            )
+            .with_reranker(recollect_runtime::load_reranker(&settings)?),
+        );
         let backup = Arc::new(DataDirBackup {
             dir: dir.clone(),
             gate: gate.clone(),

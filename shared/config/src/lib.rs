@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 mod recall;
 
-pub use recall::RecallConfig;
+pub use recall::{RecallConfig, RERANK_MODELS};
 
 const DEFAULTS: &str = include_str!("../config/default.toml");
 
@@ -1182,7 +1182,7 @@ mod tests {
     #[test]
     fn recall_values_are_validated_by_key() {
         type Mutation = fn(&mut RecallConfig);
-        let cases: [(Mutation, &str); 12] = [
+        let cases: [(Mutation, &str); 15] = [
             (|r| r.keyword_neighbours = 0, "recall.keyword_neighbours"),
             (|r| r.keyword_min_cosine = 1.5, "recall.keyword_min_cosine"),
             (|r| r.fragments_expanded = 5000, "recall.fragments_expanded"),
@@ -1207,6 +1207,12 @@ mod tests {
                 |r| r.lexical_common_name_share = f32::NAN,
                 "recall.lexical_common_name_share",
             ),
+            (
+                |r| r.rerank_model = "bge-reranker-large".into(),
+                "recall.rerank_model",
+            ),
+            (|r| r.rerank_depth = 0, "recall.rerank_depth"),
+            (|r| r.rerank_weight = -1.0, "recall.rerank_weight"),
         ];
         for (mutate, key) in cases {
             let mut s = Settings::defaults();

@@ -42,7 +42,19 @@ pub struct RecallConfig {
     /// Bonus for a turn that carries a time expression when the question asks "when", or whose
     /// times fall in the question's time hint.
     pub time_weight: f32,
+    /// A cross-encoder that re-reads the question with each of the top `rerank_depth` results
+    /// (one of [`RERANK_MODELS`]; empty: off, the default). It adds the most quality of any
+    /// component and costs the most: tens of milliseconds a recall (docs/EVALUATION.md).
+    pub rerank_model: String,
+    /// Results re-read by the cross-encoder (the rest keep their order below them).
+    pub rerank_depth: usize,
+    /// Weight of the cross-encoder's logit added to the fused score of each re-read result.
+    pub rerank_weight: f32,
 }
+
+/// The cross-encoders recall can load (`recollect_embed::RERANKERS` by name; a test in
+/// recollect-runtime keeps the two equal).
+pub const RERANK_MODELS: [&str; 1] = ["ms-marco-MiniLM-L-12-v2-int8"];
 
 /// The compiled-in defaults (default.toml's `[recall]`).
 impl Default for RecallConfig {
@@ -95,10 +107,24 @@ impl RecallConfig {
             ("recall.lexical_weight", self.lexical_weight),
             ("recall.neighbour_weight", self.neighbour_weight),
             ("recall.time_weight", self.time_weight),
+            ("recall.rerank_weight", self.rerank_weight),
         ] {
             if !(w.is_finite() && w >= 0.0) {
                 return invalid(key, "must be a finite number >= 0");
             }
+        }
+        if !self.rerank_model.is_empty() && !RERANK_MODELS.contains(&self.rerank_model.as_str()) {
+            return Err(ConfigError::Invalid {
+                key: "recall.rerank_model",
+                message: format!(
+                    "{:?} is not a known cross-encoder; one of: {} (or empty: off)",
+                    self.rerank_model,
+                    RERANK_MODELS.join(", ")
+                ),
+            });
+        }
+        if !(1..=1000).contains(&self.rerank_depth) {
+            return invalid("recall.rerank_depth", "must be in 1..=1000");
         }
         Ok(())
     }

@@ -7,6 +7,9 @@
 //! * [`OnnxEmbedder`]: the same all-MiniLM-L6-v2 through ONNX Runtime (`embedder.runtime =
 //!   "onnx"`), 2.5–3× faster per question; set up by `scripts/setup-onnx.sh`. It also runs the
 //!   models candle cannot: the int8 graphs, MPNet and nomic-embed-text-v1.5.
+//! * [`Reranker`], [`OnnxCrossEncoder`]: a cross-encoder that scores a question and a passage
+//!   read together (ms-marco-MiniLM-L-12-v2, int8), for recall's optional re-reading of its top
+//!   results (`recall.rerank_model`).
 //! * [`CosineScale`]: where each model's cosines of unrelated texts sit, so that recall reads
 //!   every model's cosines on all-MiniLM-L6-v2's scale.
 //! * [`HashEmbedder`]: a deterministic, lexical-only feature-hashing embedder for fast tests and
@@ -22,6 +25,7 @@ mod error;
 mod hash;
 mod models;
 mod onnx;
+mod rerank;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -38,6 +42,9 @@ pub use models::{
     E5_SMALL_Q4, MINILM, MINILM_INT8, MODELS, MPNET_BASE, MPNET_BASE_INT8, NOMIC_EMBED_V15,
 };
 pub use onnx::{default_onnx_runtime_path, OnnxEmbedder, ONNX_MODEL_FILE, ONNX_RUNTIME_VERSION};
+pub use rerank::{
+    reranker_spec, OnnxCrossEncoder, Reranker, RerankerSpec, MS_MARCO_MINILM_L12_INT8, RERANKERS,
+};
 
 /// Environment variable naming the model directory; see [`default_model_dir`].
 pub const MODEL_DIR_ENV: &str = "RECOLLECT_MODEL_DIR";

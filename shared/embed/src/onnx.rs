@@ -42,7 +42,7 @@ pub fn default_onnx_runtime_path() -> PathBuf {
         .join(format!("libonnxruntime.so.{ONNX_RUNTIME_VERSION}"))
 }
 
-fn model_error(e: impl std::fmt::Display) -> EmbedError {
+pub(crate) fn model_error(e: impl std::fmt::Display) -> EmbedError {
     EmbedError::Runtime(e.to_string())
 }
 
@@ -51,7 +51,9 @@ fn model_error(e: impl std::fmt::Display) -> EmbedError {
 static ENVIRONMENT: OnceLock<ort::environment::Environment> = OnceLock::new();
 static ENVIRONMENT_INIT: Mutex<()> = Mutex::new(());
 
-fn environment(lib: &Path) -> Result<&'static ort::environment::Environment, EmbedError> {
+pub(crate) fn environment(
+    lib: &Path,
+) -> Result<&'static ort::environment::Environment, EmbedError> {
     if let Some(env) = ENVIRONMENT.get() {
         return Ok(env);
     }
@@ -100,7 +102,7 @@ impl std::fmt::Debug for OnnxEmbedder {
 
 /// One intra-op thread, sequential execution, every graph optimisation (the fastest options
 /// measured here).
-fn session(env: &ort::environment::Environment, model: &Path) -> ort::Result<Session> {
+pub(crate) fn session(env: &ort::environment::Environment, model: &Path) -> ort::Result<Session> {
     Session::builder(env)?
         .with_optimization_level(GraphOptimizationLevel::All)?
         .with_intra_threads(1)?

@@ -707,6 +707,10 @@ pub struct ScoreParts {
     pub fragment: f32,
     pub time: f32,
     pub fused: f32,
+    /// The cross-encoder's logit, when `recall.rerank_model` re-read this result (its score is
+    /// then `fused + recall.rerank_weight × rerank`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerank: Option<f32>,
 }
 
 /// One recalled memory, as the API returns it.

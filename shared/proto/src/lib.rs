@@ -118,6 +118,7 @@ impl From<RecalledMemory> for v1::RecalledMemory {
                 fragment: p.fragment,
                 time: p.time,
                 fused: p.fused,
+                rerank: p.rerank,
             }),
         }
     }

@@ -113,6 +113,7 @@ pub fn fuse(
                 fragment: km.fragment,
                 time,
                 fused: fused(km.score, lexical, time, cfg),
+                rerank: None,
             }
         })
         .collect();

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
-use recollect_embed::Embedder;
+use recollect_embed::{Embedder, Reranker};
 use recollect_extract::{analyse_query, QueryAnalysis};
 use recollect_model::{
     Classify, ErrorKind, MemoryId, RecalledMemory, ReferenceState, TenantId, TurnFilter,
@@ -128,6 +128,8 @@ pub struct Recall {
     graph: Arc<dyn Graph>,
     vectors: Arc<dyn VectorIndex>,
     embedder: Arc<dyn Embedder>,
+    /// The cross-encoder `recall.rerank_model` names, if any.
+    reranker: Option<Arc<dyn Reranker>>,
     config: RecallConfig,
     limits: RecallLimits,
 }
@@ -150,9 +152,19 @@ impl Recall {
             graph,
             vectors,
             embedder,
+            reranker: None,
             config,
             limits,
         }
+    }
+
+    /// The same recall, re-reading its top `recall.rerank_depth` results with `reranker`.
+    pub fn with_reranker(self, reranker: Option<Arc<dyn Reranker>>) -> Self {
+        Self { reranker, ..self }
+    }
+
+    pub fn reranker(&self) -> Option<&Arc<dyn Reranker>> {
+        self.reranker.as_ref()
     }
 
     pub fn config(&self) -> &RecallConfig {
@@ -166,6 +178,7 @@ impl Recall {
             graph: self.graph.clone(),
             vectors: self.vectors.clone(),
             embedder: self.embedder.clone(),
+            reranker: self.reranker.clone(),
             config,
             limits: self.limits,
         }
@@ -541,12 +554,27 @@ impl Recall {
             scale: self.embedder.cosine_scale(),
         };
         let scores = keymem::score(&candidates.items, &query, ablation);
-        let out = fuse::fuse(candidates, &scores, (&qa).into(), cfg, k);
+        // The cross-encoder re-reads the top `rerank_depth`, which may be more than k.
+        let take = match self.reranker {
+            Some(_) => k.max(cfg.rerank_depth),
+            None => k,
+        };
+        let mut out = fuse::fuse(candidates, &scores, (&qa).into(), cfg, take);
         RecallPhaseCompleted {
             phase: RecallPhase::Rank,
             elapsed: phase.elapsed(),
         }
         .emit();
+        if let Some(reranker) = &self.reranker {
+            let phase = Instant::now();
+            out = rerank(reranker.clone(), &req.query, out, cfg).await?;
+            out.truncate(k);
+            RecallPhaseCompleted {
+                phase: RecallPhase::Rerank,
+                elapsed: phase.elapsed(),
+            }
+            .emit();
+        }
         tracing::Span::current().record("results", out.len());
         RecallCompleted {
             results: out.len(),
@@ -555,6 +583,75 @@ impl Recall {
         .emit();
         Ok(out)
     }
+}
+
+/// The text a cross-encoder reads for a result: its round as the conversation has it, each
+/// side after its speaker's name when known.
+fn round_text(m: &RecalledMemory) -> String {
+    let mut out = String::new();
+    for (speaker, text) in [
+        (&m.user_speaker, &m.user),
+        (&m.assistant_speaker, &m.assistant),
+    ] {
+        if text.is_empty() {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        if let Some(s) = speaker {
+            out.push_str(s);
+            out.push_str(": ");
+        }
+        out.push_str(text);
+    }
+    out
+}
+
+/// Re-reads the first `rerank_depth` of `ranked` with the cross-encoder: each gets
+/// `rerank_weight × logit` added to its score and they are sorted again, above the rest (whose
+/// order stays). A cross-encoder that fails leaves the ranking as it was (logged): the fused
+/// ranking is a complete answer on its own.
+async fn rerank(
+    reranker: Arc<dyn Reranker>,
+    query: &str,
+    mut ranked: Vec<RecalledMemory>,
+    cfg: &RecallConfig,
+) -> Result<Vec<RecalledMemory>, RecallError> {
+    let n = ranked.len().min(cfg.rerank_depth);
+    if n == 0 {
+        return Ok(ranked);
+    }
+    let texts: Vec<String> = ranked[..n].iter().map(round_text).collect();
+    let question = query.to_string();
+    let logits = tokio::task::spawn_blocking(move || {
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        reranker.score(&question, &refs)
+    })
+    .await
+    .map_err(|e| RecallError::Embed(e.to_string()))?;
+    let logits = match logits {
+        Ok(l) if l.len() == n => l,
+        Ok(l) => {
+            tracing::warn!(
+                got = l.len(),
+                want = n,
+                "the cross-encoder returned another number of scores; ranking left as fused"
+            );
+            return Ok(ranked);
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the cross-encoder failed; ranking left as fused");
+            return Ok(ranked);
+        }
+    };
+    for (m, l) in ranked[..n].iter_mut().zip(logits) {
+        m.score_parts.rerank = Some(l);
+        m.score += cfg.rerank_weight * l;
+    }
+    // Stable: equal scores keep the fused order.
+    ranked[..n].sort_by(|a, b| b.score.total_cmp(&a.score));
+    Ok(ranked)
 }
 
 /// Runs one of Phase 2's retrievers and records how long it took.
@@ -633,6 +730,96 @@ mod tests {
         fn is_asymmetric(&self) -> bool {
             true
         }
+    }
+
+    /// Scores a passage by how often it says "answer"; fails on a passage saying "boom".
+    struct Counting;
+
+    impl Reranker for Counting {
+        fn model_name(&self) -> &str {
+            "counting"
+        }
+        fn score(&self, _question: &str, passages: &[&str]) -> Result<Vec<f32>, EmbedError> {
+            if passages.iter().any(|p| p.contains("boom")) {
+                return Err(EmbedError::Runtime("boom".into()));
+            }
+            Ok(passages
+                .iter()
+                .map(|p| p.matches("answer").count() as f32)
+                .collect())
+        }
+    }
+
+    fn memory(position: u64, user: &str, score: f32) -> RecalledMemory {
+        let t = crate::testing::turn("a", position);
+        RecalledMemory {
+            memory_id: t.memory_id,
+            conversation_id: t.conversation_id,
+            turn_id: t.turn_id,
+            user: user.into(),
+            assistant: "ok".into(),
+            user_speaker: Some("Ann".into()),
+            assistant_speaker: None,
+            timestamp: t.timestamp,
+            user_id: None,
+            agent_id: None,
+            metadata: Default::default(),
+            score,
+            sources: vec!["lexical".into()],
+            score_parts: recollect_model::ScoreParts {
+                fused: score,
+                ..Default::default()
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn the_cross_encoder_reorders_the_top_depth_and_says_so() {
+        let cfg = RecallConfig {
+            rerank_depth: 3,
+            rerank_weight: 0.5,
+            ..RecallConfig::default()
+        };
+        let ranked = vec![
+            memory(0, "nothing", 3.0),
+            memory(1, "an answer", 2.8),
+            memory(2, "answer answer answer", 2.0),
+            memory(3, "answer answer answer answer", 1.0),
+        ];
+        let out = rerank(Arc::new(Counting), "q", ranked, &cfg).await.unwrap();
+        let users: Vec<&str> = out.iter().map(|m| m.user.as_str()).collect();
+        // 2.0 + 1.5 = 3.5 > 2.8 + 0.5 = 3.3 > 3.0; the fourth is below the depth and stays last
+        // whatever the cross-encoder would have said of it.
+        assert_eq!(
+            users,
+            [
+                "answer answer answer",
+                "an answer",
+                "nothing",
+                "answer answer answer answer"
+            ]
+        );
+        assert_eq!(out[0].score_parts.rerank, Some(3.0));
+        assert!((out[0].score - 3.5).abs() < 1e-6);
+        assert_eq!(
+            out[0].score_parts.fused, 2.0,
+            "the fused score is kept beside it"
+        );
+        assert_eq!(out[3].score_parts.rerank, None);
+        assert_eq!(round_text(&out[1]), "Ann: an answer ok");
+    }
+
+    #[tokio::test]
+    async fn a_failing_cross_encoder_leaves_the_fused_ranking() {
+        let cfg = RecallConfig {
+            rerank_depth: 10,
+            ..RecallConfig::default()
+        };
+        let ranked = vec![memory(0, "boom", 2.0), memory(1, "answer", 1.0)];
+        let out = rerank(Arc::new(Counting), "q", ranked.clone(), &cfg)
+            .await
+            .unwrap();
+        assert_eq!(out, ranked);
     }
 
     #[tokio::test]

