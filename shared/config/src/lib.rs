@@ -143,11 +143,12 @@ const fn model(name: &'static str, dim: usize, on_onnx: bool, on_candle: bool) -
 
 /// The models `embedder.model` accepts (`recollect_embed::MODELS`, which a test in
 /// `recollect-runtime` keeps equal to this list; this crate does not link the model code).
-pub const EMBEDDER_MODELS: [EmbedderModel; 8] = [
+pub const EMBEDDER_MODELS: [EmbedderModel; 9] = [
     model("all-MiniLM-L6-v2", 384, true, true),
     model("all-MiniLM-L6-v2-int8", 384, true, false),
     model("multilingual-e5-small-q4", 384, true, true),
     model("multilingual-e5-small-enpt-q4", 384, true, true),
+    model("e5-small-v2-int8", 384, true, false),
     model("bge-small-en-v1.5", 384, false, true),
     model("all-mpnet-base-v2", 768, true, false),
     model("all-mpnet-base-v2-int8", 768, true, false),

@@ -39,7 +39,8 @@ pub use error::EmbedError;
 pub use hash::{HashEmbedder, HASH_DIM};
 pub use models::{
     model_spec, CosineScale, ModelSpec, Pooling, BGE_SMALL_EN_V15, DEFAULT_MODEL, E5_SMALL_ENPT_Q4,
-    E5_SMALL_Q4, MINILM, MINILM_INT8, MODELS, MPNET_BASE, MPNET_BASE_INT8, NOMIC_EMBED_V15,
+    E5_SMALL_Q4, E5_SMALL_V2_INT8, MINILM, MINILM_INT8, MODELS, MPNET_BASE, MPNET_BASE_INT8,
+    NOMIC_EMBED_V15,
 };
 pub use onnx::{default_onnx_runtime_path, OnnxEmbedder, ONNX_MODEL_FILE, ONNX_RUNTIME_VERSION};
 pub use rerank::{

