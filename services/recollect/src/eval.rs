@@ -357,6 +357,10 @@ fn apply_sets(cfg: RecallConfig, sets: &[String]) -> anyhow::Result<RecallConfig
             .with_context(|| format!("--set {s}: expected key=value"))?;
         let parsed: Value =
             serde_json::from_str(val).with_context(|| format!("--set {s}: value is not JSON"))?;
+        // The cross-encoder is loaded once, at start, from the settings.
+        if k == "rerank_model" {
+            bail!("--set rerank_model: the cross-encoder is loaded at start; set RECOLLECT__RECALL__RERANK_MODEL instead");
+        }
         match v.get_mut(k) {
             Some(slot) => *slot = parsed,
             None => bail!("--set {k}: no such recall constant"),
@@ -631,6 +635,19 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn set_overrides_recall_constants_but_not_the_cross_encoder() {
+        let base = RecallConfig::default();
+        let cfg = apply_sets(base.clone(), &["rerank_depth=40".into()]).unwrap();
+        assert_eq!(cfg.rerank_depth, 40);
+        let e = apply_sets(base.clone(), &["rerank_model=\"x\"".into()]).unwrap_err();
+        assert!(
+            e.to_string().contains("RECOLLECT__RECALL__RERANK_MODEL"),
+            "{e}"
+        );
+        assert!(apply_sets(base, &["rerank_depth=0".into()]).is_err());
+    }
 
     #[test]
     fn evidence_is_cleaned_like_the_reference_tool() {
