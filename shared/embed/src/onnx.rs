@@ -81,12 +81,10 @@ pub(crate) fn environment(
 /// Sentence embeddings from all-MiniLM-L6-v2's ONNX graph: mean pooling over the attention mask
 /// and L2 normalisation, as [`crate::BertEmbedder`] computes them.
 ///
-/// One session per core, each with one intra-op thread: a lone question runs fastest on one
-/// thread (two made p50 2–3× worse when the other core was busy), and batches run one chunk
-/// per session side by side. `Session::run` takes `&mut self`, hence a lock per session.
+/// One session per core ([`Sessions`]).
 pub struct OnnxEmbedder {
     spec: &'static ModelSpec,
-    sessions: Vec<Mutex<Session>>,
+    sessions: Sessions,
     tokenizer: Tokenizer,
     dim: usize,
 }
@@ -102,13 +100,46 @@ impl std::fmt::Debug for OnnxEmbedder {
 
 /// One intra-op thread, sequential execution, every graph optimisation (the fastest options
 /// measured here).
-pub(crate) fn session(env: &ort::environment::Environment, model: &Path) -> ort::Result<Session> {
+fn session(env: &ort::environment::Environment, model: &Path) -> ort::Result<Session> {
     Session::builder(env)?
         .with_optimization_level(GraphOptimizationLevel::All)?
         .with_intra_threads(1)?
         .with_inter_threads(1)?
         .with_parallel_execution(false)?
         .commit_from_file(model)
+}
+
+/// One session of a graph per core, each with one intra-op thread: a lone input runs fastest on
+/// one thread (two made p50 2–3× worse when the other core was busy), and batches run one chunk
+/// per session side by side. `Session::run` takes `&mut self`, hence a lock per session.
+pub(crate) struct Sessions(Vec<Mutex<Session>>);
+
+impl Sessions {
+    /// The graph at `model`, once per core, on the ONNX Runtime library at `lib`.
+    pub(crate) fn load(lib: &Path, model: &Path) -> Result<Self, EmbedError> {
+        let env = environment(lib)?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (0..cores)
+            .map(|_| {
+                session(env, model)
+                    .map(Mutex::new)
+                    .map_err(|e| model_error(format!("loading {}: {e}", model.display())))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Self)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// A session: a free one if any, else the `hint`th one's turn.
+    pub(crate) fn get(&self, hint: usize) -> parking_lot::MutexGuard<'_, Session> {
+        self.0
+            .iter()
+            .find_map(|s| s.try_lock())
+            .unwrap_or_else(|| self.0[hint % self.0.len()].lock())
+    }
 }
 
 impl OnnxEmbedder {
@@ -140,15 +171,7 @@ impl OnnxEmbedder {
         }
         let model = require(dir, graph)?;
         let tokenizer = load_tokenizer(&require(dir, "tokenizer.json")?, spec.max_seq_len)?;
-        let env = environment(lib)?;
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let sessions = (0..cores)
-            .map(|_| {
-                session(env, &model)
-                    .map(Mutex::new)
-                    .map_err(|e| model_error(format!("loading {}: {e}", model.display())))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let sessions = Sessions::load(lib, &model)?;
         tracing::info!(model = %model.display(), sessions = sessions.len(), "loaded {} (ONNX Runtime)", spec.name);
         Ok(Self {
             spec,
@@ -156,14 +179,6 @@ impl OnnxEmbedder {
             tokenizer,
             dim: spec.dim,
         })
-    }
-
-    /// A session: a free one if any, else the `hint`th one's turn.
-    fn session(&self, hint: usize) -> parking_lot::MutexGuard<'_, Session> {
-        self.sessions
-            .iter()
-            .find_map(|s| s.try_lock())
-            .unwrap_or_else(|| self.sessions[hint % self.sessions.len()].lock())
     }
 
     /// One padded batch; one normalised vector per sequence.
@@ -180,7 +195,7 @@ impl OnnxEmbedder {
         }
         let types = vec![0i64; b * n];
         let shape = [b, n];
-        let mut session = self.session(hint);
+        let mut session = self.sessions.get(hint);
         let outputs = session
             .run(ort::inputs![
                 "input_ids" => TensorRef::from_array_view((shape, &ids[..])).map_err(model_error)?,

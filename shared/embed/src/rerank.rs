@@ -9,13 +9,11 @@
 
 use std::path::Path;
 
-use ort::session::Session;
 use ort::value::TensorRef;
-use parking_lot::Mutex;
 use tokenizers::Tokenizer;
 
 use crate::bert::{load_tokenizer, require};
-use crate::onnx::{environment, model_error, session};
+use crate::onnx::{model_error, Sessions};
 use crate::EmbedError;
 
 /// Scores passages against a question: higher is a better answer. CPU-bound: async callers
@@ -59,7 +57,7 @@ const BATCH_SIZE: usize = 32;
 /// `logits [batch, 1]`) on ONNX Runtime, one session per core as [`crate::OnnxEmbedder`].
 pub struct OnnxCrossEncoder {
     spec: &'static RerankerSpec,
-    sessions: Vec<Mutex<Session>>,
+    sessions: Sessions,
     tokenizer: Tokenizer,
     /// `[SEP]`: the passage's tokens (segment 1) follow the first one.
     sep: u32,
@@ -83,15 +81,7 @@ impl OnnxCrossEncoder {
         let sep = tokenizer
             .token_to_id("[SEP]")
             .ok_or_else(|| EmbedError::Tokenizer("the tokenizer has no [SEP] token".into()))?;
-        let env = environment(lib)?;
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let sessions = (0..cores)
-            .map(|_| {
-                session(env, &model)
-                    .map(Mutex::new)
-                    .map_err(|e| model_error(format!("loading {}: {e}", model.display())))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let sessions = Sessions::load(lib, &model)?;
         tracing::info!(model = %model.display(), sessions = sessions.len(), "loaded {} (ONNX Runtime)", spec.name);
         Ok(Self {
             spec,
@@ -99,13 +89,6 @@ impl OnnxCrossEncoder {
             tokenizer,
             sep,
         })
-    }
-
-    fn session(&self, hint: usize) -> parking_lot::MutexGuard<'_, Session> {
-        self.sessions
-            .iter()
-            .find_map(|s| s.try_lock())
-            .unwrap_or_else(|| self.sessions[hint % self.sessions.len()].lock())
     }
 
     /// One padded batch of `[CLS] question [SEP] passage [SEP]` sequences; one logit each.
@@ -127,7 +110,7 @@ impl OnnxCrossEncoder {
             }
         }
         let shape = [b, n];
-        let mut session = self.session(hint);
+        let mut session = self.sessions.get(hint);
         let outputs = session
             .run(ort::inputs![
                 "input_ids" => TensorRef::from_array_view((shape, &ids[..])).map_err(model_error)?,

