@@ -134,11 +134,53 @@ impl Sessions {
     }
 
     /// A session: a free one if any, else the `hint`th one's turn.
-    pub(crate) fn get(&self, hint: usize) -> parking_lot::MutexGuard<'_, Session> {
+    fn get(&self, hint: usize) -> parking_lot::MutexGuard<'_, Session> {
         self.0
             .iter()
             .find_map(|s| s.try_lock())
             .unwrap_or_else(|| self.0[hint % self.0.len()].lock())
+    }
+
+    /// One batch of token ids, padded to its longest, through a BERT graph (`input_ids`,
+    /// `attention_mask`, `token_type_ids`); `read` gets the first output's shape and values.
+    /// With `pair_separator`, the tokens after its first occurrence are segment 1 (a
+    /// cross-encoder's `[CLS] question [SEP] passage [SEP]`); else every token is segment 0.
+    pub(crate) fn run<R>(
+        &self,
+        hint: usize,
+        seqs: &[&[u32]],
+        pair_separator: Option<u32>,
+        read: impl FnOnce(&[i64], &[f32]) -> Result<R, EmbedError>,
+    ) -> Result<R, EmbedError> {
+        let b = seqs.len();
+        let n = seqs.iter().map(|s| s.len()).max().unwrap_or(0);
+        let mut ids = vec![0i64; b * n];
+        let mut mask = vec![0i64; b * n];
+        let mut types = vec![0i64; b * n];
+        for (r, s) in seqs.iter().enumerate() {
+            let mut segment = 0;
+            for (t, &id) in s.iter().enumerate() {
+                ids[r * n + t] = i64::from(id);
+                mask[r * n + t] = 1;
+                types[r * n + t] = segment;
+                if Some(id) == pair_separator {
+                    segment = 1;
+                }
+            }
+        }
+        let shape = [b, n];
+        let mut session = self.get(hint);
+        let outputs = session
+            .run(ort::inputs![
+                "input_ids" => TensorRef::from_array_view((shape, &ids[..])).map_err(model_error)?,
+                "attention_mask" => TensorRef::from_array_view((shape, &mask[..])).map_err(model_error)?,
+                "token_type_ids" => TensorRef::from_array_view((shape, &types[..])).map_err(model_error)?
+            ])
+            .map_err(model_error)?;
+        let (out_shape, values) = outputs[0]
+            .try_extract_tensor::<f32>()
+            .map_err(model_error)?;
+        read(out_shape, values)
     }
 }
 
@@ -183,35 +225,20 @@ impl OnnxEmbedder {
 
     /// One padded batch; one normalised vector per sequence.
     fn forward(&self, seqs: &[&[u32]], hint: usize) -> Result<Vec<Vec<f32>>, EmbedError> {
-        let b = seqs.len();
-        let n = seqs.iter().map(|s| s.len()).max().unwrap_or(0);
-        let mut ids = vec![0i64; b * n];
-        let mut mask = vec![0i64; b * n];
-        for (r, s) in seqs.iter().enumerate() {
-            for (slot, &id) in ids[r * n..].iter_mut().zip(s.iter()) {
-                *slot = i64::from(id);
+        let (b, n) = (seqs.len(), seqs.iter().map(|s| s.len()).max().unwrap_or(0));
+        self.sessions.run(hint, seqs, None, |out_shape, hidden| {
+            if out_shape[..] != [b as i64, n as i64, self.dim as i64] {
+                return Err(model_error(format!(
+                    "the graph returned shape {out_shape:?} for {b} texts of {n} tokens"
+                )));
             }
-            mask[r * n..r * n + s.len()].fill(1);
-        }
-        let types = vec![0i64; b * n];
-        let shape = [b, n];
-        let mut session = self.sessions.get(hint);
-        let outputs = session
-            .run(ort::inputs![
-                "input_ids" => TensorRef::from_array_view((shape, &ids[..])).map_err(model_error)?,
-                "attention_mask" => TensorRef::from_array_view((shape, &mask[..])).map_err(model_error)?,
-                "token_type_ids" => TensorRef::from_array_view((shape, &types[..])).map_err(model_error)?
-            ])
-            .map_err(model_error)?;
-        let (out_shape, hidden) = outputs[0]
-            .try_extract_tensor::<f32>()
-            .map_err(model_error)?;
-        if out_shape[..] != [b as i64, n as i64, self.dim as i64] {
-            return Err(model_error(format!(
-                "the graph returned shape {out_shape:?} for {b} texts of {n} tokens"
-            )));
-        }
-        let mut rows = Vec::with_capacity(b);
+            Ok(self.pool(seqs, n, hidden))
+        })
+    }
+
+    /// Mean pooling over each sequence's real tokens, then L2 normalisation.
+    fn pool(&self, seqs: &[&[u32]], n: usize, hidden: &[f32]) -> Vec<Vec<f32>> {
+        let mut rows = Vec::with_capacity(seqs.len());
         for (r, s) in seqs.iter().enumerate() {
             // Mean pooling over the real tokens (MiniLM, E5).
             let mut v = vec![0f32; self.dim];
@@ -223,7 +250,7 @@ impl OnnxEmbedder {
             l2_normalize(&mut v);
             rows.push(v);
         }
-        Ok(rows)
+        rows
     }
 
     /// `texts` with the model's `prefix` (E5's "query: " / "passage: "; none for MiniLM, whose

@@ -9,7 +9,6 @@
 
 use std::path::Path;
 
-use ort::value::TensorRef;
 use tokenizers::Tokenizer;
 
 use crate::bert::{load_tokenizer, require};
@@ -94,39 +93,15 @@ impl OnnxCrossEncoder {
     /// One padded batch of `[CLS] question [SEP] passage [SEP]` sequences; one logit each.
     fn forward(&self, seqs: &[&[u32]], hint: usize) -> Result<Vec<Vec<f32>>, EmbedError> {
         let b = seqs.len();
-        let n = seqs.iter().map(|s| s.len()).max().unwrap_or(0);
-        let mut ids = vec![0i64; b * n];
-        let mut mask = vec![0i64; b * n];
-        let mut types = vec![0i64; b * n];
-        for (r, s) in seqs.iter().enumerate() {
-            let mut segment = 0;
-            for (t, &id) in s.iter().enumerate() {
-                ids[r * n + t] = i64::from(id);
-                mask[r * n + t] = 1;
-                types[r * n + t] = segment;
-                if id == self.sep {
-                    segment = 1;
+        self.sessions
+            .run(hint, seqs, Some(self.sep), |out_shape, logits| {
+                if out_shape[..] != [b as i64, 1] {
+                    return Err(model_error(format!(
+                        "the graph returned shape {out_shape:?} for {b} pairs"
+                    )));
                 }
-            }
-        }
-        let shape = [b, n];
-        let mut session = self.sessions.get(hint);
-        let outputs = session
-            .run(ort::inputs![
-                "input_ids" => TensorRef::from_array_view((shape, &ids[..])).map_err(model_error)?,
-                "attention_mask" => TensorRef::from_array_view((shape, &mask[..])).map_err(model_error)?,
-                "token_type_ids" => TensorRef::from_array_view((shape, &types[..])).map_err(model_error)?
-            ])
-            .map_err(model_error)?;
-        let (out_shape, logits) = outputs[0]
-            .try_extract_tensor::<f32>()
-            .map_err(model_error)?;
-        if out_shape[..] != [b as i64, 1] {
-            return Err(model_error(format!(
-                "the graph returned shape {out_shape:?} for {b} pairs"
-            )));
-        }
-        Ok(logits.iter().map(|&l| vec![l]).collect())
+                Ok(logits.iter().map(|&l| vec![l]).collect())
+            })
     }
 }
 
