@@ -129,12 +129,3 @@ impl Reranker for OnnxCrossEncoder {
         Ok(logits.into_iter().map(|l| l[0]).collect())
     }
 }
-
-impl<R: Reranker + ?Sized> Reranker for std::sync::Arc<R> {
-    fn model_name(&self) -> &str {
-        (**self).model_name()
-    }
-    fn score(&self, question: &str, passages: &[&str]) -> Result<Vec<f32>, EmbedError> {
-        (**self).score(question, passages)
-    }
-}

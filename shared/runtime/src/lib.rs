@@ -202,6 +202,16 @@ pub fn kafka_security(bus: &recollect_config::BusSettings) -> KafkaSecurity {
     }
 }
 
+/// The ONNX Runtime library `embedder.onnx_runtime` names, else where `scripts/setup-onnx.sh`
+/// puts it (the embedder's and the cross-encoder's).
+fn onnx_runtime_library(settings: &Settings) -> PathBuf {
+    if settings.embedder.onnx_runtime.is_empty() {
+        recollect_embed::default_onnx_runtime_path()
+    } else {
+        settings.embedder.onnx_runtime.clone().into()
+    }
+}
+
 /// The embedder the config names (the model is loaded once per process).
 pub fn load_embedder(settings: &Settings) -> Result<Arc<dyn Embedder>, RuntimeError> {
     let e: Arc<dyn Embedder> = match settings.embedder.kind {
@@ -215,11 +225,7 @@ pub fn load_embedder(settings: &Settings) -> Result<Arc<dyn Embedder>, RuntimeEr
             } else {
                 settings.embedder.model_dir.clone().into()
             };
-            let lib = if settings.embedder.onnx_runtime.is_empty() {
-                recollect_embed::default_onnx_runtime_path()
-            } else {
-                settings.embedder.onnx_runtime.clone().into()
-            };
+            let lib = onnx_runtime_library(settings);
             let auto = settings.embedder.runtime == EmbedderRuntime::Auto;
             let on_onnx = match settings.embedder.runtime {
                 EmbedderRuntime::Onnx => true,
@@ -294,11 +300,7 @@ pub fn load_reranker(settings: &Settings) -> Result<Option<Arc<dyn Reranker>>, R
         ))
     })?;
     let dir = model_dir_for(spec.dir);
-    let lib = if settings.embedder.onnx_runtime.is_empty() {
-        recollect_embed::default_onnx_runtime_path()
-    } else {
-        settings.embedder.onnx_runtime.clone().into()
-    };
+    let lib = onnx_runtime_library(settings);
     let r = OnnxCrossEncoder::load(&dir, &lib, spec).map_err(|e| {
         RuntimeError::Setup(format!(
             "loading the cross-encoder {name} from {}: {e} (run scripts/setup-model.sh {name} and scripts/setup-onnx.sh)",
