@@ -1040,7 +1040,11 @@ const CANDIDATE_PATHS: [&str; 5] = ["reached", "path_b", "path_c", "dense", "lex
 pub(crate) struct RecallTotals {
     duration: Vec<(f64, u64)>,
     candidates: Vec<(f64, u64)>,
+    reranks: Vec<u64>,
 }
+
+/// What the cross-encoder did (`recollect_recall_reranks_total`'s outcomes).
+const RERANK_OUTCOMES: [&str; 3] = ["reread", "skipped", "failed"];
 
 impl RecallTotals {
     pub(crate) fn now() -> Self {
@@ -1053,9 +1057,14 @@ impl RecallTotals {
             .iter()
             .map(|p| recollect_telemetry::recall_candidates_totals(p))
             .collect();
+        let reranks = RERANK_OUTCOMES
+            .iter()
+            .map(|o| recollect_telemetry::recall_reranks_total(o))
+            .collect();
         Self {
             duration,
             candidates,
+            reranks,
         }
     }
 
@@ -1075,7 +1084,7 @@ impl RecallTotals {
         };
         let (phases, retrievers) = self.duration.split_at(PHASES.len());
         let (phases0, retrievers0) = before.duration.split_at(PHASES.len());
-        format!(
+        let mut out = format!(
             "recall phases, mean: {}; inside retrieve, overlapping: {}; candidate turns, mean: {}",
             list(&PHASES, phases, phases0, 1000.0, " ms"),
             list(&RETRIEVERS, retrievers, retrievers0, 1000.0, " ms"),
@@ -1086,6 +1095,17 @@ impl RecallTotals {
                 1.0,
                 ""
             ),
-        )
+        );
+        let reranks: Vec<String> = RERANK_OUTCOMES
+            .iter()
+            .zip(self.reranks.iter().zip(&before.reranks))
+            .filter(|(_, (n1, n0))| n1 > n0)
+            .map(|(o, (n1, n0))| format!("{o} {}", n1 - n0))
+            .collect();
+        if !reranks.is_empty() {
+            // The rerank phase's mean above is over the recalls it re-read.
+            out.push_str(&format!("; cross-encoder, recalls: {}", reranks.join(", ")));
+        }
+        out
     }
 }

@@ -1183,7 +1183,7 @@ mod tests {
     #[test]
     fn recall_values_are_validated_by_key() {
         type Mutation = fn(&mut RecallConfig);
-        let cases: [(Mutation, &str); 15] = [
+        let cases: [(Mutation, &str); 17] = [
             (|r| r.keyword_neighbours = 0, "recall.keyword_neighbours"),
             (|r| r.keyword_min_cosine = 1.5, "recall.keyword_min_cosine"),
             (|r| r.fragments_expanded = 5000, "recall.fragments_expanded"),
@@ -1214,6 +1214,8 @@ mod tests {
             ),
             (|r| r.rerank_depth = 0, "recall.rerank_depth"),
             (|r| r.rerank_weight = -1.0, "recall.rerank_weight"),
+            (|r| r.rerank_gap = -0.1, "recall.rerank_gap"),
+            (|r| r.rerank_gap = f32::NAN, "recall.rerank_gap"),
         ];
         for (mutate, key) in cases {
             let mut s = Settings::defaults();

@@ -31,6 +31,7 @@ use recollect_storage::{
 };
 use recollect_telemetry::events::{
     InternalEvent, RecallCandidatesFound, RecallCompleted, RecallPhase, RecallPhaseCompleted,
+    RecallReranked, RerankOutcome,
 };
 use serde::{Deserialize, Serialize};
 
@@ -566,14 +567,8 @@ impl Recall {
         }
         .emit();
         if let Some(reranker) = &self.reranker {
-            let phase = Instant::now();
             out = rerank(reranker.clone(), &req.query, out, cfg).await?;
             out.truncate(k);
-            RecallPhaseCompleted {
-                phase: RecallPhase::Rerank,
-                elapsed: phase.elapsed(),
-            }
-            .emit();
         }
         tracing::Span::current().record("results", out.len());
         RecallCompleted {
@@ -610,8 +605,10 @@ fn round_text(m: &RecalledMemory) -> String {
 
 /// Re-reads the first `rerank_depth` of `ranked` with the cross-encoder: each gets
 /// `rerank_weight × logit` added to its score and they are sorted again, above the rest (whose
-/// order stays). A cross-encoder that fails leaves the ranking as it was (logged): the fused
-/// ranking is a complete answer on its own.
+/// order stays). A first result that leads the second by `rerank_gap` or more is left as fused,
+/// unread: the cross-encoder rarely overturns a clear first, and most of its cost is saved. A
+/// cross-encoder that fails leaves the ranking as it was (logged): the fused ranking is a
+/// complete answer on its own.
 async fn rerank(
     reranker: Arc<dyn Reranker>,
     query: &str,
@@ -619,9 +616,19 @@ async fn rerank(
     cfg: &RecallConfig,
 ) -> Result<Vec<RecalledMemory>, RecallError> {
     let n = ranked.len().min(cfg.rerank_depth);
-    if n == 0 {
+    let clear_first = match ranked.as_slice() {
+        [first, second, ..] => first.score - second.score >= cfg.rerank_gap,
+        _ => true,
+    };
+    if n < 2 || clear_first {
+        RecallReranked {
+            outcome: RerankOutcome::Skipped,
+        }
+        .emit();
         return Ok(ranked);
     }
+    // Timed here, past the gap check: the phase histogram holds the recalls it re-read.
+    let phase = Instant::now();
     let texts: Vec<String> = ranked[..n].iter().map(round_text).collect();
     let question = query.to_string();
     let logits = tokio::task::spawn_blocking(move || {
@@ -630,6 +637,11 @@ async fn rerank(
     })
     .await
     .map_err(|e| RecallError::Embed(e.to_string()))?;
+    RecallPhaseCompleted {
+        phase: RecallPhase::Rerank,
+        elapsed: phase.elapsed(),
+    }
+    .emit();
     let logits = match logits {
         Ok(l) if l.len() == n => l,
         Ok(l) => {
@@ -638,13 +650,25 @@ async fn rerank(
                 want = n,
                 "the cross-encoder returned another number of scores; ranking left as fused"
             );
+            RecallReranked {
+                outcome: RerankOutcome::Failed,
+            }
+            .emit();
             return Ok(ranked);
         }
         Err(e) => {
             tracing::warn!(error = %e, "the cross-encoder failed; ranking left as fused");
+            RecallReranked {
+                outcome: RerankOutcome::Failed,
+            }
+            .emit();
             return Ok(ranked);
         }
     };
+    RecallReranked {
+        outcome: RerankOutcome::Reread,
+    }
+    .emit();
     for (m, l) in ranked[..n].iter_mut().zip(logits) {
         m.score_parts.rerank = Some(l);
         m.score += cfg.rerank_weight * l;
@@ -733,13 +757,19 @@ mod tests {
     }
 
     /// Scores a passage by how often it says "answer"; fails on a passage saying "boom".
-    struct Counting;
+    #[derive(Default)]
+    struct Counting {
+        /// Passages read so far.
+        read: std::sync::atomic::AtomicUsize,
+    }
 
     impl Reranker for Counting {
         fn model_name(&self) -> &str {
             "counting"
         }
         fn score(&self, _question: &str, passages: &[&str]) -> Result<Vec<f32>, EmbedError> {
+            self.read
+                .fetch_add(passages.len(), std::sync::atomic::Ordering::SeqCst);
             if passages.iter().any(|p| p.contains("boom")) {
                 return Err(EmbedError::Runtime("boom".into()));
             }
@@ -778,6 +808,7 @@ mod tests {
         let cfg = RecallConfig {
             rerank_depth: 3,
             rerank_weight: 0.5,
+            rerank_gap: 1.0,
             ..RecallConfig::default()
         };
         let ranked = vec![
@@ -786,7 +817,9 @@ mod tests {
             memory(2, "answer answer answer", 2.0),
             memory(3, "answer answer answer answer", 1.0),
         ];
-        let out = rerank(Arc::new(Counting), "q", ranked, &cfg).await.unwrap();
+        let out = rerank(Arc::new(Counting::default()), "q", ranked, &cfg)
+            .await
+            .unwrap();
         let users: Vec<&str> = out.iter().map(|m| m.user.as_str()).collect();
         // 2.0 + 1.5 = 3.5 > 2.8 + 0.5 = 3.3 > 3.0; the fourth is below the depth and stays last
         // whatever the cross-encoder would have said of it.
@@ -815,11 +848,48 @@ mod tests {
             rerank_depth: 10,
             ..RecallConfig::default()
         };
-        let ranked = vec![memory(0, "boom", 2.0), memory(1, "answer", 1.0)];
-        let out = rerank(Arc::new(Counting), "q", ranked.clone(), &cfg)
+        let ranked = vec![memory(0, "boom", 2.0), memory(1, "answer", 1.95)];
+        let reranker = Arc::new(Counting::default());
+        let out = rerank(reranker.clone(), "q", ranked.clone(), &cfg)
             .await
             .unwrap();
         assert_eq!(out, ranked);
+        assert_eq!(reranker.read.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_clear_first_result_is_left_unread() {
+        let cfg = RecallConfig {
+            rerank_depth: 10,
+            rerank_weight: 1.0,
+            rerank_gap: 0.1,
+            ..RecallConfig::default()
+        };
+        // 3.0 leads 2.8 by more than the gap: nothing is read, whatever the cross-encoder
+        // would say.
+        let clear = vec![memory(0, "nothing", 3.0), memory(1, "answer answer", 2.8)];
+        let reranker = Arc::new(Counting::default());
+        let out = rerank(reranker.clone(), "q", clear.clone(), &cfg)
+            .await
+            .unwrap();
+        assert_eq!(out, clear);
+        assert!(out.iter().all(|m| m.score_parts.rerank.is_none()));
+        assert_eq!(reranker.read.load(std::sync::atomic::Ordering::SeqCst), 0);
+        // 3.0 against 2.95 is close: both are read and the second overtakes.
+        let close = vec![memory(0, "nothing", 3.0), memory(1, "answer answer", 2.95)];
+        let out = rerank(reranker.clone(), "q", close, &cfg).await.unwrap();
+        assert_eq!(reranker.read.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(out[0].user, "answer answer");
+        assert_eq!(out[1].score_parts.rerank, Some(0.0));
+        // A single result has nothing to be reordered against.
+        let one = vec![memory(0, "answer", 3.0)];
+        assert_eq!(
+            rerank(reranker.clone(), "q", one.clone(), &cfg)
+                .await
+                .unwrap(),
+            one
+        );
+        assert_eq!(reranker.read.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
     #[tokio::test]

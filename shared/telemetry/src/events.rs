@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use crate::{
     COMPONENT_INFO, CONSUMER_LAG, EMBED_BATCH_SIZE, EMBED_LATENCY, GRPC_REQUESTS, HTTP_REQUESTS,
-    HTTP_SHED, RECALL_CANDIDATES, RECALL_EMPTY, RECALL_LATENCY, STAGE_BATCH_SIZE, STAGE_LATENCY,
-    STAGE_MESSAGES, STAGE_RETRIES, STORE_ERRORS, STORE_READ_LATENCY, STORE_WRITE_LATENCY,
-    TURNS_ACCEPTED, TURNS_REJECTED,
+    HTTP_SHED, RECALL_CANDIDATES, RECALL_EMPTY, RECALL_LATENCY, RECALL_RERANKS, STAGE_BATCH_SIZE,
+    STAGE_LATENCY, STAGE_MESSAGES, STAGE_RETRIES, STORE_ERRORS, STORE_READ_LATENCY,
+    STORE_WRITE_LATENCY, TURNS_ACCEPTED, TURNS_REJECTED,
 };
 
 /// Something worth a log line and a metric update.
@@ -440,6 +440,42 @@ impl InternalEvent for RecallPhaseCompleted {
         RECALL_LATENCY
             .with_label_values(&[self.phase.as_str()])
             .observe(self.elapsed.as_secs_f64());
+    }
+}
+
+/// What the cross-encoder did for one recall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RerankOutcome {
+    /// It re-read the top results.
+    Reread,
+    /// The fused ranking's first result led the second by `recall.rerank_gap` or more: left
+    /// as fused.
+    Skipped,
+    /// It failed; the fused ranking was served.
+    Failed,
+}
+
+impl RerankOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RerankOutcome::Reread => "reread",
+            RerankOutcome::Skipped => "skipped",
+            RerankOutcome::Failed => "failed",
+        }
+    }
+}
+
+/// One recall's cross-encoder pass, whatever became of it.
+#[derive(Debug, Clone, Copy)]
+pub struct RecallReranked {
+    pub outcome: RerankOutcome,
+}
+
+impl InternalEvent for RecallReranked {
+    fn emit(self) {
+        RECALL_RERANKS
+            .with_label_values(&[self.outcome.as_str()])
+            .inc();
     }
 }
 

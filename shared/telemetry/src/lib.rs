@@ -155,6 +155,14 @@ pub(crate) static RECALL_EMPTY: Lazy<IntCounterVec> = Lazy::new(|| {
         &[],
     )
 });
+/// What became of each recall's cross-encoder pass (`recall.rerank_model`).
+pub(crate) static RECALL_RERANKS: Lazy<IntCounterVec> = Lazy::new(|| {
+    counter(
+        "recollect_recall_reranks_total",
+        "recalls by what the cross-encoder did: reread, skipped (a clear first result), failed",
+        &["outcome"],
+    )
+});
 pub(crate) static EMBED_BATCH_SIZE: Lazy<HistogramVec> = Lazy::new(|| {
     histogram(
         "recollect_embedder_batch_size_texts",
@@ -225,6 +233,7 @@ pub fn register_all() {
     Lazy::force(&RECALL_LATENCY);
     Lazy::force(&RECALL_CANDIDATES);
     Lazy::force(&RECALL_EMPTY);
+    Lazy::force(&RECALL_RERANKS);
     Lazy::force(&EMBED_BATCH_SIZE);
     Lazy::force(&EMBED_LATENCY);
     Lazy::force(&HTTP_REQUESTS);
@@ -254,6 +263,11 @@ pub fn stage_batch_totals(stage: &str) -> (f64, u64, f64) {
         size.get_sample_count(),
         took.get_sample_sum(),
     )
+}
+
+/// `recollect_recall_reranks_total{outcome}` so far (`reread`, `skipped`, `failed`).
+pub fn recall_reranks_total(outcome: &str) -> u64 {
+    RECALL_RERANKS.with_label_values(&[outcome]).get()
 }
 
 /// `(sum, count)` so far of `recollect_recall_candidates_turns{path}`.
