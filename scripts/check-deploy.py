@@ -355,7 +355,41 @@ def check_compose(path: Path, topics: list[str], p: Problems) -> None:
         p.check(t in init, where, f"kafka-topics does not create {t}")
 
 
-def check_dockerfile(path: Path, binaries: set[str], p: Problems) -> None:
+def check_stage_scripts(instructions: list, stages: list[str], scripts_dir: Path, where: str,
+                        p: Problems) -> None:
+    """Every script a stage's copied scripts call (`$SCRIPT_DIR/x`) is copied into that stage too.
+    No Docker daemon runs here, so a missing one would first fail a user's `docker build`."""
+    copied: list[set[str]] = []
+    whole: set[int] = set()
+    for ins in instructions:
+        if ins.cmd == "FROM":
+            copied.append(set())
+        if ins.cmd == "COPY" and copied and not any(f.startswith("--from=") for f in ins.flags):
+            for src in ins.value[:-1]:
+                if src in (".", "./"):
+                    whole.add(len(copied) - 1)
+                elif src.startswith("scripts/"):
+                    copied[-1].add(src[len("scripts/"):])
+    for st, names in enumerate(copied):
+        if st in whole:
+            continue
+        todo, seen = sorted(n for n in names if n.endswith(".sh")), set()
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            script = scripts_dir / name
+            if not p.check(script.is_file(), where, f"COPY scripts/{name}: no such script"):
+                continue
+            for ref in sorted(set(re.findall(r"\$SCRIPT_DIR/(\w[\w.-]*)", script.read_text()))):
+                p.check(ref in names, where, f"stage {stages[st] or st} copies scripts/{name}, which "
+                                             f"calls scripts/{ref}, not copied into it")
+                if ref.endswith(".sh"):
+                    todo.append(ref)
+
+
+def check_dockerfile(path: Path, binaries: set[str], p: Problems, scripts_dir: Path) -> None:
     where = show(path)
     text = path.read_text()
     # BuildKit's own parser: syntax, stages, and that every COPY --from names an earlier stage.
@@ -374,6 +408,7 @@ def check_dockerfile(path: Path, binaries: set[str], p: Problems) -> None:
                 if flag.startswith("--from="):
                     p.check(flag[7:] in stages[:-1], where, f"COPY {flag} names no earlier stage")
     p.check(stages[-1:] == ["runtime"], where, f"the last stage should be runtime, stages {stages}")
+    check_stage_scripts(instructions, stages, scripts_dir, where, p)
     last_user = [ins.value[0] for ins in instructions if ins.cmd == "USER"][-1:]
     p.check(last_user and last_user[0].split(":")[0] not in ("0", "root"), where, "runs as root")
     for needle, why in [
@@ -784,7 +819,7 @@ def run_all(repo: Path, chart_dir: Path, alerts_path: Path, dashboard_path: Path
     dashboard = check_dashboard(dashboard_path, series, families, p, syntax)
     check_promql_syntax(syntax, p)
     check_compose(deploy_dir / "compose.yaml", topics, p)
-    check_dockerfile(deploy_dir / "Dockerfile", workspace_binaries(repo), p)
+    check_dockerfile(deploy_dir / "Dockerfile", workspace_binaries(repo), p, repo / "scripts")
     check_chart(chart_dir, deploy_dir, defaults, alerts, dashboard, p)
     return p
 
@@ -846,6 +881,9 @@ def self_test() -> int:
         ("a COPY from a stage that does not exist", "deploy/Dockerfile",
          lambda s: s.replace("COPY --from=model", "COPY --from=modle", 1),
          "names no earlier stage"),
+        ("a script the model stage calls but does not copy", "deploy/Dockerfile",
+         lambda s: s.replace(" scripts/unpack-model.py", "", 1),
+         "calls scripts/unpack-model.py, not copied into it"),
     ]
     failures = 0
     for what, rel, mutate, expected in mutations:

@@ -358,8 +358,11 @@ fn apply_sets(cfg: RecallConfig, sets: &[String]) -> anyhow::Result<RecallConfig
         let parsed: Value =
             serde_json::from_str(val).with_context(|| format!("--set {s}: value is not JSON"))?;
         // The cross-encoder is loaded once, at start, from the settings.
-        if k == "rerank_model" {
-            bail!("--set rerank_model: the cross-encoder is loaded at start; set RECOLLECT__RECALL__RERANK_MODEL instead");
+        if k == "rerank_model" || k == "rerank_model_dir" {
+            bail!(
+                "--set {k}: the cross-encoder is loaded at start; set RECOLLECT__RECALL__{} instead",
+                k.to_uppercase()
+            );
         }
         match v.get_mut(k) {
             Some(slot) => *slot = parsed,
@@ -646,6 +649,14 @@ mod tests {
             e.to_string().contains("RECOLLECT__RECALL__RERANK_MODEL"),
             "{e}"
         );
+        let e = apply_sets(base.clone(), &["rerank_model_dir=\"/x\"".into()]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("RECOLLECT__RECALL__RERANK_MODEL_DIR"),
+            "{e}"
+        );
+        let cfg = apply_sets(base.clone(), &["rerank_gap=0.2".into()]).unwrap();
+        assert_eq!(cfg.rerank_gap, 0.2);
         assert!(apply_sets(base, &["rerank_depth=0".into()]).is_err());
     }
 

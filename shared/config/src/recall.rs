@@ -46,6 +46,9 @@ pub struct RecallConfig {
     /// (one of [`RERANK_MODELS`]; empty: off, the default). It adds the most quality of any
     /// component and costs the most: tens of milliseconds a recall (docs/EVALUATION.md).
     pub rerank_model: String,
+    /// Where the cross-encoder's files are; empty: models/<rerank_model> beside the binary or
+    /// the working directory, then ~/.cache/recollect/models/<rerank_model>.
+    pub rerank_model_dir: String,
     /// Results re-read by the cross-encoder (the rest keep their order below them).
     pub rerank_depth: usize,
     /// Weight of the cross-encoder's logit added to the fused score of each re-read result.

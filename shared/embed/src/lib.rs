@@ -136,18 +136,24 @@ pub fn default_model_dir() -> PathBuf {
     model_dir_for(DEFAULT_MODEL)
 }
 
-/// The model directory to load the model named `name` from:
-/// 1. `$RECOLLECT_MODEL_DIR` when set and non-empty;
-/// 2. else the first `models/<name>` directory found walking up from the running
-///    executable's directory, then from the working directory;
-/// 3. else the user's cache, where `make setup` installs it
-///    (`$XDG_CACHE_HOME/recollect/models/<name>`, default `~/.cache/...`), so an
-///    installed binary started from any directory (e.g. by a desktop MCP client) finds it;
-/// 4. else `./models/<name>` (which may not exist: loading then reports it).
+/// The model directory to load the embedding model named `name` from:
+/// `$RECOLLECT_MODEL_DIR` when set and non-empty, else [`find_model_dir`].
 pub fn model_dir_for(name: &str) -> PathBuf {
     if let Some(dir) = std::env::var_os(MODEL_DIR_ENV).filter(|v| !v.is_empty()) {
         return PathBuf::from(dir);
     }
+    find_model_dir(name)
+}
+
+/// Where `models/<name>` is installed, whatever `$RECOLLECT_MODEL_DIR` says (it names the
+/// embedder's directory, never the cross-encoder's):
+/// 1. the first `models/<name>` directory found walking up from the running executable's
+///    directory, then from the working directory;
+/// 2. else the user's cache, where `make setup` installs it
+///    (`$XDG_CACHE_HOME/recollect/models/<name>`, default `~/.cache/...`), so an
+///    installed binary started from any directory (e.g. by a desktop MCP client) finds it;
+/// 3. else `./models/<name>` (which may not exist: loading then reports it).
+pub fn find_model_dir(name: &str) -> PathBuf {
     let subdir = PathBuf::from("models").join(name);
     let starts = [
         std::env::current_exe()

@@ -27,8 +27,8 @@ use clap::Parser;
 use recollect_bus::{run_stage, Bus, BusError, KafkaBus, KafkaSecurity, KafkaSettings, Stage};
 use recollect_config::{BusKind, ConfigError, EmbedderKind, EmbedderRuntime, Settings};
 use recollect_embed::{
-    model_dir_for, model_spec, BertEmbedder, Embedder, HashEmbedder, OnnxCrossEncoder,
-    OnnxEmbedder, Reranker,
+    find_model_dir, model_dir_for, model_spec, BertEmbedder, Embedder, HashEmbedder,
+    OnnxCrossEncoder, OnnxEmbedder, Reranker,
 };
 use recollect_model::{topics, TenantId};
 use recollect_storage::{Graph, Scope, StoreError, VectorIndex};
@@ -299,7 +299,12 @@ pub fn load_reranker(settings: &Settings) -> Result<Option<Arc<dyn Reranker>>, R
             "recall.rerank_model {name:?} is not a known cross-encoder"
         ))
     })?;
-    let dir = model_dir_for(spec.dir);
+    // Not model_dir_for: $RECOLLECT_MODEL_DIR names the embedder's directory (the image sets it).
+    let dir: PathBuf = if settings.recall.rerank_model_dir.is_empty() {
+        find_model_dir(spec.dir)
+    } else {
+        settings.recall.rerank_model_dir.clone().into()
+    };
     let lib = onnx_runtime_library(settings);
     let r = OnnxCrossEncoder::load(&dir, &lib, spec).map_err(|e| {
         RuntimeError::Setup(format!(
@@ -568,6 +573,25 @@ mod embedder_tests {
             "off by default"
         );
         assert!(load_reranker(&Settings::defaults()).unwrap().is_none());
+    }
+
+    #[test]
+    fn the_cross_encoder_is_loaded_from_its_own_directory() {
+        let mut s = Settings::defaults();
+        s.recall.rerank_model = "ms-marco-MiniLM-L-12-v2-int8".into();
+        // The embedder's directory (where $RECOLLECT_MODEL_DIR points in the image) is not it.
+        s.embedder.model_dir = "/opt/embedder".into();
+        s.recall.rerank_model_dir = "/nonexistent/reranker".into();
+        let err = load_reranker(&s).err().expect("nothing there").to_string();
+        assert!(err.contains("/nonexistent/reranker"), "{err}");
+        assert!(
+            err.contains("setup-model.sh ms-marco-MiniLM-L-12-v2-int8"),
+            "{err}"
+        );
+        // Unset, it is looked up by its own name, never under the embedder's.
+        s.recall.rerank_model_dir.clear();
+        assert!(find_model_dir("ms-marco-MiniLM-L-12-v2-int8")
+            .ends_with("models/ms-marco-MiniLM-L-12-v2-int8"));
     }
 
     #[test]
