@@ -446,29 +446,6 @@ impl Turn {
             (Field::Assistant, &self.assistant),
         ]
     }
-
-    /// Text with speakers, as a reader would see it.
-    pub fn display_text(&self) -> String {
-        let mut s = String::new();
-        for (field, text) in self.fields() {
-            if text.is_empty() {
-                continue;
-            }
-            let speaker = match field {
-                Field::User => self.user_speaker.as_deref(),
-                Field::Assistant => self.assistant_speaker.as_deref(),
-            };
-            if !s.is_empty() {
-                s.push('\n');
-            }
-            if let Some(sp) = speaker {
-                s.push_str(sp);
-                s.push_str(": ");
-            }
-            s.push_str(text);
-        }
-        s
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]

@@ -589,7 +589,6 @@ mod embedder_tests {
             "{err}"
         );
         // Unset, it is looked up by its own name, never under the embedder's.
-        s.recall.rerank_model_dir.clear();
         assert!(find_model_dir("ms-marco-MiniLM-L-12-v2-int8")
             .ends_with("models/ms-marco-MiniLM-L-12-v2-int8"));
     }
