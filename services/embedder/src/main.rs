@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use recollect_embedder::EmbedderStage;
-use recollect_runtime::{bus_check, graph_check, load_embedder, open_bus, run_workers, start};
+use recollect_runtime::{
+    bus_check, graph_check, load_embedder, load_token_embedder, open_bus, run_workers, start,
+};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -17,7 +19,11 @@ async fn main() -> anyhow::Result<()> {
     run_workers(
         &settings,
         bus,
-        vec![Arc::new(EmbedderStage::new(embedder).with_erasures(graph))],
+        vec![Arc::new(
+            EmbedderStage::new(embedder)
+                .with_token_embedder(load_token_embedder(&settings)?)
+                .with_erasures(graph),
+        )],
         checks,
     )
     .await?;

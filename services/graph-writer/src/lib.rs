@@ -193,6 +193,7 @@ impl GraphWriterStage {
                 assistant: (!e.embeddings.assistant.is_empty())
                     .then(|| e.embeddings.assistant.clone()),
                 lexical: e.embeddings.lexical.clone(),
+                late: e.embeddings.tokens.clone(),
                 recorded_at: e.turn.recorded_at,
             })
             .collect();

@@ -7,7 +7,9 @@ use recollect_api::Auth;
 use recollect_embed::CachedEmbedder;
 use recollect_query::QueryState;
 use recollect_recall::{Recall, RecallLimits};
-use recollect_runtime::{graph_check, load_embedder, load_reranker, start, vectors_check};
+use recollect_runtime::{
+    graph_check, load_embedder, load_reranker, load_token_embedder, start, vectors_check,
+};
 use recollect_serve::Roles;
 
 #[tokio::main]
@@ -26,7 +28,8 @@ async fn main() -> anyhow::Result<()> {
             settings.recall.clone(),
             RecallLimits::from(&settings.server),
         )
-        .with_reranker(load_reranker(&settings)?),
+        .with_reranker(load_reranker(&settings)?)
+        .with_token_embedder(load_token_embedder(&settings)?),
     );
     let roles = Roles {
         gateway: None,

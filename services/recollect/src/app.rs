@@ -456,13 +456,19 @@ impl App {
             wake: Notify::new(),
             drained: Notify::new(),
         });
+        // One late-interaction model for the turns' token vectors and the questions'.
+        let tokens = recollect_runtime::load_token_embedder(&settings)?;
         let query_cache = Arc::new(CachedEmbedder::new(embedder.clone()));
         let query_embedder: Arc<dyn Embedder> = query_cache.clone();
         let consolidator =
             ConsolidatorStage::from_settings(graph.clone(), vectors.clone(), &settings)?;
         let stages: Vec<Arc<dyn Stage>> = vec![
             Arc::new(ExtractorStage::new(extractor.clone(), graph.clone())),
-            Arc::new(EmbedderStage::new(embedder.clone()).with_erasures(graph.clone())),
+            Arc::new(
+                EmbedderStage::new(embedder.clone())
+                    .with_token_embedder(tokens.clone())
+                    .with_erasures(graph.clone()),
+            ),
             Arc::new(GraphWriterStage::new(
                 graph.clone(),
                 vectors.clone(),
@@ -512,7 +518,8 @@ impl App {
                 settings.recall.clone(),
                 RecallLimits::from(&settings.server),
             )
-            .with_reranker(recollect_runtime::load_reranker(&settings)?),
+            .with_reranker(recollect_runtime::load_reranker(&settings)?)
+            .with_token_embedder(tokens),
         );
         let backup = Arc::new(DataDirBackup {
             dir: dir.clone(),

@@ -522,7 +522,8 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
         base_cfg.clone(),
         *app.recall.limits(),
     )
-    .with_reranker(app.recall.reranker().cloned());
+    .with_reranker(app.recall.reranker().cloned())
+    .with_token_embedder(app.recall.token_embedder().cloned());
     // A component the configuration leaves off (Path C by default) is measured the other way
     // round: a run with it switched on.
     let run_of = |n: &str| -> anyhow::Result<(String, Ablation, RecallConfig)> {

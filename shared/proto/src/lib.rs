@@ -119,6 +119,7 @@ impl From<RecalledMemory> for v1::RecalledMemory {
                 time: p.time,
                 fused: p.fused,
                 rerank: p.rerank,
+                late: p.late,
             }),
         }
     }

@@ -40,10 +40,12 @@ pub enum Component {
     Lexical,
     /// Field max-sim (the mean of the field cosines instead).
     FieldMaxSim,
+    /// Late interaction's MaxSim re-scoring (only where `embedder.late_model` is on).
+    Late,
 }
 
 impl Component {
-    pub const ALL: [Component; 7] = [
+    pub const ALL: [Component; 8] = [
         Component::PathB,
         Component::PathC,
         Component::Graph,
@@ -51,6 +53,7 @@ impl Component {
         Component::Dense,
         Component::Lexical,
         Component::FieldMaxSim,
+        Component::Late,
     ];
 
     /// The name `recollect eval --ablate` takes.
@@ -63,6 +66,7 @@ impl Component {
             Component::Dense => "dense",
             Component::Lexical => "lexical",
             Component::FieldMaxSim => "fields",
+            Component::Late => "late",
         }
     }
 }

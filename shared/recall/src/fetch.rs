@@ -174,6 +174,7 @@ mod tests {
             agent_id: None,
             metadata: Default::default(),
             recorded_at: t.recorded_at,
+            late: None,
         }
     }
 

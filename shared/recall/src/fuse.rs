@@ -114,6 +114,7 @@ pub fn fuse(
                 time,
                 fused: fused(km.score, lexical, time, cfg),
                 rerank: None,
+                late: None,
             }
         })
         .collect();

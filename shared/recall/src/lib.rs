@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
-use recollect_embed::{Embedder, Reranker};
+use recollect_embed::{Embedder, Reranker, TokenEmbedder};
 use recollect_extract::{analyse_query, QueryAnalysis};
 use recollect_model::{
     Classify, ErrorKind, MemoryId, RecalledMemory, ReferenceState, TenantId, TurnFilter,
@@ -131,6 +131,9 @@ pub struct Recall {
     embedder: Arc<dyn Embedder>,
     /// The cross-encoder `recall.rerank_model` names, if any.
     reranker: Option<Arc<dyn Reranker>>,
+    /// The late-interaction model `embedder.late_model` names, if any (the question's token
+    /// vectors; the turns' were made at ingest).
+    tokens: Option<Arc<dyn TokenEmbedder>>,
     config: RecallConfig,
     limits: RecallLimits,
 }
@@ -154,6 +157,7 @@ impl Recall {
             vectors,
             embedder,
             reranker: None,
+            tokens: None,
             config,
             limits,
         }
@@ -168,6 +172,16 @@ impl Recall {
         self.reranker.as_ref()
     }
 
+    /// The same recall, re-scoring its top `recall.late_depth` results by late interaction
+    /// with `tokens` (the model the turns' token vectors were made with).
+    pub fn with_token_embedder(self, tokens: Option<Arc<dyn TokenEmbedder>>) -> Self {
+        Self { tokens, ..self }
+    }
+
+    pub fn token_embedder(&self) -> Option<&Arc<dyn TokenEmbedder>> {
+        self.tokens.as_ref()
+    }
+
     pub fn config(&self) -> &RecallConfig {
         &self.config
     }
@@ -180,6 +194,7 @@ impl Recall {
             vectors: self.vectors.clone(),
             embedder: self.embedder.clone(),
             reranker: self.reranker.clone(),
+            tokens: self.tokens.clone(),
             config,
             limits: self.limits,
         }
@@ -514,7 +529,27 @@ impl Recall {
             self.lexical(tenant, &scope, &req.query, &qa.entities, &entities, depth)
                 .await
         });
-        let (bc, dense, lexical) = tokio::join!(graph_paths, dense, lexical);
+        // The question's token vectors, made on another core meanwhile. Not as of an earlier
+        // time: kept versions are not re-scored, so the present's turns would be favoured.
+        let late_model = self
+            .tokens
+            .clone()
+            .filter(|_| !ablation.without(Component::Late) && scope.as_of.is_none());
+        let question_tokens = async {
+            let model = late_model?;
+            let question = req.query.clone();
+            let made = tokio::task::spawn_blocking(move || model.embed_tokens(&[&question])).await;
+            match made {
+                Ok(Ok(mut v)) if v.len() == 1 => v.pop(),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "the question's token vectors failed; ranking left as fused");
+                    None
+                }
+                _ => None,
+            }
+        };
+        let (bc, dense, lexical, question_tokens) =
+            tokio::join!(graph_paths, dense, lexical, question_tokens);
         let ((b, c), dense, lexical) = (bc?, dense?, lexical?);
         RecallPhaseCompleted {
             phase: RecallPhase::Retrieve,
@@ -555,21 +590,28 @@ impl Recall {
             scale: self.embedder.cosine_scale(),
         };
         let scores = keymem::score(&candidates.items, &query, ablation);
-        // The cross-encoder re-reads the top `rerank_depth`, which may be more than k.
-        let take = match self.reranker {
-            Some(_) => k.max(cfg.rerank_depth),
-            None => k,
-        };
+        // Late interaction re-scores the top `late_depth`, the cross-encoder re-reads the top
+        // `rerank_depth`: either may be more than k.
+        let mut take = k;
+        if question_tokens.is_some() {
+            take = take.max(cfg.late_depth);
+        }
+        if self.reranker.is_some() {
+            take = take.max(cfg.rerank_depth);
+        }
         let mut out = fuse::fuse(candidates, &scores, (&qa).into(), cfg, take);
         RecallPhaseCompleted {
             phase: RecallPhase::Rank,
             elapsed: phase.elapsed(),
         }
         .emit();
+        if let Some(question) = &question_tokens {
+            out = self.late(tenant, question, out).await?;
+        }
         if let Some(reranker) = &self.reranker {
             out = rerank(reranker.clone(), &req.query, out, cfg).await?;
-            out.truncate(k);
         }
+        out.truncate(k);
         tracing::Span::current().record("results", out.len());
         RecallCompleted {
             results: out.len(),
@@ -577,6 +619,51 @@ impl Recall {
         }
         .emit();
         Ok(out)
+    }
+}
+
+impl Recall {
+    /// Late interaction: the first `late_depth` of `ranked` each get `late_weight × MaxSim`
+    /// of the question's token vectors against the turn's added to their score and are sorted
+    /// again, above the rest. A turn stored without token vectors gets the others' mean, so it
+    /// is neither favoured nor buried; a vector index that fails leaves the ranking as fused.
+    async fn late(
+        &self,
+        tenant: &TenantId,
+        question: &recollect_model::TokenVectors,
+        mut ranked: Vec<RecalledMemory>,
+    ) -> Result<Vec<RecalledMemory>, RecallError> {
+        let cfg = &self.config;
+        let n = ranked.len().min(cfg.late_depth);
+        if n < 2 {
+            return Ok(ranked);
+        }
+        let phase = Instant::now();
+        let ids: Vec<MemoryId> = ranked[..n].iter().map(|m| m.memory_id).collect();
+        let scores = match self.vectors.late_scores(tenant, question, &ids).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "late-interaction scores unreadable; ranking left as fused");
+                return Ok(ranked);
+            }
+        };
+        RecallPhaseCompleted {
+            phase: RecallPhase::Late,
+            elapsed: phase.elapsed(),
+        }
+        .emit();
+        if scores.is_empty() {
+            return Ok(ranked);
+        }
+        let mean = scores.values().sum::<f32>() / scores.len() as f32;
+        for m in &mut ranked[..n] {
+            let s = scores.get(&m.memory_id).copied();
+            m.score_parts.late = s;
+            m.score += cfg.late_weight * s.unwrap_or(mean);
+        }
+        // Stable: equal scores keep the fused order.
+        ranked[..n].sort_by(|a, b| b.score.total_cmp(&a.score));
+        Ok(ranked)
     }
 }
 
@@ -890,6 +977,99 @@ mod tests {
             one
         );
         assert_eq!(reranker.read.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    /// Late interaction re-scores the top `late_depth` by MaxSim of the turns' token vectors
+    /// (made at ingest) against the question's, says so in `score_parts.late`, gives a turn
+    /// stored without them the others' mean, and leaves the rest below in their order.
+    #[tokio::test]
+    async fn late_interaction_reorders_the_top_depth_by_max_sim() {
+        use recollect_embed::{HashTokenEmbedder, HASH_TOKEN_DIM};
+        use recollect_storage::vector::TurnPoint;
+        let dir = tempfile::tempdir().unwrap();
+        let hash = HashEmbedder::default();
+        let vectors = EdgeVectorIndex::open_shaped(
+            &dir.path().join("v"),
+            hash.dim(),
+            Some(HASH_TOKEN_DIM),
+            recollect_storage::Flushes::EachWrite,
+        )
+        .unwrap();
+        let texts = [
+            "we talked about the weather",
+            "Caroline went camping by the lake",
+            "nothing here either",
+            "camping again, lake and tent",
+            "below the depth: camping lake Caroline",
+        ];
+        let tokens = HashTokenEmbedder;
+        let mut points = Vec::new();
+        for (i, text) in texts.iter().enumerate() {
+            let t = crate::testing::turn("a", i as u64);
+            points.push(TurnPoint {
+                memory_id: t.memory_id,
+                tenant: t.tenant.clone(),
+                conversation_id: t.conversation_id.clone(),
+                turn_id: t.turn_id.clone(),
+                position: t.position,
+                timestamp: t.timestamp,
+                user_speaker: None,
+                assistant_speaker: None,
+                user_id: None,
+                agent_id: None,
+                metadata: Default::default(),
+                recorded_at: t.recorded_at,
+                user: hash.embed(&[text]).unwrap().remove(0),
+                assistant: None,
+                lexical: Default::default(),
+                // Turn 2 was stored before token vectors were made.
+                late: (i != 2).then(|| tokens.embed_tokens(&[text]).unwrap().remove(0)),
+            });
+        }
+        let tenant = points[0].tenant.clone();
+        vectors.upsert_turns(points).await.unwrap();
+        let graph = EmbeddedGraph::open(&dir.path().join("g.redb")).unwrap();
+        let recall = Recall::new(
+            Arc::new(graph),
+            Arc::new(vectors),
+            Arc::new(hash),
+            RecallConfig {
+                late_depth: 4,
+                late_weight: 10.0,
+                ..RecallConfig::default()
+            },
+            RecallLimits::from(&recollect_config::Settings::defaults().server),
+        )
+        .with_token_embedder(Some(Arc::new(tokens)));
+        let ranked: Vec<RecalledMemory> = texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| memory(i as u64, t, 4.0 - i as f32 * 0.5))
+            .collect();
+        let question = tokens
+            .embed_tokens(&["Where did Caroline go camping?"])
+            .unwrap()
+            .remove(0);
+        let out = recall.late(&tenant, &question, ranked).await.unwrap();
+        let order: Vec<u64> = out.iter().map(|m| m.turn_id.parse().unwrap()).collect();
+        assert_eq!(&order[..2], &[1, 3], "{order:?}");
+        assert_eq!(order[4], 4, "below the depth, left where it was");
+        let by_id = |id: u64| out.iter().find(|m| m.turn_id == id.to_string()).unwrap();
+        let (one, zero, two) = (by_id(1), by_id(0), by_id(2));
+        assert!(one.score_parts.late.unwrap() > zero.score_parts.late.unwrap());
+        assert_eq!(two.score_parts.late, None, "no token vectors");
+        let present: Vec<f32> = [0, 1, 3]
+            .iter()
+            .map(|&i| by_id(i).score_parts.late.unwrap())
+            .collect();
+        let mean = present.iter().sum::<f32>() / 3.0;
+        assert!(
+            (two.score - (3.0 + 10.0 * mean)).abs() < 1e-4,
+            "{}",
+            two.score
+        );
+        assert_eq!(by_id(4).score_parts.late, None);
+        assert_eq!(by_id(4).score, 2.0);
     }
 
     #[tokio::test]

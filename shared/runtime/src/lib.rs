@@ -28,7 +28,7 @@ use recollect_bus::{run_stage, Bus, BusError, KafkaBus, KafkaSecurity, KafkaSett
 use recollect_config::{BusKind, ConfigError, EmbedderKind, EmbedderRuntime, Settings};
 use recollect_embed::{
     find_model_dir, model_dir_for, model_spec, BertEmbedder, Embedder, HashEmbedder,
-    OnnxCrossEncoder, OnnxEmbedder, Reranker,
+    OnnxCrossEncoder, OnnxEmbedder, OnnxTokenEmbedder, Reranker, TokenEmbedder,
 };
 use recollect_model::{topics, TenantId};
 use recollect_storage::{Graph, Scope, StoreError, VectorIndex};
@@ -320,6 +320,42 @@ pub fn load_reranker(settings: &Settings) -> Result<Option<Arc<dyn Reranker>>, R
     Ok(Some(Arc::new(r)))
 }
 
+/// The late-interaction model `embedder.late_model` names (none when it is empty), on the ONNX
+/// Runtime library the embedder settings name. Loaded by the embedder (turns' token vectors)
+/// and by recall (the question's); a named model that does not load stops the start.
+pub fn load_token_embedder(
+    settings: &Settings,
+) -> Result<Option<Arc<dyn TokenEmbedder>>, RuntimeError> {
+    let name = settings.embedder.late_model.as_str();
+    if name.is_empty() {
+        return Ok(None);
+    }
+    let spec = recollect_embed::token_model_spec(name).ok_or_else(|| {
+        RuntimeError::Setup(format!(
+            "embedder.late_model {name:?} is not a known late-interaction model"
+        ))
+    })?;
+    // Not model_dir_for: $RECOLLECT_MODEL_DIR names the sentence encoder's directory.
+    let dir: PathBuf = if settings.embedder.late_model_dir.is_empty() {
+        find_model_dir(spec.dir)
+    } else {
+        settings.embedder.late_model_dir.clone().into()
+    };
+    let lib = onnx_runtime_library(settings);
+    let m = OnnxTokenEmbedder::load(&dir, &lib, spec).map_err(|e| {
+        RuntimeError::Setup(format!(
+            "loading the late-interaction model {name} from {}: {e} (run scripts/setup-model.sh {name} and scripts/setup-onnx.sh)",
+            dir.display()
+        ))
+    })?;
+    ComponentSelected {
+        seam: "token_embedder",
+        kind: spec.name,
+    }
+    .emit();
+    Ok(Some(Arc::new(m)))
+}
+
 /// A readiness probe: named checks, each true when its dependency answers.
 pub type Check = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
 
@@ -573,6 +609,30 @@ mod embedder_tests {
             "off by default"
         );
         assert!(load_reranker(&Settings::defaults()).unwrap().is_none());
+    }
+
+    #[test]
+    fn the_settings_list_of_late_interaction_models_is_the_embed_crates() {
+        let embed: Vec<_> = recollect_embed::TOKEN_MODELS
+            .iter()
+            .map(|m| (m.name, m.dim))
+            .collect();
+        assert_eq!(recollect_config::LATE_MODELS.to_vec(), embed);
+        assert!(load_token_embedder(&Settings::defaults())
+            .unwrap()
+            .is_none());
+        let mut s = Settings::defaults();
+        s.embedder.late_model = "answerai-colbert-small-v1-int8".into();
+        s.embedder.late_model_dir = "/nonexistent/late".into();
+        let err = load_token_embedder(&s)
+            .err()
+            .expect("nothing there")
+            .to_string();
+        assert!(err.contains("/nonexistent/late"), "{err}");
+        assert!(
+            err.contains("setup-model.sh answerai-colbert-small-v1-int8"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -6,13 +6,14 @@ use std::sync::Arc;
 
 use chrono::{Duration, TimeZone, Utc};
 use recollect_model::{
-    Extraction, Fragment, Keyword, KeywordVector, MemoryId, SparseVector, TenantId, TimeRef, Turn,
+    Extraction, Fragment, Keyword, KeywordVector, MemoryId, SparseVector, TenantId, TimeRef,
+    TokenVectors, Turn,
 };
 
 use futures::future::BoxFuture;
 
 use crate::graph::{ConversationState, TurnErasure};
-use crate::vector::{KeywordSet, TurnPoint, VectorField, VectorQuery};
+use crate::vector::{KeywordSet, ReplacedVersion, TurnPoint, VectorField, VectorQuery};
 use crate::{Graph, NodeKind, Scope, StoreError, VectorIndex};
 
 /// Counts what a backend still holds of a tenant's conversation, by querying it directly (not
@@ -91,6 +92,7 @@ fn first_point(t: &TenantId) -> TurnPoint {
         agent_id: None,
         metadata: Default::default(),
         recorded_at: chrono::Utc::now(),
+        late: None,
     }
 }
 
@@ -1263,6 +1265,7 @@ async fn vector_versions(v: Arc<dyn VectorIndex>, dim: usize) {
             indices: vec![seed as u32],
             values: vec![1.0],
         },
+        late: None,
     };
     let (t1, t2) = (base + Duration::hours(1), base + Duration::hours(2));
     let id = MemoryId::derive(&t, "v", "0");
@@ -1375,6 +1378,7 @@ async fn vector_lexical_pruning(v: Arc<dyn VectorIndex>, dim: usize) {
         user_id: None,
         agent_id: None,
         metadata: Default::default(),
+        late: None,
     };
     // Turns written one at a time with FILLER alone, between the first 10,000 and the rest: the
     // engine numbers a batch's points in hash order, single ones in order, so the last of them
@@ -1466,6 +1470,7 @@ async fn vector_filters(v: Arc<dyn VectorIndex>, dim: usize) {
             .as_object()
             .unwrap()
             .clone(),
+            late: None,
         })
         .collect();
     v.upsert_turns(pts.clone()).await.unwrap();
@@ -1563,6 +1568,124 @@ async fn vector_filters(v: Arc<dyn VectorIndex>, dim: usize) {
     assert_eq!(v.count(&t, &Scope::all()).await.unwrap(), 0);
 }
 
+/// Token vectors of `rows` rows, each one of [`vector`]'s, seeded from `seed` on.
+fn token_rows(dim: usize, seed: usize, rows: usize) -> TokenVectors {
+    TokenVectors::new(dim, (0..rows).flat_map(|r| vector(dim, seed + r)).collect()).unwrap()
+}
+
+/// The late-interaction contract, for an index opened with token vectors of `late_dim`
+/// values a row: MaxSim of the question's rows against each named turn's, within the tenant,
+/// for current turns that have them; kept across an edit's copy; gone with the turn.
+pub async fn late_contract(v: Arc<dyn VectorIndex>, dim: usize, late_dim: usize) {
+    let a = TenantId("late-a".into());
+    let b = TenantId("late-b".into());
+    let point = |t: &TenantId, i: usize, late: Option<TokenVectors>| TurnPoint {
+        memory_id: MemoryId::derive(t, "late", &i.to_string()),
+        tenant: t.clone(),
+        conversation_id: "late".into(),
+        turn_id: i.to_string(),
+        position: i as u64,
+        timestamp: Utc::now(),
+        recorded_at: Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap(),
+        user_speaker: None,
+        assistant_speaker: None,
+        user: vector(dim, i),
+        assistant: None,
+        lexical: SparseVector::default(),
+        user_id: None,
+        agent_id: None,
+        metadata: Default::default(),
+        late,
+    };
+    // Turn i holds rows seeded 10i..10i+4; turn 3 has none; tenant B holds turn 1's rows.
+    let pts: Vec<TurnPoint> = (0..4)
+        .map(|i| point(&a, i, (i != 3).then(|| token_rows(late_dim, 10 * i, 5))))
+        .collect();
+    v.upsert_turns(pts.clone()).await.unwrap();
+    v.upsert_turns(vec![point(&b, 1, Some(token_rows(late_dim, 10, 5)))])
+        .await
+        .unwrap();
+    let ids: Vec<MemoryId> = pts.iter().map(|p| p.memory_id).collect();
+    let question = token_rows(late_dim, 11, 3);
+    let scores = v.late_scores(&a, &question, &ids).await.unwrap();
+    // Every question row is one of turn 1's: a mean best cosine of 1 (f16 storage allows a
+    // little less).
+    assert!((scores[&ids[1]] - 1.0).abs() < 1e-2, "{scores:?}");
+    let want = pts[0].late.as_ref().unwrap().max_sim(&question);
+    assert!(
+        (scores[&ids[0]] - want).abs() < 1e-2,
+        "{scores:?} vs {want}"
+    );
+    assert!(scores[&ids[0]] < scores[&ids[1]]);
+    assert!(!scores.contains_key(&ids[3]), "no token vectors, no score");
+    assert_eq!(scores.len(), 3);
+    // Another tenant's id is never scored.
+    let other = MemoryId::derive(&b, "late", "1");
+    assert!(v
+        .late_scores(&a, &question, &[other])
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(v.late_scores(&a, &question, &[]).await.unwrap().is_empty());
+    // A question of another width is refused.
+    let e = v
+        .late_scores(&a, &token_rows(late_dim + 1, 0, 2), &ids)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Invalid(_)), "{e}");
+    // An edit keeps the old version's points (token vectors too) and scores the new one.
+    v.keep_versions(
+        &a,
+        &[ReplacedVersion {
+            memory_id: ids[2],
+            recorded_at: pts[2].recorded_at,
+            expired_at: Utc::now(),
+        }],
+    )
+    .await
+    .unwrap();
+    let mut edited = point(&a, 2, Some(token_rows(late_dim, 11, 3)));
+    edited.recorded_at = Utc::now();
+    v.upsert_turns(vec![edited]).await.unwrap();
+    let scores = v.late_scores(&a, &question, &ids).await.unwrap();
+    assert!((scores[&ids[2]] - 1.0).abs() < 1e-2, "{scores:?}");
+    // Gone with their turns.
+    v.delete_turns(&a, "late", &ids, &[]).await.unwrap();
+    assert!(v.late_scores(&a, &question, &ids).await.unwrap().is_empty());
+    v.delete_conversation(&b, "late").await.unwrap();
+}
+
+/// An index opened without token vectors takes turns that carry them (an embedder with
+/// `embedder.late_model` ahead of a writer without it) and scores none.
+pub async fn plain_index_ignores_token_vectors(v: Arc<dyn VectorIndex>, dim: usize) {
+    let t = TenantId("plain".into());
+    let p = TurnPoint {
+        memory_id: MemoryId::derive(&t, "no-late", "0"),
+        tenant: t.clone(),
+        conversation_id: "no-late".into(),
+        turn_id: "0".into(),
+        position: 0,
+        timestamp: Utc::now(),
+        user_speaker: None,
+        assistant_speaker: None,
+        user: vector(dim, 1),
+        assistant: None,
+        lexical: SparseVector::default(),
+        user_id: None,
+        agent_id: None,
+        metadata: Default::default(),
+        recorded_at: Utc::now(),
+        late: Some(token_rows(8, 0, 3)),
+    };
+    v.upsert_turns(vec![p.clone()]).await.unwrap();
+    assert!(v
+        .late_scores(&t, &token_rows(8, 0, 3), &[p.memory_id])
+        .await
+        .unwrap()
+        .is_empty());
+    v.delete_conversation(&t, "no-late").await.unwrap();
+}
+
 pub async fn vector_contract(v: Arc<dyn VectorIndex>, dim: usize) {
     vector_filters(v.clone(), dim).await;
     vector_versions(v.clone(), dim).await;
@@ -1588,6 +1711,7 @@ pub async fn vector_contract(v: Arc<dyn VectorIndex>, dim: usize) {
         user_id: None,
         agent_id: None,
         metadata: Default::default(),
+        late: None,
     };
     for size in [1usize, 10, 1000, 10_000] {
         let pts: Vec<TurnPoint> = (0..size)
@@ -1863,8 +1987,28 @@ mod tests {
                 .unwrap(),
         );
         vector_contract(v.clone(), 32).await;
+        plain_index_ignores_token_vectors(v.clone(), 32).await;
         let a = TenantId("tenant-a".into());
         assert_eq!(v.keyword_count(&a, &Scope::of(&["c1"])).await.unwrap(), 0);
+        // With token vectors: both contracts on their own collections; the plain ones are
+        // refused for them, naming the way out.
+        let settings = crate::QdrantSettings {
+            url: url.clone(),
+            api_key: String::new(),
+        };
+        let e = crate::QdrantVectorIndex::connect_shaped(&settings, &prefix, 32, Some(16))
+            .await
+            .err()
+            .expect("no token vectors there");
+        assert!(e.to_string().contains("recollect reindex"), "{e}");
+        let late_prefix = format!("{prefix}_late");
+        let late = Arc::new(
+            crate::QdrantVectorIndex::connect_shaped(&settings, &late_prefix, 32, Some(16))
+                .await
+                .unwrap(),
+        );
+        vector_contract(late.clone(), 32).await;
+        late_contract(late, 32, 16).await;
         // Another model's width is refused at start, as the embedded index refuses it, and
         // the collections are left as they were.
         let e = crate::QdrantVectorIndex::connect(&url, &prefix, 64)
@@ -2070,7 +2214,51 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn embedded_vectors_pass_the_contract() {
         let dir = tempfile::tempdir().unwrap();
-        vector_contract(Arc::new(EdgeVectorIndex::open(dir.path(), 32).unwrap()), 32).await;
+        let v = Arc::new(EdgeVectorIndex::open(dir.path(), 32).unwrap());
+        vector_contract(v.clone(), 32).await;
+        plain_index_ignores_token_vectors(v, 32).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn embedded_vectors_with_token_vectors_pass_both_contracts() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = Arc::new(
+            EdgeVectorIndex::open_shaped(dir.path(), 32, Some(16), crate::Flushes::EachWrite)
+                .unwrap(),
+        );
+        vector_contract(v.clone(), 32).await;
+        late_contract(v, 32, 16).await;
+    }
+
+    /// Token vectors cannot be added to turns already written: an index made without them is
+    /// refused when they are asked for (naming the way out), and one made with them opens
+    /// either way.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn token_vectors_are_a_property_of_the_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("plain");
+        drop(EdgeVectorIndex::open(&plain, 8).unwrap());
+        let e = EdgeVectorIndex::open_shaped(&plain, 8, Some(16), crate::Flushes::EachWrite)
+            .err()
+            .expect("refused");
+        assert!(e.to_string().contains("recollect reindex"), "{e}");
+        EdgeVectorIndex::open(&plain, 8).expect("still opens without them");
+        let late = dir.path().join("late");
+        drop(EdgeVectorIndex::open_shaped(&late, 8, Some(16), crate::Flushes::EachWrite).unwrap());
+        let e = EdgeVectorIndex::open_shaped(&late, 8, Some(32), crate::Flushes::EachWrite)
+            .err()
+            .expect("another width");
+        assert!(e.to_string().contains("16"), "{e}");
+        let v = EdgeVectorIndex::open(&late, 8).expect("opens without asking for them");
+        let t = TenantId("t".into());
+        let mut p = first_point(&t);
+        p.late = Some(token_rows(16, 0, 2));
+        v.upsert_turns(vec![p.clone()]).await.unwrap();
+        assert!(v
+            .late_scores(&t, &token_rows(16, 0, 2), &[p.memory_id])
+            .await
+            .unwrap()
+            .is_empty());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use recollect_model::{Extraction, Fragment, MemoryId, TenantId, Turn};
+use recollect_model::{Extraction, Fragment, MemoryId, TenantId, TokenVectors, Turn};
 use recollect_telemetry::events::{
     InternalEvent, Seam, StoreBackend, StoreCallCompleted, StoreCallFailed, StoreOp,
 };
@@ -368,6 +368,19 @@ impl<V: VectorIndex> VectorIndex for Observed<V> {
     ) -> Result<HashMap<MemoryId, FieldVectors>, StoreError> {
         self.vectors(StoreOp::FieldVectors, self.inner.field_vectors(tenant, ids))
             .await
+    }
+
+    async fn late_scores(
+        &self,
+        tenant: &TenantId,
+        question: &TokenVectors,
+        ids: &[MemoryId],
+    ) -> Result<HashMap<MemoryId, f32>, StoreError> {
+        self.vectors(
+            StoreOp::LateScores,
+            self.inner.late_scores(tenant, question, ids),
+        )
+        .await
     }
 
     async fn keep_versions(

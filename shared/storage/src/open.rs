@@ -94,7 +94,12 @@ pub async fn open_vectors_with(
     Ok(match settings.vectors.kind {
         #[cfg(feature = "embedded")]
         VectorKind::Embedded => Arc::new(Observed::new(
-            crate::EdgeVectorIndex::open_with(&data_dir.join("vectors"), dim, flushes)?,
+            crate::EdgeVectorIndex::open_shaped(
+                &data_dir.join("vectors"),
+                dim,
+                settings.late_dim(),
+                flushes,
+            )?,
             StoreBackend::Edge,
         )),
         #[cfg(feature = "qdrant")]
@@ -132,13 +137,14 @@ async fn open_qdrant(
     settings: &Settings,
     dim: usize,
 ) -> Result<crate::QdrantVectorIndex, StoreError> {
-    crate::QdrantVectorIndex::connect_with(
+    crate::QdrantVectorIndex::connect_shaped(
         &crate::QdrantSettings {
             url: settings.vectors.url.clone(),
             api_key: settings.vectors.api_key.clone(),
         },
         QDRANT_COLLECTION_PREFIX,
         dim,
+        settings.late_dim(),
     )
     .await
 }

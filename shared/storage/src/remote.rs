@@ -135,6 +135,11 @@ pub enum VectorCall {
         tenant: TenantId,
         ids: Vec<MemoryId>,
     },
+    LateScores {
+        tenant: TenantId,
+        question: recollect_model::TokenVectors,
+        ids: Vec<MemoryId>,
+    },
     KeepVersions {
         tenant: TenantId,
         versions: Vec<ReplacedVersion>,
@@ -335,6 +340,14 @@ pub async fn dispatch_vectors(
         VectorCall::FieldVectors { tenant, ids } => {
             // JSON maps need string keys: ship pairs.
             let m = v.field_vectors(&tenant, &ids).await?;
+            json(m.into_iter().collect::<Vec<_>>())
+        }
+        VectorCall::LateScores {
+            tenant,
+            question,
+            ids,
+        } => {
+            let m = v.late_scores(&tenant, &question, &ids).await?;
             json(m.into_iter().collect::<Vec<_>>())
         }
         VectorCall::KeepVersions { tenant, versions } => {

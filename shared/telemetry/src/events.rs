@@ -266,6 +266,7 @@ pub enum StoreOp {
     // Vector reads.
     Search,
     FieldVectors,
+    LateScores,
     VersionVectors,
     SearchKeywords,
     Count,
@@ -303,6 +304,7 @@ impl StoreOp {
             StoreOp::Sync => "sync",
             StoreOp::Search => "search",
             StoreOp::FieldVectors => "field_vectors",
+            StoreOp::LateScores => "late_scores",
             StoreOp::VersionVectors => "version_vectors",
             StoreOp::SearchKeywords => "search_keywords",
             StoreOp::Count => "count",
@@ -407,6 +409,9 @@ pub enum RecallPhase {
     Rank,
     /// The cross-encoder re-reading the top results (`recall.rerank_model`).
     Rerank,
+    /// Late interaction re-scoring the top results (`embedder.late_model`): the question's
+    /// token vectors awaited and the turns' MaxSim read.
+    Late,
 }
 
 impl RecallPhase {
@@ -420,6 +425,7 @@ impl RecallPhase {
             RecallPhase::Retrieve => "retrieve",
             RecallPhase::Rank => "rank",
             RecallPhase::Rerank => "rerank",
+            RecallPhase::Late => "late",
         }
     }
 }

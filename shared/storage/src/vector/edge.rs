@@ -19,18 +19,20 @@ use qdrant_edge::external::uuid::Uuid;
 use qdrant_edge::{
     AnyVariants, Condition, CountRequest, DateTimeWrapper, Distance, EdgeConfigBuilder,
     EdgeOptimizersConfig, EdgeShard, EdgeSparseVectorParamsBuilder, EdgeVectorParamsBuilder,
-    FieldCondition, Filter, HnswIndexConfig, IsEmptyCondition, JsonPath, KeywordIndexParams, Match,
-    Modifier, NamedQuery, PayloadFieldSchema, PayloadSchemaParams, PointId, PointInsertOperations,
-    PointOperations, PointStruct, QueryEnum, Range, SearchRequest, UpdateOperation, ValueVariants,
-    Vector, VectorInternal, VectorStructInternal, Vectors, WithPayloadInterface, WithVector,
+    FieldCondition, Filter, HasIdCondition, HnswIndexConfig, IsEmptyCondition, JsonPath,
+    KeywordIndexParams, Match, Modifier, MultiVectorComparator, MultiVectorConfig, NamedQuery,
+    PayloadFieldSchema, PayloadSchemaParams, PointId, PointInsertOperations, PointOperations,
+    PointStruct, QueryEnum, Range, SearchRequest, UpdateOperation, ValueVariants, Vector,
+    VectorInternal, VectorStorageDatatype, VectorStructInternal, Vectors, WithPayloadInterface,
+    WithVector,
 };
-use recollect_model::{MemoryId, SparseVector, TenantId};
+use recollect_model::{MemoryId, SparseVector, TenantId, TokenVectors};
 
 use crate::vector::keyword_forms::{KeywordForms, Said};
 use crate::vector::{
     history_tenant, version_point_id, FieldVectors, Flushes, KeywordSet, ReplacedVersion,
-    TurnPoint, VectorIndex, VectorQuery, ASSISTANT_VECTOR, KEYWORD_VECTOR, LEXICAL_VECTOR,
-    USER_VECTOR,
+    TurnPoint, VectorIndex, VectorQuery, ASSISTANT_VECTOR, KEYWORD_VECTOR, LATE_VECTOR,
+    LEXICAL_VECTOR, USER_VECTOR,
 };
 use crate::{Scope, StoreError};
 
@@ -47,6 +49,8 @@ pub struct EdgeVectorIndex {
     /// resolves each id in every segment; a conversation's payload index no longer holds them.
     form_vectors: Arc<FormVectors>,
     dim: usize,
+    /// The width of the turns' token vectors, when the index holds them.
+    late_dim: Option<usize>,
     optimizer: Optimizer,
     /// Held by every update + flush: the engine's `flush` panics ("WAL lock acquired") when
     /// another thread holds its WAL lock, which concurrent writers (several graph-writers through
@@ -113,6 +117,35 @@ fn graph_config() -> HnswIndexConfig {
         on_disk: Some(false),
         inline_storage: None,
     }
+}
+
+/// A turn's token vectors: compared by MaxSim, stored as f16 on disk (most of a turn's bytes
+/// when present), and never in a graph: recall scores only the turns it names.
+fn late_params(dim: usize) -> qdrant_edge::EdgeVectorParams {
+    EdgeVectorParamsBuilder::new(dim, Distance::Cosine)
+        .multivector_config(MultiVectorConfig {
+            comparator: MultiVectorComparator::MaxSim,
+        })
+        .datatype(VectorStorageDatatype::Float16)
+        .on_disk(true)
+        .hnsw_config(HnswIndexConfig {
+            m: 0,
+            payload_m: Some(0),
+            ..graph_config()
+        })
+        .build()
+}
+
+/// The width of the token vectors a turns shard already holds, if it was made with them.
+fn stored_late_dim(path: &Path) -> Result<Option<usize>, StoreError> {
+    let file = path.join("edge_config.json");
+    if !file.exists() {
+        return Ok(None);
+    }
+    let stored: serde_json::Value = serde_json::from_slice(&std::fs::read(file)?)?;
+    Ok(stored["vectors"][LATE_VECTOR]["size"]
+        .as_u64()
+        .map(|n| n as usize))
 }
 
 /// The background optimiser: one thread per index, stopped and joined on drop, so no
@@ -273,6 +306,22 @@ fn field_vectors_of(
         );
     }
     out
+}
+
+/// Token vectors as the engine's multivector, checked against the index's width.
+fn late_vector(late: &TokenVectors, width: usize) -> Result<Vector, StoreError> {
+    if late.dim != width || late.is_empty() {
+        return Err(StoreError::Invalid(format!(
+            "token vectors of width {} for an index of {width}",
+            late.dim
+        )));
+    }
+    Ok(Vector(VectorInternal::MultiDense(
+        qdrant_edge::TypedMultiDenseVector {
+            flattened_vectors: late.values.clone(),
+            dim: width,
+        },
+    )))
 }
 
 fn match_value(key: &str, value: &str) -> Condition {
@@ -691,7 +740,41 @@ impl EdgeVectorIndex {
     }
 
     pub fn open_with(dir: &Path, dim: usize, flushes: Flushes) -> Result<Self, StoreError> {
-        let turns_cfg = EdgeConfigBuilder::new()
+        Self::open_shaped(dir, dim, None, flushes)
+    }
+
+    /// [`Self::open_with`], holding token vectors of `late_dim` values a row when given
+    /// (`embedder.late_model`). An index made without them is refused then (they cannot be
+    /// added to turns already written); one made with them opens either way.
+    pub fn open_shaped(
+        dir: &Path,
+        dim: usize,
+        late_dim: Option<usize>,
+        flushes: Flushes,
+    ) -> Result<Self, StoreError> {
+        let turns_dir = dir.join("turns");
+        let stored_late = stored_late_dim(&turns_dir)?;
+        let made = turns_dir.join("edge_config.json").exists();
+        match (late_dim, stored_late) {
+            (Some(want), None) if made => {
+                return Err(StoreError::Invalid(format!(
+                    "the vector index in {} holds no token vectors and embedder.late_model gives \
+                     them: move the data directory's vectors/ aside and run `recollect reindex`, \
+                     or turn embedder.late_model off ({want}-dimension token vectors)",
+                    dir.display()
+                )))
+            }
+            (Some(want), Some(held)) if want != held => {
+                return Err(super::another_width(
+                    &format!("in {} (token vectors)", turns_dir.display()),
+                    held as u64,
+                    want,
+                    "move the data directory's vectors/ aside",
+                ))
+            }
+            _ => {}
+        }
+        let mut turns_cfg = EdgeConfigBuilder::new()
             .vector(
                 USER_VECTOR,
                 EdgeVectorParamsBuilder::new(dim, Distance::Cosine).build(),
@@ -699,7 +782,12 @@ impl EdgeVectorIndex {
             .vector(
                 ASSISTANT_VECTOR,
                 EdgeVectorParamsBuilder::new(dim, Distance::Cosine).build(),
-            )
+            );
+        // A shard made with token vectors keeps them in its configuration, read or not.
+        if let Some(late) = stored_late.or(late_dim) {
+            turns_cfg = turns_cfg.vector(LATE_VECTOR, late_params(late));
+        }
+        let turns_cfg = turns_cfg
             .sparse_vector(
                 LEXICAL_VECTOR,
                 EdgeSparseVectorParamsBuilder::new()
@@ -719,7 +807,7 @@ impl EdgeVectorIndex {
             .optimizers(optimizer_config())
             .wal_options(log_options())
             .build();
-        let turns = Arc::new(open_shard(&dir.join("turns"), turns_cfg, true)?);
+        let turns = Arc::new(open_shard(&turns_dir, turns_cfg, true)?);
         let keywords = Arc::new(open_shard(&dir.join("keywords"), kw_cfg, false)?);
         let forms = Arc::new(KeywordForms::open(&dir.join("keyword_forms.redb"))?);
         let moved = migrate_keyword_points(&keywords, &forms)?;
@@ -741,6 +829,7 @@ impl EdgeVectorIndex {
             keyword_changes: Default::default(),
             form_vectors: Default::default(),
             dim,
+            late_dim,
             optimizer,
             writes: Arc::new(parking_lot::Mutex::new(())),
             files,
@@ -968,6 +1057,9 @@ impl VectorIndex for EdgeVectorIndex {
             if !p.lexical.indices.is_empty() {
                 named.push((LEXICAL_VECTOR.into(), sparse(&p.lexical)?));
             }
+            if let (Some(late), Some(width)) = (&p.late, self.late_dim) {
+                named.push((LATE_VECTOR.into(), late_vector(late, width)?));
+            }
             let mut payload = serde_json::json!({
                 "tenant": p.tenant.as_str(),
                 "conversation": p.conversation_id,
@@ -1077,6 +1169,48 @@ impl VectorIndex for EdgeVectorIndex {
     ) -> Result<HashMap<MemoryId, FieldVectors>, StoreError> {
         let pids: Vec<PointId> = ids.iter().map(|m| point_id(*m)).collect();
         self.dense_vectors(pids, tenant.as_str().to_string()).await
+    }
+
+    async fn late_scores(
+        &self,
+        tenant: &TenantId,
+        question: &TokenVectors,
+        ids: &[MemoryId],
+    ) -> Result<HashMap<MemoryId, f32>, StoreError> {
+        let Some(width) = self.late_dim else {
+            return Ok(HashMap::new());
+        };
+        if ids.is_empty() || question.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let query = late_vector(question, width)?;
+        let rows = question.len() as f32;
+        // The engine scores just the named points (a filter of a few ids is a plain scan):
+        // MaxSim summed over the question's tokens, made a mean here.
+        let req = SearchRequest {
+            query: QueryEnum::Nearest(NamedQuery::new(query.0, LATE_VECTOR)),
+            filter: Some(Filter {
+                must: Some(vec![
+                    match_value("tenant", tenant.as_str()),
+                    Condition::HasId(ids.iter().map(|m| point_id(*m)).collect::<HasIdCondition>()),
+                ]),
+                ..Default::default()
+            }),
+            params: None,
+            limit: ids.len(),
+            offset: 0,
+            with_payload: Some(WithPayloadInterface::Bool(false)),
+            with_vector: None,
+            score_threshold: None,
+        };
+        Self::blocking(&self.turns, move |s| {
+            Ok(s.search(req)
+                .map_err(err)?
+                .iter()
+                .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score / rows)))
+                .collect())
+        })
+        .await
     }
 
     async fn keep_versions(

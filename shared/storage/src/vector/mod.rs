@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use recollect_model::{KeywordVector, MemoryId, SparseVector, TenantId};
+use recollect_model::{KeywordVector, MemoryId, SparseVector, TenantId, TokenVectors};
 
 use crate::{Scope, StoreError};
 
@@ -23,6 +23,8 @@ pub const USER_VECTOR: &str = "user";
 pub const ASSISTANT_VECTOR: &str = "assistant";
 pub const LEXICAL_VECTOR: &str = "lexical";
 pub const KEYWORD_VECTOR: &str = "keyword";
+/// A turn's token vectors (late interaction), when the index was opened with a width for them.
+pub const LATE_VECTOR: &str = "late";
 
 /// One conversation's keyword vectors, as a writer's batch carries them.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -57,6 +59,9 @@ pub struct TurnPoint {
     /// None when the turn has no assistant text.
     pub assistant: Option<Vec<f32>>,
     pub lexical: SparseVector,
+    /// Both fields' token vectors (late interaction), when the embedder made them.
+    #[serde(default)]
+    pub late: Option<TokenVectors>,
 }
 
 /// The tenant key kept versions are stored under, beside the current points: every search of
@@ -180,6 +185,17 @@ pub trait VectorIndex: Send + Sync + 'static {
         tenant: &TenantId,
         versions: &[ReplacedVersion],
     ) -> Result<(), StoreError>;
+
+    /// Late interaction: the MaxSim of `question`'s token vectors against each given current
+    /// turn's (the mean over the question's tokens of each one's best cosine among the turn's;
+    /// tenant-checked). Turns without token vectors, and every turn of an index opened without
+    /// a width for them, are left out.
+    async fn late_scores(
+        &self,
+        tenant: &TenantId,
+        question: &TokenVectors,
+        ids: &[MemoryId],
+    ) -> Result<HashMap<MemoryId, f32>, StoreError>;
 
     /// Dense field vectors of earlier versions, by memory id and the version's `recorded_at`
     /// (tenant-checked; versions not kept are skipped).

@@ -15,21 +15,21 @@ use qdrant_client::qdrant::r#match::MatchValue;
 use qdrant_client::qdrant::{
     point_id::PointIdOptions, value::Kind, vectors_config, Condition, CountPointsBuilder,
     CreateCollection, CreateCollectionBuilder, CreateFieldIndexCollection,
-    CreateFieldIndexCollectionBuilder, DatetimeIndexParamsBuilder, DatetimeRange,
+    CreateFieldIndexCollectionBuilder, Datatype, DatetimeIndexParamsBuilder, DatetimeRange,
     DeletePointsBuilder, Distance, FieldType, Filter, Fusion, GetPointsBuilder,
     HnswConfigDiffBuilder, IntegerIndexParamsBuilder, KeywordIndexParamsBuilder, Modifier,
-    PayloadIncludeSelector, PointId, PointStruct, PrefetchQueryBuilder, Query,
-    QueryBatchPointsBuilder, QueryPoints, QueryPointsBuilder, Range, ScoredPoint,
-    SparseVectorParamsBuilder, SparseVectorsConfigBuilder, Timestamp, Value as QValue, Vector,
-    VectorInput, VectorParamsBuilder, VectorsConfigBuilder, VectorsSelector,
+    MultiVectorComparator, MultiVectorConfigBuilder, PayloadIncludeSelector, PointId, PointStruct,
+    PrefetchQueryBuilder, Query, QueryBatchPointsBuilder, QueryPoints, QueryPointsBuilder, Range,
+    ScoredPoint, SparseVectorParamsBuilder, SparseVectorsConfigBuilder, Timestamp, Value as QValue,
+    Vector, VectorInput, VectorParamsBuilder, VectorsConfigBuilder, VectorsSelector,
 };
 use qdrant_client::{Payload, Qdrant};
-use recollect_model::{MemoryId, SparseVector, TenantId};
+use recollect_model::{MemoryId, SparseVector, TenantId, TokenVectors};
 
 use crate::vector::{
     history_tenant, version_point_id, FieldVectors, KeywordSet, ReplacedVersion, TurnPoint,
-    VectorField, VectorIndex, VectorQuery, ASSISTANT_VECTOR, KEYWORD_VECTOR, LEXICAL_VECTOR,
-    USER_VECTOR,
+    VectorField, VectorIndex, VectorQuery, ASSISTANT_VECTOR, KEYWORD_VECTOR, LATE_VECTOR,
+    LEXICAL_VECTOR, USER_VECTOR,
 };
 use crate::{Scope, StoreError};
 
@@ -80,6 +80,8 @@ pub struct QdrantVectorIndex {
     turns: String,
     keywords: String,
     dim: usize,
+    /// The width of the turns' token vectors, when the collection holds them.
+    late_dim: Option<usize>,
 }
 
 fn err(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
@@ -266,13 +268,25 @@ fn per_tenant_graphs() -> HnswConfigDiffBuilder {
     HnswConfigDiffBuilder::default().m(0).payload_m(16)
 }
 
-/// The turns collection: named dense `user` and `assistant`, sparse `lexical` scored with IDF.
-pub fn turns_collection(name: &str, dim: usize) -> CreateCollection {
+/// The turns collection: named dense `user` and `assistant`, sparse `lexical` scored with IDF,
+/// and with `late` a multivector `late` of token vectors: compared by MaxSim, f16 on disk, in
+/// no graph (recall scores only the turns it names), as the embedded engine keeps them.
+pub fn turns_collection(name: &str, dim: usize, late: Option<usize>) -> CreateCollection {
     let mut dense = VectorsConfigBuilder::default();
     for field in [USER_VECTOR, ASSISTANT_VECTOR] {
         dense.add_named_vector_params(
             field,
             VectorParamsBuilder::new(dim as u64, Distance::Cosine),
+        );
+    }
+    if let Some(late) = late {
+        dense.add_named_vector_params(
+            LATE_VECTOR,
+            VectorParamsBuilder::new(late as u64, Distance::Cosine)
+                .multivector_config(MultiVectorConfigBuilder::new(MultiVectorComparator::MaxSim))
+                .datatype(Datatype::Float16)
+                .on_disk(true)
+                .hnsw_config(HnswConfigDiffBuilder::default().m(0).payload_m(0)),
         );
     }
     let mut sparse = SparseVectorsConfigBuilder::default();
@@ -371,9 +385,14 @@ fn json_value(v: &serde_json::Value) -> QValue {
     QValue { kind: Some(kind) }
 }
 
-/// A turn's point: its vectors by name and the payload filters and indexes use.
-pub fn turn_point(p: &TurnPoint) -> PointStruct {
+/// A turn's point: its vectors by name and the payload filters and indexes use; its token
+/// vectors when the collection holds them (`late`).
+pub fn turn_point(p: &TurnPoint, late: bool) -> PointStruct {
     let mut vectors: HashMap<String, Vector> = HashMap::new();
+    if let Some(t) = p.late.as_ref().filter(|_| late) {
+        let rows: Vec<Vec<f32>> = t.rows().map(<[f32]>::to_vec).collect();
+        vectors.insert(LATE_VECTOR.into(), Vector::new_multi(rows));
+    }
     vectors.insert(USER_VECTOR.into(), Vector::new_dense(p.user.clone()));
     if let Some(a) = &p.assistant {
         vectors.insert(ASSISTANT_VECTOR.into(), Vector::new_dense(a.clone()));
@@ -485,6 +504,27 @@ pub fn hybrid_request(
         .build()
 }
 
+/// Late interaction on the server: the named turns of the tenant, scored by MaxSim of their
+/// token vectors against the question's (a filter of a few ids is a plain scan there).
+pub fn late_request(
+    collection: &str,
+    tenant: &TenantId,
+    question: &TokenVectors,
+    ids: &[MemoryId],
+) -> QueryPoints {
+    let rows: Vec<Vec<f32>> = question.rows().map(<[f32]>::to_vec).collect();
+    QueryPointsBuilder::new(collection)
+        .query(Query::new_nearest(VectorInput::new_multi(rows)))
+        .using(LATE_VECTOR)
+        .filter(Filter::must([
+            Condition::matches("tenant", MatchValue::Keyword(tenant.as_str().to_string())),
+            Condition::has_id(ids.iter().map(|m| point_id(*m))),
+        ]))
+        .limit(ids.len() as u64)
+        .with_payload(false)
+        .build()
+}
+
 /// The best field score per turn (field max-sim), from the user and assistant answers.
 pub fn field_max(answers: &[Vec<ScoredPoint>]) -> HashMap<MemoryId, f32> {
     let mut out: HashMap<MemoryId, f32> = HashMap::new();
@@ -518,12 +558,24 @@ impl QdrantVectorIndex {
         prefix: &str,
         dim: usize,
     ) -> Result<Self, StoreError> {
+        Self::connect_shaped(settings, prefix, dim, None).await
+    }
+
+    /// [`Self::connect_with`], the turns holding token vectors of `late_dim` values a row
+    /// when given (`embedder.late_model`): a collection made without them is refused then.
+    pub async fn connect_shaped(
+        settings: &QdrantSettings,
+        prefix: &str,
+        dim: usize,
+        late_dim: Option<usize>,
+    ) -> Result<Self, StoreError> {
         let client = client_config(settings).build().map_err(err)?;
         let index = Self {
             client,
             turns: format!("{prefix}_turns"),
             keywords: format!("{prefix}_keywords"),
             dim,
+            late_dim,
         };
         index.ensure_collections().await?;
         Ok(index)
@@ -531,7 +583,11 @@ impl QdrantVectorIndex {
 
     async fn ensure_collections(&self) -> Result<(), StoreError> {
         for (name, create, turns) in [
-            (&self.turns, turns_collection(&self.turns, self.dim), true),
+            (
+                &self.turns,
+                turns_collection(&self.turns, self.dim, self.late_dim),
+                true,
+            ),
             (
                 &self.keywords,
                 keywords_collection(&self.keywords, self.dim),
@@ -564,16 +620,49 @@ impl QdrantVectorIndex {
     /// embedded index does; the server's own error would come only at the first write.
     async fn refuse_another_width(&self, name: &str) -> Result<(), StoreError> {
         let info = self.client.collection_info(name).await.map_err(err)?;
-        let held = info
+        let config = info
             .result
             .and_then(|c| c.config)
             .and_then(|c| c.params)
             .and_then(|p| p.vectors_config)
-            .and_then(|v| v.config)
-            .and_then(|c| match c {
-                vectors_config::Config::Params(p) => Some(p.size),
-                vectors_config::Config::ParamsMap(m) => m.map.values().map(|p| p.size).next(),
-            });
+            .and_then(|v| v.config);
+        let size_of = |vector: &str| match &config {
+            Some(vectors_config::Config::Params(p)) => Some(p.size),
+            Some(vectors_config::Config::ParamsMap(m)) => m.map.get(vector).map(|p| p.size),
+            None => None,
+        };
+        // The turns' token vectors, when asked for: a collection made without them cannot
+        // take them for the turns it holds.
+        if let (Some(want), true) = (self.late_dim, name == self.turns) {
+            match size_of(LATE_VECTOR) {
+                None => {
+                    return Err(StoreError::Invalid(format!(
+                        "the Qdrant collection {name} holds no token vectors and \
+                         embedder.late_model gives them: delete the collections {} and {} and \
+                         run `recollect reindex`, or turn embedder.late_model off",
+                        self.turns, self.keywords
+                    )))
+                }
+                Some(held) if held != want as u64 => {
+                    return Err(super::another_width(
+                        &format!("(Qdrant collection {name}, token vectors)"),
+                        held,
+                        want,
+                        &format!(
+                            "delete the collections {} and {}",
+                            self.turns, self.keywords
+                        ),
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        let field = if name == self.turns {
+            USER_VECTOR
+        } else {
+            KEYWORD_VECTOR
+        };
+        let held = size_of(field);
         match held {
             Some(held) if held != self.dim as u64 => Err(super::another_width(
                 &format!("(Qdrant collection {name})"),
@@ -709,9 +798,18 @@ impl VectorIndex for QdrantVectorIndex {
             if let Some(a) = &p.assistant {
                 self.check_dim(a)?;
             }
+            if let (Some(t), Some(width)) = (&p.late, self.late_dim) {
+                if t.dim != width || t.is_empty() {
+                    return Err(StoreError::Invalid(format!(
+                        "token vectors of width {} for a collection of {width}",
+                        t.dim
+                    )));
+                }
+            }
         }
         for chunk in points.chunks(UPSERT_BATCH) {
-            let structs: Vec<PointStruct> = chunk.iter().map(turn_point).collect();
+            let late = self.late_dim.is_some();
+            let structs: Vec<PointStruct> = chunk.iter().map(|p| turn_point(p, late)).collect();
             // wait(true): the call returns once the points are applied and durable.
             self.client
                 .upsert_points(
@@ -780,6 +878,38 @@ impl VectorIndex for QdrantVectorIndex {
         self.dense_vectors(pids, tenant.as_str()).await
     }
 
+    async fn late_scores(
+        &self,
+        tenant: &TenantId,
+        question: &TokenVectors,
+        ids: &[MemoryId],
+    ) -> Result<HashMap<MemoryId, f32>, StoreError> {
+        let Some(width) = self.late_dim else {
+            return Ok(HashMap::new());
+        };
+        if ids.is_empty() || question.is_empty() {
+            return Ok(HashMap::new());
+        }
+        if question.dim != width {
+            return Err(StoreError::Invalid(format!(
+                "token vectors of width {} for a collection of {width}",
+                question.dim
+            )));
+        }
+        let res = self
+            .client
+            .query(late_request(&self.turns, tenant, question, ids))
+            .await
+            .map_err(err)?;
+        // The server sums MaxSim over the question's tokens; a mean here.
+        let rows = question.len() as f32;
+        Ok(res
+            .result
+            .iter()
+            .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score / rows)))
+            .collect())
+    }
+
     async fn keep_versions(
         &self,
         tenant: &TenantId,
@@ -826,7 +956,12 @@ impl VectorIndex for QdrantVectorIndex {
                 match vo.into_vector() {
                     V::Dense(d) => out.insert(name, Vector::new_dense(d.data)),
                     V::Sparse(s) => out.insert(name, Vector::new_sparse(s.indices, s.values)),
-                    _ => None,
+                    V::MultiDense(m) => out.insert(
+                        name,
+                        Vector::new_multi(
+                            m.vectors.into_iter().map(|d| d.data).collect::<Vec<_>>(),
+                        ),
+                    ),
                 };
             }
             let mut payload = Payload::from(r.payload);
@@ -1065,7 +1200,7 @@ mod tests {
 
     #[test]
     fn turns_collection_has_named_fields_and_idf_lexical() {
-        let c = turns_collection("rc_turns", 384);
+        let c = turns_collection("rc_turns", 384, None);
         assert_eq!(c.collection_name, "rc_turns");
         let Some(vectors_config::Config::ParamsMap(m)) = c.vectors_config.and_then(|v| v.config)
         else {
@@ -1155,8 +1290,9 @@ mod tests {
             agent_id: None,
             metadata: Default::default(),
             recorded_at: chrono::Utc::now(),
+            late: None,
         };
-        let s = turn_point(&p);
+        let s = turn_point(&p, false);
         assert_eq!(memory_id(&s.id), Some(p.memory_id));
         assert_eq!(text(&s.payload, "tenant").as_deref(), Some("t \"ü\""));
         assert_eq!(text(&s.payload, "conversation").as_deref(), Some("c \"x\""));

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use async_trait::async_trait;
-use recollect_model::{KeywordVector, MemoryId, TenantId};
+use recollect_model::{KeywordVector, MemoryId, TenantId, TokenVectors};
 use serde::de::DeserializeOwned;
 
 use crate::remote::{Client, VectorCall, VECTORS_PATH};
@@ -62,6 +62,22 @@ impl VectorIndex for RemoteVectorIndex {
             .await?;
         Ok(pairs.into_iter().collect())
     }
+    async fn late_scores(
+        &self,
+        tenant: &TenantId,
+        question: &TokenVectors,
+        ids: &[MemoryId],
+    ) -> Result<HashMap<MemoryId, f32>, StoreError> {
+        let pairs: Vec<(MemoryId, f32)> = self
+            .call(VectorCall::LateScores {
+                tenant: tenant.clone(),
+                question: question.clone(),
+                ids: ids.to_vec(),
+            })
+            .await?;
+        Ok(pairs.into_iter().collect())
+    }
+
     async fn keep_versions(
         &self,
         tenant: &TenantId,

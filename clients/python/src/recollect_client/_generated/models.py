@@ -162,6 +162,11 @@ class ScoreParts(BaseModel):
     The cross-encoder's logit, when `recall.rerank_model` re-read this result (its score is
     then `fused + recall.rerank_weight × rerank`).
     """
+    late: float | None = None
+    """
+    Late interaction's MaxSim of the question's and the turn's token vectors, when
+    `embedder.late_model` names a model (its score then has `recall.late_weight × late`).
+    """
 
 
 class StoreResponse(BaseModel):

