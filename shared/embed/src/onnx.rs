@@ -78,24 +78,75 @@ pub(crate) fn environment(
     Ok(ENVIRONMENT.get_or_init(|| env))
 }
 
-/// Sentence embeddings from all-MiniLM-L6-v2's ONNX graph: mean pooling over the attention mask
-/// and L2 normalisation, as [`crate::BertEmbedder`] computes them.
-///
-/// One session per core ([`Sessions`]).
-pub struct OnnxEmbedder {
-    spec: &'static ModelSpec,
-    sessions: Sessions,
-    tokenizer: Tokenizer,
-    dim: usize,
+/// A BERT graph on ONNX Runtime, one session per core, with its tokenizer: what the sentence
+/// embedder, the token embedder and the cross-encoder each load, and run the same way.
+pub(crate) struct BertGraph {
+    name: &'static str,
+    pub(crate) sessions: Sessions,
+    pub(crate) tokenizer: Tokenizer,
 }
 
-impl std::fmt::Debug for OnnxEmbedder {
+impl std::fmt::Debug for BertGraph {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OnnxEmbedder")
-            .field("model", &self.spec.name)
+        f.debug_struct("BertGraph")
+            .field("model", &self.name)
             .field("sessions", &self.sessions.len())
             .finish_non_exhaustive()
     }
+}
+
+impl BertGraph {
+    /// `graph` and `tokenizer.json` from `dir` (truncating to `max_seq_len` tokens), on the
+    /// ONNX Runtime library at `lib`; `name` is the model's, for the log.
+    pub(crate) fn load(
+        dir: &Path,
+        lib: &Path,
+        name: &'static str,
+        graph: &str,
+        max_seq_len: usize,
+    ) -> Result<Self, EmbedError> {
+        let model = require(dir, graph)?;
+        let tokenizer = load_tokenizer(&require(dir, "tokenizer.json")?, max_seq_len)?;
+        let sessions = Sessions::load(lib, &model)?;
+        tracing::info!(model = %model.display(), sessions = sessions.len(), "loaded {name} (ONNX Runtime)");
+        Ok(Self {
+            name,
+            sessions,
+            tokenizer,
+        })
+    }
+
+    /// Tokenizes `inputs` (texts, or question–passage pairs) and runs them through `forward`
+    /// in batches of at most `batch_size`, sorted by length, one batch per session at a time;
+    /// `forward` gets a session hint and one batch, and gives a row per sequence.
+    pub(crate) fn encode<'s, E>(
+        &self,
+        inputs: Vec<E>,
+        batch_size: usize,
+        forward: impl Fn(usize, &[&[u32]]) -> Result<Vec<Vec<f32>>, EmbedError> + Sync,
+    ) -> Result<Vec<Vec<f32>>, EmbedError>
+    where
+        E: Into<tokenizers::EncodeInput<'s>> + Send,
+    {
+        if inputs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let encodings = self
+            .tokenizer
+            .encode_batch(inputs, true)
+            .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
+        let seqs: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
+        crate::embed_in_chunks(&seqs, self.sessions.len(), batch_size, forward)
+    }
+}
+
+/// Sentence embeddings from all-MiniLM-L6-v2's ONNX graph: mean pooling over the attention mask
+/// and L2 normalisation, as [`crate::BertEmbedder`] computes them.
+#[derive(Debug)]
+pub struct OnnxEmbedder {
+    spec: &'static ModelSpec,
+    graph: BertGraph,
+    dim: usize,
 }
 
 /// One intra-op thread, sequential execution, every graph optimisation (the fastest options
@@ -211,14 +262,9 @@ impl OnnxEmbedder {
                 spec.name
             )));
         }
-        let model = require(dir, graph)?;
-        let tokenizer = load_tokenizer(&require(dir, "tokenizer.json")?, spec.max_seq_len)?;
-        let sessions = Sessions::load(lib, &model)?;
-        tracing::info!(model = %model.display(), sessions = sessions.len(), "loaded {} (ONNX Runtime)", spec.name);
         Ok(Self {
             spec,
-            sessions,
-            tokenizer,
+            graph: BertGraph::load(dir, lib, spec.name, graph, spec.max_seq_len)?,
             dim: spec.dim,
         })
     }
@@ -226,14 +272,16 @@ impl OnnxEmbedder {
     /// One padded batch; one normalised vector per sequence.
     fn forward(&self, seqs: &[&[u32]], hint: usize) -> Result<Vec<Vec<f32>>, EmbedError> {
         let (b, n) = (seqs.len(), seqs.iter().map(|s| s.len()).max().unwrap_or(0));
-        self.sessions.run(hint, seqs, None, |out_shape, hidden| {
-            if out_shape[..] != [b as i64, n as i64, self.dim as i64] {
-                return Err(model_error(format!(
-                    "the graph returned shape {out_shape:?} for {b} texts of {n} tokens"
-                )));
-            }
-            Ok(self.pool(seqs, n, hidden))
-        })
+        self.graph
+            .sessions
+            .run(hint, seqs, None, |out_shape, hidden| {
+                if out_shape[..] != [b as i64, n as i64, self.dim as i64] {
+                    return Err(model_error(format!(
+                        "the graph returned shape {out_shape:?} for {b} texts of {n} tokens"
+                    )));
+                }
+                Ok(self.pool(seqs, n, hidden))
+            })
     }
 
     /// Mean pooling over each sequence's real tokens, then L2 normalisation.
@@ -256,20 +304,13 @@ impl OnnxEmbedder {
     /// `texts` with the model's `prefix` (E5's "query: " / "passage: "; none for MiniLM, whose
     /// texts are tokenized as they are).
     fn embed_with(&self, prefix: &str, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
-        if texts.is_empty() {
-            return Ok(Vec::new());
-        }
-        let encodings = if prefix.is_empty() {
-            self.tokenizer.encode_batch(texts.to_vec(), true)
+        let forward = |k: usize, batch: &[&[u32]]| self.forward(batch, k);
+        if prefix.is_empty() {
+            self.graph.encode(texts.to_vec(), BATCH_SIZE, forward)
         } else {
             let inputs: Vec<String> = texts.iter().map(|t| format!("{prefix}{t}")).collect();
-            self.tokenizer.encode_batch(inputs, true)
+            self.graph.encode(inputs, BATCH_SIZE, forward)
         }
-        .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
-        let seqs: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
-        crate::embed_in_chunks(&seqs, self.sessions.len(), BATCH_SIZE, |k, batch| {
-            self.forward(batch, k)
-        })
     }
 }
 

@@ -9,10 +9,7 @@
 
 use std::path::Path;
 
-use tokenizers::Tokenizer;
-
-use crate::bert::{load_tokenizer, require};
-use crate::onnx::{model_error, Sessions};
+use crate::onnx::{model_error, BertGraph};
 use crate::EmbedError;
 
 /// Scores passages against a question: higher is a better answer. CPU-bound: async callers
@@ -54,46 +51,31 @@ const BATCH_SIZE: usize = 32;
 
 /// A BERT cross-encoder's ONNX graph (`input_ids`, `attention_mask`, `token_type_ids` →
 /// `logits [batch, 1]`) on ONNX Runtime, one session per core as [`crate::OnnxEmbedder`].
+#[derive(Debug)]
 pub struct OnnxCrossEncoder {
     spec: &'static RerankerSpec,
-    sessions: Sessions,
-    tokenizer: Tokenizer,
+    graph: BertGraph,
     /// `[SEP]`: the passage's tokens (segment 1) follow the first one.
     sep: u32,
-}
-
-impl std::fmt::Debug for OnnxCrossEncoder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OnnxCrossEncoder")
-            .field("model", &self.spec.name)
-            .field("sessions", &self.sessions.len())
-            .finish_non_exhaustive()
-    }
 }
 
 impl OnnxCrossEncoder {
     /// Loads `spec`'s `model.onnx` and `tokenizer.json` from `dir` with the ONNX Runtime
     /// library at `lib`.
     pub fn load(dir: &Path, lib: &Path, spec: &'static RerankerSpec) -> Result<Self, EmbedError> {
-        let model = require(dir, "model.onnx")?;
-        let tokenizer = load_tokenizer(&require(dir, "tokenizer.json")?, spec.max_seq_len)?;
-        let sep = tokenizer
+        let graph = BertGraph::load(dir, lib, spec.name, "model.onnx", spec.max_seq_len)?;
+        let sep = graph
+            .tokenizer
             .token_to_id("[SEP]")
             .ok_or_else(|| EmbedError::Tokenizer("the tokenizer has no [SEP] token".into()))?;
-        let sessions = Sessions::load(lib, &model)?;
-        tracing::info!(model = %model.display(), sessions = sessions.len(), "loaded {} (ONNX Runtime)", spec.name);
-        Ok(Self {
-            spec,
-            sessions,
-            tokenizer,
-            sep,
-        })
+        Ok(Self { spec, graph, sep })
     }
 
     /// One padded batch of `[CLS] question [SEP] passage [SEP]` sequences; one logit each.
     fn forward(&self, seqs: &[&[u32]], hint: usize) -> Result<Vec<Vec<f32>>, EmbedError> {
         let b = seqs.len();
-        self.sessions
+        self.graph
+            .sessions
             .run(hint, seqs, Some(self.sep), |out_shape, logits| {
                 if out_shape[..] != [b as i64, 1] {
                     return Err(model_error(format!(
@@ -111,21 +93,13 @@ impl Reranker for OnnxCrossEncoder {
     }
 
     fn score(&self, question: &str, passages: &[&str]) -> Result<Vec<f32>, EmbedError> {
-        if passages.is_empty() {
-            return Ok(Vec::new());
-        }
         let pairs: Vec<(String, String)> = passages
             .iter()
             .map(|p| (question.to_string(), (*p).to_string()))
             .collect();
-        let encodings = self
-            .tokenizer
-            .encode_batch(pairs, true)
-            .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
-        let seqs: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
-        let logits = crate::embed_in_chunks(&seqs, self.sessions.len(), BATCH_SIZE, |k, batch| {
-            self.forward(batch, k)
-        })?;
+        let logits = self
+            .graph
+            .encode(pairs, BATCH_SIZE, |k, batch| self.forward(batch, k))?;
         Ok(logits.into_iter().map(|l| l[0]).collect())
     }
 }
