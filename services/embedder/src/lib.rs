@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use recollect_bus::{Delivery, Message, Stage, StageError};
-use recollect_embed::{Embedder, TokenEmbedder};
+use recollect_embed::{pool_tokens, Embedder, TokenEmbedder};
 use recollect_extract::bm25;
 use recollect_model::{
     bus_key, topics, EmbeddedTurn, Embeddings, Envelope, ExtractedTurn, KeywordVector,
@@ -38,6 +38,8 @@ pub struct EmbedderStage {
     embedder: Arc<dyn Embedder>,
     /// The late-interaction model (`embedder.late_model`): each field's token vectors too.
     tokens: Option<Arc<dyn TokenEmbedder>>,
+    /// Each field's token vectors pooled this many to one (`embedder.late_pool_factor`).
+    pool_factor: usize,
     /// Where erasure markers are read: turns of a conversation erased while they were queued
     /// are not embedded (the graph-writer drops them in any case; this saves the model work).
     graph: Option<Arc<dyn Graph>>,
@@ -51,6 +53,7 @@ impl EmbedderStage {
         Self {
             embedder,
             tokens: None,
+            pool_factor: 1,
             graph: None,
             keyword_cache: Default::default(),
             cache_limit: 200_000,
@@ -63,30 +66,32 @@ impl EmbedderStage {
         self
     }
 
-    /// The fields' token vectors, in order; none without a late-interaction model.
+    /// Each field's token vectors pooled `factor` to one (`embedder.late_pool_factor`).
+    pub fn with_token_pooling(mut self, factor: usize) -> Self {
+        self.pool_factor = factor.max(1);
+        self
+    }
+
+    /// The fields' token vectors, in order, pooled; none without a late-interaction model.
     async fn embed_tokens(&self, texts: Vec<String>) -> Result<Vec<TokenVectors>, StageError> {
         let Some(model) = self.tokens.clone() else {
             return Ok(Vec::new());
         };
-        if texts.is_empty() {
-            return Ok(Vec::new());
-        }
-        tokio::task::spawn_blocking(move || {
-            let started = Instant::now();
-            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-            let out = model
-                .embed_tokens(&refs)
-                .map_err(|e| StageError::Transient(format!("token embedding failed: {e}")))?;
-            EmbedderBatchCompleted {
-                model: model.model_name(),
-                texts: texts.len(),
-                elapsed: started.elapsed(),
-            }
-            .emit();
-            Ok(out)
-        })
+        let factor = self.pool_factor;
+        run_model(
+            model.model_name().to_string(),
+            "token embedding",
+            texts,
+            move |refs| {
+                let out = model.embed_tokens(refs)?;
+                Ok(if factor > 1 {
+                    out.iter().map(|t| pool_tokens(t, factor)).collect()
+                } else {
+                    out
+                })
+            },
+        )
         .await
-        .map_err(|e| StageError::Transient(e.to_string()))?
     }
 
     pub fn with_erasures(mut self, graph: Arc<dyn Graph>) -> Self {
@@ -130,33 +135,43 @@ impl EmbedderStage {
             .collect()
     }
 
-    fn embed_blocking(
-        embedder: &Arc<dyn Embedder>,
-        texts: Vec<String>,
-    ) -> Result<Vec<Vec<f32>>, StageError> {
-        if texts.is_empty() {
-            return Ok(vec![]);
-        }
+    async fn embed(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, StageError> {
+        let e = self.embedder.clone();
+        run_model(
+            e.model_name().to_string(),
+            "embedding",
+            texts,
+            move |refs| e.embed(refs),
+        )
+        .await
+    }
+}
+
+/// `call` over `texts` on a blocking thread (the models are CPU-bound), reported as one batch of
+/// `model`; a failure is transient (`what failed: …`): the batch is retried.
+async fn run_model<T: Default + Send + 'static>(
+    model: String,
+    what: &'static str,
+    texts: Vec<String>,
+    call: impl FnOnce(&[&str]) -> Result<T, recollect_embed::EmbedError> + Send + 'static,
+) -> Result<T, StageError> {
+    if texts.is_empty() {
+        return Ok(T::default());
+    }
+    tokio::task::spawn_blocking(move || {
         let started = Instant::now();
         let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let out = embedder
-            .embed(&refs)
-            .map_err(|e| StageError::Transient(format!("embedding failed: {e}")))?;
+        let out = call(&refs).map_err(|e| StageError::Transient(format!("{what} failed: {e}")))?;
         EmbedderBatchCompleted {
-            model: embedder.model_name(),
+            model: &model,
             texts: texts.len(),
             elapsed: started.elapsed(),
         }
         .emit();
         Ok(out)
-    }
-
-    async fn embed(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, StageError> {
-        let e = self.embedder.clone();
-        tokio::task::spawn_blocking(move || Self::embed_blocking(&e, texts))
-            .await
-            .map_err(|e| StageError::Transient(e.to_string()))?
-    }
+    })
+    .await
+    .map_err(|e| StageError::Transient(e.to_string()))?
 }
 
 #[async_trait]
@@ -209,13 +224,13 @@ impl Stage for EmbedderStage {
             Vec::new()
         };
         texts.extend(new_keywords.iter().cloned());
-        let vectors = match self.embed(texts).await {
-            Ok(v) => v,
-            Err(e) => return batch.iter().map(|_| Err(e.clone())).collect(),
-        };
-        let mut token_fields = match self.embed_tokens(token_texts).await {
-            Ok(v) => v.into_iter(),
-            Err(e) => return batch.iter().map(|_| Err(e.clone())).collect(),
+        // Both encoders at once: each splits its texts over the cores, and one's tail overlaps
+        // the other's.
+        let (vectors, token_fields) =
+            tokio::join!(self.embed(texts), self.embed_tokens(token_texts));
+        let (vectors, mut token_fields) = match (vectors, token_fields) {
+            (Ok(v), Ok(t)) => (v, t.into_iter()),
+            (Err(e), _) | (_, Err(e)) => return batch.iter().map(|_| Err(e.clone())).collect(),
         };
         let with_tokens = self.tokens.is_some();
         let mut field_vecs = vectors;
@@ -383,6 +398,42 @@ mod tests {
         let out = plain.handle(&[delivery(0, &[])]).await;
         let e: Envelope<EmbeddedTurn> = out[0].as_ref().unwrap()[0].decode().unwrap();
         assert!(e.body.embeddings.tokens.is_none());
+    }
+
+    /// With pooling, each field is pooled on its own (so a user's words never merge with the
+    /// reply's), and the turn carries the pooled rows.
+    #[tokio::test]
+    async fn token_vectors_are_pooled_field_by_field() {
+        use recollect_embed::HashTokenEmbedder;
+        let tokens = Arc::new(HashTokenEmbedder);
+        let stage = EmbedderStage::new(Arc::new(HashEmbedder::new(16)))
+            .with_token_embedder(Some(tokens.clone()))
+            .with_token_pooling(2);
+        let (user, reply) = ("we went camping by the lake", "a lovely reply");
+        let mut d = delivery(0, &[]);
+        let mut env: Envelope<ExtractedTurn> = d.message.decode().unwrap();
+        env.body.turn.user = user.into();
+        env.body.turn.assistant = reply.into();
+        d.message = Message::json(topics::EXTRACTED, "acme/c".into(), env.clone(), "tr");
+        let out = stage.handle(&[d]).await;
+        let got: Envelope<EmbeddedTurn> = out[0].as_ref().unwrap()[0].decode().unwrap();
+        let field = |speaker: &Option<String>, text: &str| {
+            let t = tokens
+                .embed_tokens(&[&field_text(speaker.as_deref(), text)])
+                .unwrap()
+                .remove(0);
+            pool_tokens(&t, 2)
+        };
+        let mut want = field(&env.body.turn.user_speaker, user);
+        want.extend(&field(&env.body.turn.assistant_speaker, reply));
+        let got = got.body.embeddings.tokens.unwrap();
+        assert_eq!(got.len(), want.len());
+        let every = tokens.embed_tokens(&[user, reply]).unwrap();
+        assert!(got.len() < every[0].len() + every[1].len());
+        // One signed byte a component on the bus: equal to that precision.
+        for (g, w) in got.rows().zip(want.rows()) {
+            assert!(recollect_embed::cosine(g, w) > 0.999);
+        }
     }
 
     #[tokio::test]

@@ -22,6 +22,7 @@ async fn main() -> anyhow::Result<()> {
         vec![Arc::new(
             EmbedderStage::new(embedder)
                 .with_token_embedder(load_token_embedder(&settings)?)
+                .with_token_pooling(settings.embedder.late_pool_factor)
                 .with_erasures(graph),
         )],
         checks,

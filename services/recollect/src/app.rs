@@ -467,6 +467,7 @@ impl App {
             Arc::new(
                 EmbedderStage::new(embedder.clone())
                     .with_token_embedder(tokens.clone())
+                    .with_token_pooling(settings.embedder.late_pool_factor)
                     .with_erasures(graph.clone()),
             ),
             Arc::new(GraphWriterStage::new(

@@ -192,6 +192,10 @@ pub struct EmbedderSettings {
     /// Where the late-interaction model's files are; empty: models/<late_model> beside the
     /// binary or the working directory, then ~/.cache/recollect/models/<late_model>.
     pub late_model_dir: String,
+    /// A turn's token vectors pooled this many to one at ingest (Ward clustering of each field's
+    /// rows; 1: every token kept). 2 halves the storage and the MaxSim work, moving LoCoMo dev's
+    /// figures by at most 0.007 (docs/EVALUATION.md); questions are never pooled.
+    pub late_pool_factor: usize,
 }
 
 /// The late-interaction models `embedder.late_model` accepts, with the width of their token
@@ -691,6 +695,9 @@ impl Settings {
                     LATE_MODELS.map(|(n, _)| n).join(", ")
                 ),
             );
+        }
+        if !(1..=8).contains(&self.embedder.late_pool_factor) {
+            return invalid("embedder.late_pool_factor", "must be in 1..=8".into());
         }
         if self.embedder.batch_size == 0 || self.embedder.batch_size > 4096 {
             return invalid("embedder.batch_size", "must be in 1..=4096".into());
@@ -1262,6 +1269,13 @@ mod tests {
         assert!(e.contains("embedder.late_model"), "{e}");
         s.embedder.late_model = "answerai-colbert-small-v1-int8".into();
         assert_eq!(s.late_dim(), Some(384));
+        assert_eq!(s.embedder.late_pool_factor, 2);
+        for bad in [0, 9] {
+            s.embedder.late_pool_factor = bad;
+            let e = s.validate().unwrap_err().to_string();
+            assert!(e.contains("embedder.late_pool_factor"), "{e}");
+        }
+        s.embedder.late_pool_factor = 1;
         s.recall.fragments_expanded = 0;
         s.recall.factual_weights = (0.4, 0.4);
         s.validate().unwrap();

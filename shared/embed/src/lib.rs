@@ -41,8 +41,8 @@ pub use cache::{CacheStats, CachedEmbedder, DEFAULT_CACHE_CAPACITY};
 pub use error::EmbedError;
 pub use hash::{HashEmbedder, HASH_DIM};
 pub use late::{
-    token_model_spec, HashTokenEmbedder, OnnxTokenEmbedder, TokenEmbedder, TokenModelSpec,
-    ANSWERAI_COLBERT_SMALL_INT8, HASH_TOKEN_DIM, TOKEN_MODELS,
+    pool_tokens, token_model_spec, HashTokenEmbedder, OnnxTokenEmbedder, TokenEmbedder,
+    TokenModelSpec, ANSWERAI_COLBERT_SMALL_INT8, HASH_TOKEN_DIM, TOKEN_MODELS,
 };
 pub use models::{
     model_spec, CosineScale, ModelSpec, Pooling, BGE_SMALL_EN_V15, DEFAULT_MODEL, E5_SMALL_ENPT_Q4,

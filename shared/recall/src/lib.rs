@@ -488,6 +488,17 @@ impl Recall {
             // The users or agents asked for have no conversations (or none of those named).
             return Ok(vec![]);
         }
+        // The question's token vectors, made on another thread from the start, beside the
+        // analysis and Phase 2. Not as of an earlier time: kept versions are not re-scored, so
+        // the present's turns would be favoured.
+        let question_tokens = self
+            .tokens
+            .clone()
+            .filter(|_| !ablation.without(Component::Late) && scope.as_of.is_none())
+            .map(|model| {
+                let question = req.query.clone();
+                tokio::task::spawn_blocking(move || model.embed_tokens(&[&question]))
+            });
         let (qa, qv) = self.analyse(req).await?;
         RecallPhaseCompleted {
             phase: RecallPhase::Analyse,
@@ -529,17 +540,8 @@ impl Recall {
             self.lexical(tenant, &scope, &req.query, &qa.entities, &entities, depth)
                 .await
         });
-        // The question's token vectors, made on another core meanwhile. Not as of an earlier
-        // time: kept versions are not re-scored, so the present's turns would be favoured.
-        let late_model = self
-            .tokens
-            .clone()
-            .filter(|_| !ablation.without(Component::Late) && scope.as_of.is_none());
         let question_tokens = async {
-            let model = late_model?;
-            let question = req.query.clone();
-            let made = tokio::task::spawn_blocking(move || model.embed_tokens(&[&question])).await;
-            match made {
+            match question_tokens?.await {
                 Ok(Ok(mut v)) if v.len() == 1 => v.pop(),
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "the question's token vectors failed; ranking left as fused");
