@@ -27,6 +27,19 @@ fn model_dir(dir: &str, has: impl Fn(&Path) -> bool) -> Option<PathBuf> {
         .find(|d| has(d))
 }
 
+/// The directory of a model that comes as one ONNX graph (`model.onnx`), when it and ONNX
+/// Runtime are installed; else None, having said SKIPPED.
+fn installed_graph(dir: &str, name: &str) -> Option<PathBuf> {
+    let found = model_dir(dir, |d| d.join("model.onnx").is_file())
+        .filter(|_| default_onnx_runtime_path().is_file());
+    if found.is_none() {
+        eprintln!(
+            "SKIPPED: {name} or ONNX Runtime is not installed (scripts/setup-model.sh {name}; scripts/setup-onnx.sh)"
+        );
+    }
+    found
+}
+
 fn installed(spec: &ModelSpec) -> Option<PathBuf> {
     // Weights, or (for a model that comes as a graph, e5-small-v2-int8) the graph.
     let found = model_dir(spec.dir, |d| {
@@ -450,14 +463,7 @@ fn e5_small_v2_int8_matches_the_packages_own_vectors() {
 #[test]
 fn ms_marco_cross_encoder_matches_the_reference_logits_batched() {
     let spec = &MS_MARCO_MINILM_L12_INT8;
-    let (Some(dir), true) = (
-        model_dir(spec.dir, |d| d.join("model.onnx").is_file()),
-        default_onnx_runtime_path().is_file(),
-    ) else {
-        eprintln!(
-            "SKIPPED: {} or ONNX Runtime is not installed (scripts/setup-model.sh {}; scripts/setup-onnx.sh)",
-            spec.name, spec.name
-        );
+    let Some(dir) = installed_graph(spec.dir, spec.name) else {
         return;
     };
     let model = OnnxCrossEncoder::load(
@@ -519,14 +525,7 @@ fn ms_marco_cross_encoder_matches_the_reference_logits_batched() {
 #[test]
 fn answerai_colbert_token_vectors_match_the_reference_max_sim() {
     let spec = &ANSWERAI_COLBERT_SMALL_INT8;
-    let (Some(dir), true) = (
-        model_dir(spec.dir, |d| d.join("model.onnx").is_file()),
-        default_onnx_runtime_path().is_file(),
-    ) else {
-        eprintln!(
-            "SKIPPED: {} or ONNX Runtime is not installed (scripts/setup-model.sh {}; scripts/setup-onnx.sh)",
-            spec.name, spec.name
-        );
+    let Some(dir) = installed_graph(spec.dir, spec.name) else {
         return;
     };
     let model = OnnxTokenEmbedder::load(&dir, &default_onnx_runtime_path(), spec)

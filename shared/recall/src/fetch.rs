@@ -151,32 +151,10 @@ pub async fn fetch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::turn;
+    use crate::testing::{point, turn};
     use chrono::TimeZone;
-    use recollect_model::{Extraction, Keyword, SparseVector};
-    use recollect_storage::vector::TurnPoint;
+    use recollect_model::{Extraction, Keyword};
     use recollect_storage::{EdgeVectorIndex, EmbeddedGraph, Graph};
-
-    fn point(t: &Turn, user: Vec<f32>, assistant: Option<Vec<f32>>) -> TurnPoint {
-        TurnPoint {
-            memory_id: t.memory_id,
-            tenant: t.tenant.clone(),
-            conversation_id: t.conversation_id.clone(),
-            turn_id: t.turn_id.clone(),
-            position: t.position,
-            timestamp: t.timestamp,
-            user_speaker: t.user_speaker.clone(),
-            assistant_speaker: t.assistant_speaker.clone(),
-            user,
-            assistant,
-            lexical: SparseVector::default(),
-            user_id: None,
-            agent_id: None,
-            metadata: Default::default(),
-            recorded_at: t.recorded_at,
-            late: None,
-        }
-    }
 
     /// Two stored turns (t1: keyword "dog", a time, both field vectors; t2: spoken by Cy, the
     /// user vector only) and a retrieval that reached them and one unknown id.

@@ -1009,23 +1009,9 @@ mod tests {
         for (i, text) in texts.iter().enumerate() {
             let t = crate::testing::turn("a", i as u64);
             points.push(TurnPoint {
-                memory_id: t.memory_id,
-                tenant: t.tenant.clone(),
-                conversation_id: t.conversation_id.clone(),
-                turn_id: t.turn_id.clone(),
-                position: t.position,
-                timestamp: t.timestamp,
-                user_speaker: None,
-                assistant_speaker: None,
-                user_id: None,
-                agent_id: None,
-                metadata: Default::default(),
-                recorded_at: t.recorded_at,
-                user: hash.embed(&[text]).unwrap().remove(0),
-                assistant: None,
-                lexical: Default::default(),
                 // Turn 2 was stored before token vectors were made.
                 late: (i != 2).then(|| tokens.embed_tokens(&[text]).unwrap().remove(0)),
+                ..crate::testing::point(&t, hash.embed(&[text]).unwrap().remove(0), None)
             });
         }
         let tenant = points[0].tenant.clone();

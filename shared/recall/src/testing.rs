@@ -1,8 +1,8 @@
 //! Small hand-made candidates for the unit tests of the pure steps.
 
 use chrono::{TimeZone, Utc};
-use recollect_model::{MemoryId, TenantId, Turn};
-use recollect_storage::vector::FieldVectors;
+use recollect_model::{MemoryId, SparseVector, TenantId, Turn};
+use recollect_storage::vector::{FieldVectors, TurnPoint};
 
 use crate::fetch::{Candidate, Found};
 
@@ -27,6 +27,28 @@ pub fn turn(conversation: &str, position: u64) -> Turn {
         version: 1,
         first_recorded_at: None,
         expired_at: None,
+    }
+}
+
+/// `t` as a vector index point with these field vectors (no lexical or token vectors).
+pub fn point(t: &Turn, user: Vec<f32>, assistant: Option<Vec<f32>>) -> TurnPoint {
+    TurnPoint {
+        memory_id: t.memory_id,
+        tenant: t.tenant.clone(),
+        conversation_id: t.conversation_id.clone(),
+        turn_id: t.turn_id.clone(),
+        position: t.position,
+        timestamp: t.timestamp,
+        user_speaker: t.user_speaker.clone(),
+        assistant_speaker: t.assistant_speaker.clone(),
+        user,
+        assistant,
+        lexical: SparseVector::default(),
+        user_id: None,
+        agent_id: None,
+        metadata: Default::default(),
+        recorded_at: t.recorded_at,
+        late: None,
     }
 }
 
