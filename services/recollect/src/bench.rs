@@ -11,11 +11,11 @@ use anyhow::Context;
 use chrono::{Duration, TimeZone, Utc};
 use clap::Args;
 use recollect_config::Settings;
-use recollect_embed::{Embedder, HashEmbedder};
+use recollect_embed::{Embedder, HashEmbedder, TokenEmbedder};
 use recollect_embedder::field_text;
 use recollect_extract::RuleExtractor;
 use recollect_gateway::StoreRequest;
-use recollect_model::{MemoryId, ReferenceState, TenantId, Turn, TurnInput};
+use recollect_model::{MemoryId, ReferenceState, TenantId, TokenVectors, Turn, TurnInput};
 use recollect_recall::RecallRequest;
 
 use crate::app::App;
@@ -278,6 +278,45 @@ impl Embedder for Precomputed {
 
     fn cosine_scale(&self) -> recollect_embed::CosineScale {
         self.model.cosine_scale()
+    }
+}
+
+/// Token vectors computed before the clock starts, by text; the questions' go to the model.
+struct PrecomputedTokens {
+    table: HashMap<String, TokenVectors>,
+    model: Arc<dyn TokenEmbedder>,
+}
+
+impl TokenEmbedder for PrecomputedTokens {
+    fn model_name(&self) -> &str {
+        self.model.model_name()
+    }
+
+    fn dim(&self) -> usize {
+        self.model.dim()
+    }
+
+    fn embed_tokens(
+        &self,
+        texts: &[&str],
+    ) -> Result<Vec<TokenVectors>, recollect_embed::EmbedError> {
+        let missing: Vec<&str> = texts
+            .iter()
+            .copied()
+            .filter(|t| !self.table.contains_key(*t))
+            .collect();
+        let mut computed = if missing.is_empty() {
+            Vec::new().into_iter()
+        } else {
+            self.model.embed_tokens(&missing)?.into_iter()
+        };
+        Ok(texts
+            .iter()
+            .map(|t| match self.table.get(*t) {
+                Some(v) => v.clone(),
+                None => computed.next().unwrap_or_default(),
+            })
+            .collect())
     }
 }
 
@@ -693,12 +732,13 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
     let mut table: HashMap<String, Vec<f32>> = HashMap::new();
     let t = Instant::now();
     let mut texts: Vec<String> = Vec::new();
+    let mut field_texts: Vec<String> = Vec::new();
     let rules = RuleExtractor::new();
     for (p, items) in pool.iter().enumerate() {
         let (s1, s2) = pair(p);
         for (u, asst) in items {
-            texts.push(field_text(Some(s1), u));
-            texts.push(field_text(Some(s2), asst));
+            field_texts.push(field_text(Some(s1), u));
+            field_texts.push(field_text(Some(s2), asst));
             let turn = Turn {
                 memory_id: MemoryId::nil(),
                 tenant: TenantId("pool".into()),
@@ -722,11 +762,23 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
             texts.extend(ex.keywords.into_iter().map(|k| k.text));
         }
     }
+    field_texts.sort();
+    field_texts.dedup();
+    texts.extend(field_texts.iter().cloned());
     texts.sort();
     texts.dedup();
     for chunk in texts.chunks(64) {
         let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
         table.extend(chunk.iter().cloned().zip(model.embed(&refs)?));
+    }
+    // The late-interaction model's token vectors of the pool's field texts too, when it is on.
+    let token_model = recollect_runtime::load_token_embedder(&settings)?;
+    let mut token_table: HashMap<String, TokenVectors> = HashMap::new();
+    if let Some(m) = &token_model {
+        for chunk in field_texts.chunks(64) {
+            let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+            token_table.extend(chunk.iter().cloned().zip(m.embed_tokens(&refs)?));
+        }
     }
     println!(
         "precomputed: {} distinct texts ({} turns of the pool and their keywords) embedded in {:.1} s, not counted below",
@@ -738,6 +790,12 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
     let precomputed = Arc::new(Precomputed {
         table,
         model: model.clone(),
+    });
+    let precomputed_tokens: Option<Arc<dyn TokenEmbedder>> = token_model.map(|model| {
+        Arc::new(PrecomputedTokens {
+            table: token_table,
+            model,
+        }) as Arc<dyn TokenEmbedder>
     });
 
     // Query embedding on its own: the model, one question at a time, uncached.
@@ -768,7 +826,7 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
         let mut s = settings.clone();
         s.storage.data_dir = dir.clone();
         let embedder: Arc<dyn Embedder> = precomputed.clone();
-        let app = App::open_with(s.clone(), embedder).await?;
+        let app = App::open_with_models(s.clone(), embedder, precomputed_tokens.clone()).await?;
         let conversations = a.conversations.min(size / 10).max(1);
         let existing = app.raw.count()? as usize;
         let cpu0 = cpu_seconds();

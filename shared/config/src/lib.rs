@@ -184,10 +184,13 @@ pub struct EmbedderSettings {
     pub runtime: EmbedderRuntime,
     /// The ONNX Runtime library; empty: where `scripts/setup-onnx.sh` puts it.
     pub onnx_runtime: String,
-    /// A late-interaction model (one of [`LATE_MODELS`]; empty: off, the default) that gives
-    /// each turn one vector per token at ingest, for recall's MaxSim re-scoring of its top
-    /// `recall.late_depth` (docs/RECALL.md, departure 12). Turns stored without it have none:
-    /// turning it on needs a fresh data directory or a reindex.
+    /// A late-interaction model (one of [`LATE_MODELS`]) that gives each turn one vector per
+    /// token at ingest, for recall's MaxSim re-scoring of its top `recall.late_depth`
+    /// (docs/RECALL.md, departure 12); empty: off. [`LATE_MODEL_AUTO`] (the default): the first
+    /// of them where it can run (`kind = "minilm"`, the model and ONNX Runtime installed) and
+    /// the vector index can hold token vectors (a new one, or one made with them), else off.
+    /// Turns stored without token vectors have none: a named model on an index made without
+    /// them is refused (a fresh data directory or a reindex turns it on).
     pub late_model: String,
     /// Where the late-interaction model's files are; empty: models/<late_model> beside the
     /// binary or the working directory, then ~/.cache/recollect/models/<late_model>.
@@ -197,6 +200,9 @@ pub struct EmbedderSettings {
     /// figures by at most 0.007 (docs/EVALUATION.md); questions are never pooled.
     pub late_pool_factor: usize,
 }
+
+/// `embedder.late_model = "auto"`: late interaction wherever it can run (see the setting).
+pub const LATE_MODEL_AUTO: &str = "auto";
 
 /// The late-interaction models `embedder.late_model` accepts, with the width of their token
 /// vectors (`recollect_embed::TOKEN_MODELS`; a test in recollect-runtime keeps the two equal).
@@ -686,11 +692,12 @@ impl Settings {
                 ),
             );
         }
-        if !self.embedder.late_model.is_empty() && self.late_dim().is_none() {
+        let late = self.embedder.late_model.as_str();
+        if !late.is_empty() && late != LATE_MODEL_AUTO && self.late_dim().is_none() {
             return invalid(
                 "embedder.late_model",
                 format!(
-                    "{:?} is not a known late-interaction model; one of: {} (or empty: off)",
+                    "{:?} is not a known late-interaction model; one of: {}, \"auto\" (where it can run) or empty (off)",
                     self.embedder.late_model,
                     LATE_MODELS.map(|(n, _)| n).join(", ")
                 ),
@@ -832,11 +839,28 @@ impl Settings {
         }
     }
 
-    /// Width of the token vectors `embedder.late_model` gives; None when it is off.
+    /// The late-interaction model `embedder.late_model` asks for: the one it names, or under
+    /// `auto` the first of [`LATE_MODELS`] when the embedder is a model (`kind = "minilm"`; the
+    /// hash embedder of tests and load runs has none); None when it is off.
+    pub fn late_model(&self) -> Option<&'static str> {
+        let name = self.embedder.late_model.as_str();
+        if name == LATE_MODEL_AUTO {
+            return (self.embedder.kind == EmbedderKind::Minilm).then_some(LATE_MODELS[0].0);
+        }
+        LATE_MODELS.iter().map(|&(n, _)| n).find(|n| *n == name)
+    }
+
+    /// Whether `embedder.late_model` is `auto`: late interaction only where it can run.
+    pub fn late_is_auto(&self) -> bool {
+        self.embedder.late_model == LATE_MODEL_AUTO
+    }
+
+    /// Width of the token vectors [`Self::late_model`] gives; None when it is off.
     pub fn late_dim(&self) -> Option<usize> {
+        let name = self.late_model()?;
         LATE_MODELS
             .iter()
-            .find(|(name, _)| *name == self.embedder.late_model)
+            .find(|(n, _)| *n == name)
             .map(|&(_, dim)| dim)
     }
 
@@ -1177,11 +1201,7 @@ mod tests {
     #[test]
     fn embedder_model_is_one_of_the_known_models() {
         let mut s = Settings::defaults();
-        assert_eq!(s.embedder.model, "all-MiniLM-L6-v2");
-        assert_eq!(
-            s.embedder.model, EMBEDDER_MODELS[0].name,
-            "the default leads the list"
-        );
+        assert_eq!(s.embedder.model, "all-MiniLM-L6-v2-int8");
         assert_eq!(s.embedder_dim(), 384);
         for m in EMBEDDER_MODELS {
             s.embedder.model = m.name.into();
@@ -1263,11 +1283,21 @@ mod tests {
             assert!(e.contains(key), "{key}: {e}");
         }
         let mut s = Settings::defaults();
-        assert_eq!(s.late_dim(), None);
+        // `auto`: the first late-interaction model, beside a sentence encoder only.
+        assert!(s.late_is_auto());
+        assert_eq!(s.late_model(), Some(LATE_MODELS[0].0));
+        assert_eq!(s.late_dim(), Some(384));
+        s.embedder.kind = EmbedderKind::Hash;
+        assert_eq!((s.late_model(), s.late_dim()), (None, None));
+        s.validate().unwrap();
+        s.embedder.kind = EmbedderKind::Minilm;
+        s.embedder.late_model = String::new();
+        assert_eq!((s.late_model(), s.late_dim()), (None, None));
         s.embedder.late_model = "colbertv2.0".into();
         let e = s.validate().unwrap_err().to_string();
         assert!(e.contains("embedder.late_model"), "{e}");
         s.embedder.late_model = "answerai-colbert-small-v1-int8".into();
+        assert!(!s.late_is_auto());
         assert_eq!(s.late_dim(), Some(384));
         assert_eq!(s.embedder.late_pool_factor, 2);
         for bad in [0, 9] {

@@ -137,10 +137,10 @@ impl<E: Embedder + ?Sized> Embedder for Box<E> {
     }
 }
 
-/// The model directory to load the default model (all-MiniLM-L6-v2) from; see
-/// [`model_dir_for`].
+/// The model directory to load the default model (all-MiniLM-L6-v2, whose directory holds its
+/// int8 graph too) from; see [`model_dir_for`].
 pub fn default_model_dir() -> PathBuf {
-    model_dir_for(DEFAULT_MODEL)
+    model_dir_for(MINILM.dir)
 }
 
 /// The model directory to load the embedding model named `name` from:

@@ -247,8 +247,9 @@ pub const MODELS: [ModelSpec; 9] = [
     NOMIC_EMBED_V15,
 ];
 
-/// The model of `embedder.model` when the setting is left alone.
-pub const DEFAULT_MODEL: &str = MINILM.name;
+/// The model of `embedder.model` when the setting is left alone: MiniLM's int8 graph, which
+/// `embedder.runtime = "auto"` runs as MiniLM's f32 weights on candle where ONNX Runtime is not.
+pub const DEFAULT_MODEL: &str = MINILM_INT8.name;
 
 /// The spec named `name` (exact match), if it is one of [`MODELS`].
 pub fn model_spec(name: &str) -> Option<&'static ModelSpec> {
@@ -268,7 +269,7 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), MODELS.len());
-        assert_eq!(model_spec(DEFAULT_MODEL), Some(&MINILM));
+        assert_eq!(model_spec(DEFAULT_MODEL), Some(&MINILM_INT8));
         assert_eq!(model_spec("all-minilm-l6-v2"), None, "names are exact");
     }
 

@@ -236,7 +236,11 @@ pub fn load_embedder(settings: &Settings) -> Result<Arc<dyn Embedder>, RuntimeEr
                 match OnnxEmbedder::load_model(&dir, &lib, spec) {
                     Ok(e) => Some(e),
                     // Candle's vectors equal ONNX Runtime's, so falling back changes no result.
-                    Err(e) if auto && spec.on_candle => {
+                    Err(e)
+                        if auto
+                            && (spec.on_candle
+                                || spec.name == recollect_embed::MINILM_INT8.name) =>
+                    {
                         tracing::info!(
                             model = name,
                             reason = %e,
@@ -253,6 +257,18 @@ pub fn load_embedder(settings: &Settings) -> Result<Arc<dyn Embedder>, RuntimeEr
                 }
             } else {
                 None
+            };
+            // The int8 graph is MiniLM quantised: where ONNX Runtime is not, `auto` runs the
+            // weights it was made from on candle (the same model: its vectors match the int8
+            // graph's to a cosine of ~0.99, and a store may be served by either).
+            let spec = if onnx.is_none() && auto && spec.name == recollect_embed::MINILM_INT8.name {
+                tracing::info!(
+                    model = name,
+                    "ONNX Runtime not available; embedder.runtime = auto runs all-MiniLM-L6-v2 (f32) on candle"
+                );
+                &recollect_embed::MINILM
+            } else {
+                spec
             };
             if let Some(onnx) = onnx {
                 Arc::new(onnx)
@@ -322,17 +338,23 @@ pub fn load_reranker(settings: &Settings) -> Result<Option<Arc<dyn Reranker>>, R
 
 /// The late-interaction model `embedder.late_model` names (none when it is empty), on the ONNX
 /// Runtime library the embedder settings name. Loaded by the embedder (turns' token vectors)
-/// and by recall (the question's); a named model that does not load stops the start.
+/// and by recall (the question's). A named model that does not load stops the start; under
+/// `auto` (the default) one that does not load (not installed, no ONNX Runtime) is left off.
 pub fn load_token_embedder(
     settings: &Settings,
 ) -> Result<Option<Arc<dyn TokenEmbedder>>, RuntimeError> {
     let name = settings.embedder.late_model.as_str();
-    if name.is_empty() {
+    let Some(model) = settings.late_model() else {
+        if !name.is_empty() && !settings.late_is_auto() {
+            return Err(RuntimeError::Setup(format!(
+                "embedder.late_model {name:?} is not a known late-interaction model"
+            )));
+        }
         return Ok(None);
-    }
-    let spec = recollect_embed::token_model_spec(name).ok_or_else(|| {
+    };
+    let spec = recollect_embed::token_model_spec(model).ok_or_else(|| {
         RuntimeError::Setup(format!(
-            "embedder.late_model {name:?} is not a known late-interaction model"
+            "embedder.late_model {model:?} is not a known late-interaction model"
         ))
     })?;
     // Not model_dir_for: $RECOLLECT_MODEL_DIR names the sentence encoder's directory.
@@ -342,18 +364,40 @@ pub fn load_token_embedder(
         settings.embedder.late_model_dir.clone().into()
     };
     let lib = onnx_runtime_library(settings);
-    let m = OnnxTokenEmbedder::load(&dir, &lib, spec).map_err(|e| {
-        RuntimeError::Setup(format!(
-            "loading the late-interaction model {name} from {}: {e} (run scripts/setup-model.sh {name} and scripts/setup-onnx.sh)",
-            dir.display()
-        ))
-    })?;
+    let m = match OnnxTokenEmbedder::load(&dir, &lib, spec) {
+        Ok(m) => m,
+        Err(e) if settings.late_is_auto() => {
+            tracing::info!(
+                model = model,
+                reason = %e,
+                "late interaction is off: embedder.late_model = auto and {model} does not load \
+                 (scripts/setup-model.sh {model} and scripts/setup-onnx.sh install it)"
+            );
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(RuntimeError::Setup(format!(
+                "loading the late-interaction model {model} from {}: {e} (run scripts/setup-model.sh {model} and scripts/setup-onnx.sh)",
+                dir.display()
+            )))
+        }
+    };
     ComponentSelected {
         seam: "token_embedder",
         kind: spec.name,
     }
     .emit();
     Ok(Some(Arc::new(m)))
+}
+
+/// The token embedder recall uses with `vectors`: none when `embedder.late_model = "auto"` and
+/// the index was made without token vectors (there is nothing to score the question against).
+pub fn token_embedder_for(
+    settings: &Settings,
+    tokens: Option<Arc<dyn TokenEmbedder>>,
+    vectors: &dyn VectorIndex,
+) -> Option<Arc<dyn TokenEmbedder>> {
+    tokens.filter(|_| !(settings.late_is_auto() && vectors.holds_token_vectors() == Some(false)))
 }
 
 /// A readiness probe: named checks, each true when its dependency answers.
@@ -618,10 +662,18 @@ mod embedder_tests {
             .map(|m| (m.name, m.dim))
             .collect();
         assert_eq!(recollect_config::LATE_MODELS.to_vec(), embed);
-        assert!(load_token_embedder(&Settings::defaults())
-            .unwrap()
-            .is_none());
+        // `auto` (the default): a model that does not load leaves late interaction off; the
+        // hash embedder never has it; empty is off.
         let mut s = Settings::defaults();
+        assert!(s.late_is_auto());
+        s.embedder.late_model_dir = "/nonexistent/late".into();
+        assert!(load_token_embedder(&s).unwrap().is_none());
+        s.embedder.kind = recollect_config::EmbedderKind::Hash;
+        assert!(load_token_embedder(&s).unwrap().is_none());
+        s.embedder.kind = recollect_config::EmbedderKind::Minilm;
+        s.embedder.late_model.clear();
+        assert!(load_token_embedder(&s).unwrap().is_none());
+        // Named, it must load.
         s.embedder.late_model = "answerai-colbert-small-v1-int8".into();
         s.embedder.late_model_dir = "/nonexistent/late".into();
         let err = load_token_embedder(&s)
@@ -676,19 +728,30 @@ mod embedder_tests {
             .expect("no runtime there")
             .to_string();
         assert!(err.contains("setup-onnx.sh"), "{err}");
-        // The int8 graph has no candle form to fall back to.
+        // MiniLM's int8 graph (the default model) falls back to the f32 weights it was made
+        // from; another int8 graph has no candle form to fall back to.
         s.embedder.runtime = EmbedderRuntime::Auto;
         s.embedder.model = "all-MiniLM-L6-v2-int8".into();
+        let e = load_embedder(&s).unwrap();
+        assert_eq!(
+            (e.model_name(), e.runtime()),
+            ("all-MiniLM-L6-v2", "candle")
+        );
+        s.embedder.model = "all-mpnet-base-v2-int8".into();
         let err = load_embedder(&s)
             .err()
             .expect("no runtime there")
             .to_string();
         assert!(err.contains("setup-onnx.sh"), "{err}");
+        s.embedder.model = "all-MiniLM-L6-v2".into();
         // Installed (make test sets it up on Linux x86_64): ONNX Runtime.
         let lib = recollect_embed::default_onnx_runtime_path();
         if lib.is_file() && dir.join(recollect_embed::ONNX_MODEL_FILE).is_file() {
             let e = load_embedder(&Settings::defaults()).unwrap();
-            assert_eq!((e.model_name(), e.runtime()), ("all-MiniLM-L6-v2", "onnx"));
+            assert_eq!(
+                (e.model_name(), e.runtime()),
+                ("all-MiniLM-L6-v2-int8", "onnx")
+            );
         } else {
             eprintln!(
                 "SKIPPED the installed case: no {} (run scripts/setup-onnx.sh)",

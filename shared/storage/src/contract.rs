@@ -2001,12 +2001,26 @@ mod tests {
             .err()
             .expect("no token vectors there");
         assert!(e.to_string().contains("recollect reindex"), "{e}");
+        // Wanted where possible (`embedder.late_model = "auto"`): the plain collections are
+        // used without them; new ones are made with them.
+        use crate::TokenVectorsWanted::WherePossible;
+        let plain =
+            crate::QdrantVectorIndex::connect_shaped(&settings, &prefix, 32, WherePossible(16))
+                .await
+                .expect("used without them");
+        assert_eq!(plain.holds_token_vectors(), Some(false));
         let late_prefix = format!("{prefix}_late");
         let late = Arc::new(
-            crate::QdrantVectorIndex::connect_shaped(&settings, &late_prefix, 32, Some(16))
-                .await
-                .unwrap(),
+            crate::QdrantVectorIndex::connect_shaped(
+                &settings,
+                &late_prefix,
+                32,
+                WherePossible(16),
+            )
+            .await
+            .unwrap(),
         );
+        assert_eq!(late.holds_token_vectors(), Some(true));
         vector_contract(late.clone(), 32).await;
         late_contract(late, 32, 16).await;
         // Another model's width is refused at start, as the embedded index refuses it, and
@@ -2243,6 +2257,23 @@ mod tests {
             .expect("refused");
         assert!(e.to_string().contains("recollect reindex"), "{e}");
         EdgeVectorIndex::open(&plain, 8).expect("still opens without them");
+        // Wanted where possible (`embedder.late_model = "auto"`): the plain index opens without
+        // them and says so; a new one is made with them.
+        use crate::TokenVectorsWanted::WherePossible;
+        let v =
+            EdgeVectorIndex::open_shaped(&plain, 8, WherePossible(16), crate::Flushes::EachWrite)
+                .expect("opens without them");
+        assert_eq!(v.holds_token_vectors(), Some(false));
+        drop(v);
+        let new = dir.path().join("new");
+        let v = EdgeVectorIndex::open_shaped(&new, 8, WherePossible(16), crate::Flushes::EachWrite)
+            .unwrap();
+        assert_eq!(v.holds_token_vectors(), Some(true));
+        drop(v);
+        let v = EdgeVectorIndex::open_shaped(&new, 8, Some(16), crate::Flushes::EachWrite)
+            .expect("made with them: opens when they are required");
+        assert_eq!(v.holds_token_vectors(), Some(true));
+        drop(v);
         let late = dir.path().join("late");
         drop(EdgeVectorIndex::open_shaped(&late, 8, Some(16), crate::Flushes::EachWrite).unwrap());
         let e = EdgeVectorIndex::open_shaped(&late, 8, Some(32), crate::Flushes::EachWrite)

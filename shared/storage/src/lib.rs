@@ -54,8 +54,8 @@ pub use vector::qdrant::{QdrantSettings, QdrantVectorIndex};
 #[cfg(feature = "remote")]
 pub use vector::remote::RemoteVectorIndex;
 pub use vector::{
-    history_tenant, version_point_id, Flushes, KeywordSet, ReplacedVersion, TurnPoint, VectorField,
-    VectorIndex, VectorQuery,
+    history_tenant, version_point_id, Flushes, KeywordSet, ReplacedVersion, TokenVectorsWanted,
+    TurnPoint, VectorField, VectorIndex, VectorQuery,
 };
 
 /// Copies a directory tree (a backup of a store's files; the caller keeps writers away).

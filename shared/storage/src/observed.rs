@@ -342,6 +342,10 @@ impl<V: VectorIndex> VectorIndex for Observed<V> {
         self.inner.kind()
     }
 
+    fn holds_token_vectors(&self) -> Option<bool> {
+        self.inner.holds_token_vectors()
+    }
+
     async fn upsert_turns(&self, points: Vec<TurnPoint>) -> Result<(), StoreError> {
         self.vectors(StoreOp::UpsertTurns, self.inner.upsert_turns(points))
             .await

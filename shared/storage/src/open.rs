@@ -74,6 +74,17 @@ async fn open_neo4j(settings: &Settings) -> Result<crate::Neo4jGraph, StoreError
     .await
 }
 
+/// The token vectors `embedder.late_model` asks of the vector index: a named model requires
+/// them, `auto` takes them where the index can hold them.
+#[allow(dead_code)]
+fn token_vectors(settings: &Settings) -> crate::TokenVectorsWanted {
+    match settings.late_dim() {
+        None => crate::TokenVectorsWanted::No,
+        Some(width) if settings.late_is_auto() => crate::TokenVectorsWanted::WherePossible(width),
+        Some(width) => crate::TokenVectorsWanted::Required(width),
+    }
+}
+
 /// The vector index named by `vectors.kind`, with dense vectors of `dim` dimensions.
 pub async fn open_vectors(
     settings: &Settings,
@@ -97,7 +108,7 @@ pub async fn open_vectors_with(
             crate::EdgeVectorIndex::open_shaped(
                 &data_dir.join("vectors"),
                 dim,
-                settings.late_dim(),
+                token_vectors(settings),
                 flushes,
             )?,
             StoreBackend::Edge,
@@ -144,7 +155,7 @@ async fn open_qdrant(
         },
         QDRANT_COLLECTION_PREFIX,
         dim,
-        settings.late_dim(),
+        token_vectors(settings),
     )
     .await
 }

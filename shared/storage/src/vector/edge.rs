@@ -31,8 +31,8 @@ use recollect_model::{MemoryId, SparseVector, TenantId, TokenVectors};
 use crate::vector::keyword_forms::{KeywordForms, Said};
 use crate::vector::{
     history_tenant, version_point_id, FieldVectors, Flushes, KeywordSet, ReplacedVersion,
-    TurnPoint, VectorIndex, VectorQuery, ASSISTANT_VECTOR, KEYWORD_VECTOR, LATE_VECTOR,
-    LEXICAL_VECTOR, USER_VECTOR,
+    TokenVectorsWanted, TurnPoint, VectorIndex, VectorQuery, ASSISTANT_VECTOR, KEYWORD_VECTOR,
+    LATE_VECTOR, LEXICAL_VECTOR, USER_VECTOR,
 };
 use crate::{Scope, StoreError};
 
@@ -743,20 +743,22 @@ impl EdgeVectorIndex {
         Self::open_shaped(dir, dim, None, flushes)
     }
 
-    /// [`Self::open_with`], holding token vectors of `late_dim` values a row when given
-    /// (`embedder.late_model`). An index made without them is refused then (they cannot be
-    /// added to turns already written); one made with them opens either way.
+    /// [`Self::open_with`], holding token vectors as `late` says (`embedder.late_model`): an
+    /// index made without them is refused when they are required (they cannot be added to
+    /// turns already written) and opens without them when they are wanted where possible; one
+    /// made with them opens either way.
     pub fn open_shaped(
         dir: &Path,
         dim: usize,
-        late_dim: Option<usize>,
+        late: impl Into<TokenVectorsWanted>,
         flushes: Flushes,
     ) -> Result<Self, StoreError> {
+        let late = late.into();
         let turns_dir = dir.join("turns");
         let stored_late = stored_late_dim(&turns_dir)?;
         let made = turns_dir.join("edge_config.json").exists();
-        match (late_dim, stored_late) {
-            (Some(want), None) if made => {
+        let late_dim = match (late, stored_late) {
+            (TokenVectorsWanted::Required(want), None) if made => {
                 return Err(StoreError::Invalid(format!(
                     "the vector index in {} holds no token vectors and embedder.late_model gives \
                      them: move the data directory's vectors/ aside and run `recollect reindex`, \
@@ -764,16 +766,24 @@ impl EdgeVectorIndex {
                     dir.display()
                 )))
             }
-            (Some(want), Some(held)) if want != held => {
+            (TokenVectorsWanted::WherePossible(_), None) if made => {
+                tracing::info!(
+                    index = %dir.display(),
+                    "this vector index was made without token vectors: late interaction is off for it \
+                     (move the data directory's vectors/ aside and run `recollect reindex` to turn it on)"
+                );
+                None
+            }
+            (wanted, Some(held)) if wanted.width().is_some_and(|want| want != held) => {
                 return Err(super::another_width(
                     &format!("in {} (token vectors)", turns_dir.display()),
                     held as u64,
-                    want,
+                    wanted.width().unwrap_or_default(),
                     "move the data directory's vectors/ aside",
                 ))
             }
-            _ => {}
-        }
+            (wanted, _) => wanted.width(),
+        };
         let mut turns_cfg = EdgeConfigBuilder::new()
             .vector(
                 USER_VECTOR,
@@ -1039,6 +1049,10 @@ fn sparse(v: &SparseVector) -> Result<Vector, StoreError> {
 impl VectorIndex for EdgeVectorIndex {
     fn kind(&self) -> &'static str {
         "embedded"
+    }
+
+    fn holds_token_vectors(&self) -> Option<bool> {
+        Some(self.late_dim.is_some())
     }
 
     async fn upsert_turns(&self, points: Vec<TurnPoint>) -> Result<(), StoreError> {

@@ -92,6 +92,34 @@ pub(crate) fn another_width(index: &str, held: u64, wants: usize, way_out: &str)
     ))
 }
 
+/// The token vectors (late interaction) an index is opened for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TokenVectorsWanted {
+    #[default]
+    No,
+    /// Rows of this width; an index made without them is refused, since they cannot be added to
+    /// the turns it already holds (`embedder.late_model` names a model).
+    Required(usize),
+    /// Rows of this width where the index can hold them: a new index is made with them, one
+    /// made without them opens without, and says so (`embedder.late_model = "auto"`).
+    WherePossible(usize),
+}
+
+impl From<Option<usize>> for TokenVectorsWanted {
+    fn from(width: Option<usize>) -> Self {
+        width.map_or(Self::No, Self::Required)
+    }
+}
+
+impl TokenVectorsWanted {
+    pub fn width(self) -> Option<usize> {
+        match self {
+            Self::No => None,
+            Self::Required(w) | Self::WherePossible(w) => Some(w),
+        }
+    }
+}
+
 fn epoch() -> DateTime<Utc> {
     DateTime::<Utc>::UNIX_EPOCH
 }
@@ -154,6 +182,12 @@ pub enum Flushes {
 #[async_trait]
 pub trait VectorIndex: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
+
+    /// Whether this index keeps turns' token vectors and scores them ([`Self::late_scores`]);
+    /// None when it cannot tell (an index behind another service).
+    fn holds_token_vectors(&self) -> Option<bool> {
+        None
+    }
 
     /// Upserts turn points (idempotent on memory id); returns when durable, or, for an index
     /// opened to defer its flushes ([`VectorIndex::sync`]), once written.

@@ -27,9 +27,9 @@ use qdrant_client::{Payload, Qdrant};
 use recollect_model::{MemoryId, SparseVector, TenantId, TokenVectors};
 
 use crate::vector::{
-    history_tenant, version_point_id, FieldVectors, KeywordSet, ReplacedVersion, TurnPoint,
-    VectorField, VectorIndex, VectorQuery, ASSISTANT_VECTOR, KEYWORD_VECTOR, LATE_VECTOR,
-    LEXICAL_VECTOR, USER_VECTOR,
+    history_tenant, version_point_id, FieldVectors, KeywordSet, ReplacedVersion,
+    TokenVectorsWanted, TurnPoint, VectorField, VectorIndex, VectorQuery, ASSISTANT_VECTOR,
+    KEYWORD_VECTOR, LATE_VECTOR, LEXICAL_VECTOR, USER_VECTOR,
 };
 use crate::{Scope, StoreError};
 
@@ -561,24 +561,58 @@ impl QdrantVectorIndex {
         Self::connect_shaped(settings, prefix, dim, None).await
     }
 
-    /// [`Self::connect_with`], the turns holding token vectors of `late_dim` values a row
-    /// when given (`embedder.late_model`): a collection made without them is refused then.
+    /// [`Self::connect_with`], the turns holding token vectors as `late` says
+    /// (`embedder.late_model`): a collection made without them is refused when they are
+    /// required, and used without them when they are wanted where possible.
     pub async fn connect_shaped(
         settings: &QdrantSettings,
         prefix: &str,
         dim: usize,
-        late_dim: Option<usize>,
+        late: impl Into<TokenVectorsWanted>,
     ) -> Result<Self, StoreError> {
+        let late = late.into();
         let client = client_config(settings).build().map_err(err)?;
-        let index = Self {
+        let mut index = Self {
             client,
             turns: format!("{prefix}_turns"),
             keywords: format!("{prefix}_keywords"),
             dim,
-            late_dim,
+            late_dim: late.width(),
         };
+        if let TokenVectorsWanted::WherePossible(_) = late {
+            if index
+                .client
+                .collection_exists(index.turns.as_str())
+                .await
+                .map_err(err)?
+                && index.held_width(&index.turns, LATE_VECTOR).await?.is_none()
+            {
+                tracing::info!(
+                    collection = %index.turns,
+                    "this collection was made without token vectors: late interaction is off for it \
+                     (delete the collections and run `recollect reindex` to turn it on)"
+                );
+                index.late_dim = None;
+            }
+        }
         index.ensure_collections().await?;
         Ok(index)
+    }
+
+    /// The width of the named vector `vector` of the collection `name`, if it has one.
+    async fn held_width(&self, name: &str, vector: &str) -> Result<Option<u64>, StoreError> {
+        let info = self.client.collection_info(name).await.map_err(err)?;
+        let config = info
+            .result
+            .and_then(|c| c.config)
+            .and_then(|c| c.params)
+            .and_then(|p| p.vectors_config)
+            .and_then(|v| v.config);
+        Ok(match config {
+            Some(vectors_config::Config::Params(p)) => Some(p.size),
+            Some(vectors_config::Config::ParamsMap(m)) => m.map.get(vector).map(|p| p.size),
+            None => None,
+        })
     }
 
     async fn ensure_collections(&self) -> Result<(), StoreError> {
@@ -790,6 +824,10 @@ impl QdrantVectorIndex {
 impl VectorIndex for QdrantVectorIndex {
     fn kind(&self) -> &'static str {
         ADAPTER
+    }
+
+    fn holds_token_vectors(&self) -> Option<bool> {
+        Some(self.late_dim.is_some())
     }
 
     async fn upsert_turns(&self, points: Vec<TurnPoint>) -> Result<(), StoreError> {
