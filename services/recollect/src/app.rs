@@ -792,4 +792,69 @@ mod tests {
         assert!(from_c(&on) > 0, "{on:?}");
         app.shutdown().await;
     }
+
+    /// Late interaction under `auto` (the default since 2026-11-30): a new data directory is
+    /// made with room for token vectors and recall scores them; one made without them (late
+    /// interaction off, the default before) opens, stores and recalls as it did.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn auto_late_interaction_takes_a_data_directory_made_without_it() {
+        let mut settings = Settings::defaults();
+        assert!(settings.late_is_auto());
+        let Some(tokens) = recollect_runtime::load_token_embedder(&settings).unwrap() else {
+            eprintln!(
+                "SKIPPED: the late-interaction model or ONNX Runtime is not installed (make setup installs both)"
+            );
+            return;
+        };
+        let tenant = TenantId("t".into());
+        let query = RecallRequest {
+            query: "Where did I walk my dog Rex?".into(),
+            conversation_ids: Some(vec!["c1".into()]),
+            ..Default::default()
+        };
+        let store = |c| StoreRequest {
+            turns: turns(c, 6),
+            wait: Some(true),
+        };
+        let open = |s: Settings, tokens| async move {
+            App::open_with_models(s, Arc::new(HashEmbedder::default()), tokens)
+                .await
+                .unwrap()
+        };
+
+        let fresh = tempfile::tempdir().unwrap();
+        settings.storage.data_dir = fresh.path().to_path_buf();
+        let app = open(settings.clone(), Some(tokens.clone())).await;
+        app.gateway
+            .store(&tenant, "c1", store(1), "test")
+            .await
+            .unwrap();
+        app.wait_enriched().await.unwrap();
+        let got = app.recall.recall(&tenant, &query).await.unwrap();
+        assert!(!got.is_empty(), "{got:?}");
+        assert!(got.iter().all(|m| m.score_parts.late.is_some()), "{got:?}");
+        app.shutdown().await;
+
+        let old = tempfile::tempdir().unwrap();
+        settings.storage.data_dir = old.path().to_path_buf();
+        let mut off = settings.clone();
+        off.embedder.late_model.clear();
+        let app = open(off, None).await;
+        app.gateway
+            .store(&tenant, "c1", store(1), "test")
+            .await
+            .unwrap();
+        app.wait_enriched().await.unwrap();
+        app.shutdown().await;
+        let app = open(settings, Some(tokens)).await;
+        app.gateway
+            .store(&tenant, "c1", store(2), "test")
+            .await
+            .unwrap();
+        app.wait_enriched().await.unwrap();
+        let got = app.recall.recall(&tenant, &query).await.unwrap();
+        assert_eq!(got.len(), 12, "{got:?}");
+        assert!(got.iter().all(|m| m.score_parts.late.is_none()), "{got:?}");
+        app.shutdown().await;
+    }
 }
