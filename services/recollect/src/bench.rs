@@ -252,19 +252,7 @@ impl Embedder for Precomputed {
     }
 
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, recollect_embed::EmbedError> {
-        let missing: Vec<&str> = texts
-            .iter()
-            .copied()
-            .filter(|t| !self.table.contains_key(*t))
-            .collect();
-        let mut computed = self.model.embed(&missing)?.into_iter();
-        Ok(texts
-            .iter()
-            .map(|t| match self.table.get(*t) {
-                Some(v) => v.clone(),
-                None => computed.next().unwrap_or_default(),
-            })
-            .collect())
+        from_table(&self.table, texts, |missing| self.model.embed(missing))
     }
 
     // Questions are never precomputed: always the model's query embedding.
@@ -300,24 +288,35 @@ impl TokenEmbedder for PrecomputedTokens {
         &self,
         texts: &[&str],
     ) -> Result<Vec<TokenVectors>, recollect_embed::EmbedError> {
-        let missing: Vec<&str> = texts
-            .iter()
-            .copied()
-            .filter(|t| !self.table.contains_key(*t))
-            .collect();
-        let mut computed = if missing.is_empty() {
-            Vec::new().into_iter()
-        } else {
-            self.model.embed_tokens(&missing)?.into_iter()
-        };
-        Ok(texts
-            .iter()
-            .map(|t| match self.table.get(*t) {
-                Some(v) => v.clone(),
-                None => computed.next().unwrap_or_default(),
-            })
-            .collect())
+        from_table(&self.table, texts, |missing| {
+            self.model.embed_tokens(missing)
+        })
     }
+}
+
+/// Each text's entry of `table`, the missing ones computed by `compute` in one call.
+fn from_table<T: Clone + Default>(
+    table: &HashMap<String, T>,
+    texts: &[&str],
+    compute: impl FnOnce(&[&str]) -> Result<Vec<T>, recollect_embed::EmbedError>,
+) -> Result<Vec<T>, recollect_embed::EmbedError> {
+    let missing: Vec<&str> = texts
+        .iter()
+        .copied()
+        .filter(|t| !table.contains_key(*t))
+        .collect();
+    let mut computed = if missing.is_empty() {
+        Vec::new().into_iter()
+    } else {
+        compute(&missing)?.into_iter()
+    };
+    Ok(texts
+        .iter()
+        .map(|t| match table.get(*t) {
+            Some(v) => v.clone(),
+            None => computed.next().unwrap_or_default(),
+        })
+        .collect())
 }
 
 fn file_bytes_on_disk(file: &Path) -> u64 {

@@ -585,7 +585,7 @@ impl QdrantVectorIndex {
                 .collection_exists(index.turns.as_str())
                 .await
                 .map_err(err)?
-                && index.held_width(&index.turns, LATE_VECTOR).await?.is_none()
+                && index.widths(&index.turns).await?(LATE_VECTOR).is_none()
             {
                 tracing::info!(
                     collection = %index.turns,
@@ -599,8 +599,8 @@ impl QdrantVectorIndex {
         Ok(index)
     }
 
-    /// The width of the named vector `vector` of the collection `name`, if it has one.
-    async fn held_width(&self, name: &str, vector: &str) -> Result<Option<u64>, StoreError> {
+    /// The width of each named vector of the collection `name`, as the server reports it.
+    async fn widths(&self, name: &str) -> Result<impl Fn(&str) -> Option<u64>, StoreError> {
         let info = self.client.collection_info(name).await.map_err(err)?;
         let config = info
             .result
@@ -608,7 +608,7 @@ impl QdrantVectorIndex {
             .and_then(|c| c.params)
             .and_then(|p| p.vectors_config)
             .and_then(|v| v.config);
-        Ok(match config {
+        Ok(move |vector: &str| match &config {
             Some(vectors_config::Config::Params(p)) => Some(p.size),
             Some(vectors_config::Config::ParamsMap(m)) => m.map.get(vector).map(|p| p.size),
             None => None,
@@ -653,18 +653,7 @@ impl QdrantVectorIndex {
     /// An existing collection written with another model's width is refused at start, as the
     /// embedded index does; the server's own error would come only at the first write.
     async fn refuse_another_width(&self, name: &str) -> Result<(), StoreError> {
-        let info = self.client.collection_info(name).await.map_err(err)?;
-        let config = info
-            .result
-            .and_then(|c| c.config)
-            .and_then(|c| c.params)
-            .and_then(|p| p.vectors_config)
-            .and_then(|v| v.config);
-        let size_of = |vector: &str| match &config {
-            Some(vectors_config::Config::Params(p)) => Some(p.size),
-            Some(vectors_config::Config::ParamsMap(m)) => m.map.get(vector).map(|p| p.size),
-            None => None,
-        };
+        let size_of = self.widths(name).await?;
         // The turns' token vectors, when asked for: a collection made without them cannot
         // take them for the turns it holds.
         if let (Some(want), true) = (self.late_dim, name == self.turns) {
