@@ -259,8 +259,8 @@ pub fn load_embedder(settings: &Settings) -> Result<Arc<dyn Embedder>, RuntimeEr
                 None
             };
             // The int8 graph is MiniLM quantised: where ONNX Runtime is not, `auto` runs the
-            // weights it was made from on candle (the same model: its vectors match the int8
-            // graph's to a cosine of ~0.99, and a store may be served by either).
+            // weights it was made from on candle (the same model: a store made with either
+            // serves the other's questions with the same LoCoMo figures, docs/EVALUATION.md).
             let spec = if onnx.is_none() && auto && spec.name == recollect_embed::MINILM_INT8.name {
                 tracing::info!(
                     model = name,
