@@ -421,7 +421,10 @@ export interface components {
             metadata?: Record<string, unknown>;
             /** Format: float */
             score: number;
-            /** @description B, C, BC, lexical, dense, neighbour, fallback */
+            /**
+             * @description B, C, BC, lexical, dense, late (the late retriever, `recall.late_candidates`),
+             *     neighbour, fallback
+             */
             sources: string[];
             score_parts: components["schemas"]["ScoreParts"];
         };

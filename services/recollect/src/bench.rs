@@ -1090,8 +1090,8 @@ fn stage_batches_since(before: &[(f64, u64, f64)]) -> String {
 /// Recall's phases in order, the retrievers inside `retrieve` (they overlap), and the paths
 /// that report candidate turns: the labels of the recall histograms.
 const PHASES: [&str; 5] = ["analyse", "retrieve", "rank", "late", "rerank"];
-const RETRIEVERS: [&str; 4] = ["path_b", "path_c", "dense", "lexical"];
-const CANDIDATE_PATHS: [&str; 5] = ["reached", "path_b", "path_c", "dense", "lexical"];
+const RETRIEVERS: [&str; 5] = ["path_b", "path_c", "dense", "lexical", "late_scan"];
+const CANDIDATE_PATHS: [&str; 6] = ["reached", "path_b", "path_c", "dense", "lexical", "late"];
 
 /// The recall histograms' `(sum, count)` per label at one moment, read before and after a run.
 pub(crate) struct RecallTotals {

@@ -349,6 +349,10 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i]
 }
 
+/// `late_candidates` for the `with late-scan` run where the configuration leaves it off: as
+/// many as late interaction re-scores by default.
+const LATE_CANDIDATES_ON: usize = 100;
+
 fn apply_sets(cfg: RecallConfig, sets: &[String]) -> anyhow::Result<RecallConfig> {
     let mut v = serde_json::to_value(&cfg)?;
     for s in sets {
@@ -532,6 +536,13 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
         if ablation.without(Component::PathC) && !base_cfg.path_c {
             let on = RecallConfig {
                 path_c: true,
+                ..base_cfg.clone()
+            };
+            return Ok((format!("with {n}"), Ablation::default(), on));
+        }
+        if ablation.without(Component::LateScan) && base_cfg.late_candidates == 0 {
+            let on = RecallConfig {
+                late_candidates: LATE_CANDIDATES_ON,
                 ..base_cfg.clone()
             };
             return Ok((format!("with {n}"), Ablation::default(), on));

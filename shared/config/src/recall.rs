@@ -61,6 +61,14 @@ pub struct RecallConfig {
     pub late_depth: usize,
     /// Weight of the late-interaction MaxSim (a mean of cosines) added to the fused score.
     pub late_weight: f32,
+    /// Late interaction as a retriever too: the scope's best `late_candidates` turns by MaxSim
+    /// join the candidates (0, the default: off). It finds what shares neither words nor a close
+    /// pooled vector with the question, mostly below the top 30 (ours).
+    pub late_candidates: usize,
+    /// The late retriever scans every turn of the scope, so it runs only where the scope holds
+    /// at most this many turns (a conversation, a user's memory); wider recalls keep late
+    /// interaction as a re-scoring of the fused top `late_depth` (ours).
+    pub late_scan_max_turns: u64,
 }
 
 /// The cross-encoders recall can load (`recollect_embed::RERANKERS` by name; a test in
@@ -141,6 +149,9 @@ impl RecallConfig {
         }
         if !(1..=1000).contains(&self.late_depth) {
             return invalid("recall.late_depth", "must be in 1..=1000");
+        }
+        if self.late_candidates > 1000 {
+            return invalid("recall.late_candidates", "must be in 0..=1000");
         }
         Ok(())
     }

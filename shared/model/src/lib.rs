@@ -819,7 +819,8 @@ pub struct RecalledMemory {
     #[schema(value_type = Object)]
     pub metadata: serde_json::Map<String, serde_json::Value>,
     pub score: f32,
-    /// B, C, BC, lexical, dense, neighbour, fallback
+    /// B, C, BC, lexical, dense, late (the late retriever, `recall.late_candidates`),
+    /// neighbour, fallback
     pub sources: Vec<String>,
     pub score_parts: ScoreParts,
 }

@@ -42,10 +42,12 @@ pub enum Component {
     FieldMaxSim,
     /// Late interaction's MaxSim re-scoring (only where `embedder.late_model` is on).
     Late,
+    /// Late interaction as a retriever (`recall.late_candidates`); its re-scoring stays.
+    LateScan,
 }
 
 impl Component {
-    pub const ALL: [Component; 8] = [
+    pub const ALL: [Component; 9] = [
         Component::PathB,
         Component::PathC,
         Component::Graph,
@@ -54,6 +56,7 @@ impl Component {
         Component::Lexical,
         Component::FieldMaxSim,
         Component::Late,
+        Component::LateScan,
     ];
 
     /// The name `recollect eval --ablate` takes.
@@ -67,6 +70,7 @@ impl Component {
             Component::Lexical => "lexical",
             Component::FieldMaxSim => "fields",
             Component::Late => "late",
+            Component::LateScan => "late-scan",
         }
     }
 }
@@ -94,7 +98,17 @@ impl Ablation {
             .map(|c| Self { off: Some(c) })
     }
 
-    pub const NAMES: [&'static str; 7] = [
-        "path-b", "path-c", "graph", "scoring", "dense", "lexical", "fields",
+    /// What `--ablate all` runs, one at a time (the late ones change nothing where
+    /// `embedder.late_model` is off).
+    pub const NAMES: [&'static str; 9] = [
+        "path-b",
+        "path-c",
+        "graph",
+        "scoring",
+        "dense",
+        "lexical",
+        "fields",
+        "late",
+        "late-scan",
     ];
 }

@@ -21,6 +21,8 @@ pub struct Retrieved {
     pub dense: HashMap<MemoryId, f32>,
     /// BM25 score per turn.
     pub lexical: HashMap<MemoryId, f32>,
+    /// Late-interaction MaxSim per turn, from the late retriever (`recall.late_candidates`).
+    pub late: HashMap<MemoryId, f32>,
 }
 
 /// Which retrievers returned a candidate.
@@ -32,6 +34,8 @@ pub struct Found {
     pub path_c: bool,
     pub dense: bool,
     pub lexical: bool,
+    /// Among the late retriever's best.
+    pub late: bool,
 }
 
 /// One candidate turn, as recall's scope sees it.
@@ -76,6 +80,7 @@ pub async fn fetch(
         c,
         dense,
         lexical,
+        late,
     } = &*retrieved;
     let lexical_max = lexical.values().copied().fold(0.0f32, f32::max);
     let mut ids: HashSet<MemoryId> = HashSet::new();
@@ -83,6 +88,7 @@ pub async fn fetch(
     ids.extend(c.turns.iter().copied());
     ids.extend(dense.keys().copied());
     ids.extend(lexical.keys().copied());
+    ids.extend(late.keys().copied());
     if ids.is_empty() {
         return Ok(Candidates {
             items: vec![],
@@ -138,6 +144,7 @@ pub async fn fetch(
                     path_c: c.turns.contains(&id),
                     dense: dense.contains_key(&id),
                     lexical: lexical.contains_key(&id),
+                    late: late.contains_key(&id),
                 },
                 fragment_score: c.turn_score.get(&id).copied().unwrap_or(0.0),
                 lexical: lexical.get(&id).copied().unwrap_or(0.0),

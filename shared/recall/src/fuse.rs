@@ -50,7 +50,7 @@ pub fn fused(keymem: f32, lexical: f32, time: f32, cfg: &RecallConfig) -> f32 {
     keymem + cfg.lexical_weight * lexical + cfg.time_weight * time
 }
 
-/// The result's `sources`: `B`, `C` or `BC`, then `lexical`, then `dense`.
+/// The result's `sources`: `B`, `C` or `BC`, then `lexical`, then `dense`, then `late`.
 pub fn sources(found: Found) -> Vec<String> {
     let mut out = Vec::new();
     match (found.path_b, found.path_c) {
@@ -64,6 +64,9 @@ pub fn sources(found: Found) -> Vec<String> {
     }
     if found.dense {
         out.push("dense".to_string());
+    }
+    if found.late {
+        out.push("late".to_string());
     }
     out
 }
@@ -237,14 +240,15 @@ mod tests {
     }
 
     #[test]
-    fn sources_name_the_paths_then_lexical_then_dense() {
+    fn sources_name_the_paths_then_lexical_then_dense_then_late() {
         let all = Found {
             path_b: true,
             path_c: true,
             dense: true,
             lexical: true,
+            late: true,
         };
-        assert_eq!(sources(all), vec!["BC", "lexical", "dense"]);
+        assert_eq!(sources(all), vec!["BC", "lexical", "dense", "late"]);
         let c_dense = Found {
             path_c: true,
             dense: true,

@@ -550,8 +550,9 @@ impl Recall {
                 _ => None,
             }
         };
-        let (bc, dense, lexical, question_tokens) =
-            tokio::join!(graph_paths, dense, lexical, question_tokens);
+        let late = self.late_retrieve(tenant, &scope, question_tokens, ablation);
+        let (bc, dense, lexical, (question_tokens, late)) =
+            tokio::join!(graph_paths, dense, lexical, late);
         let ((b, c), dense, lexical) = (bc?, dense?, lexical?);
         RecallPhaseCompleted {
             phase: RecallPhase::Retrieve,
@@ -564,6 +565,7 @@ impl Recall {
             path_c: c.turns.len(),
             dense: dense.len(),
             lexical: lexical.len(),
+            late: late.len(),
         }
         .emit();
 
@@ -575,6 +577,7 @@ impl Recall {
             c,
             dense,
             lexical,
+            late,
         };
         let candidates = fetch::fetch(
             self.graph.as_ref(),
@@ -597,6 +600,10 @@ impl Recall {
         let mut take = k;
         if question_tokens.is_some() {
             take = take.max(cfg.late_depth);
+            if !retrieved.late.is_empty() {
+                // The late retriever's finds are re-scored wherever the fusion put them.
+                take = usize::MAX;
+            }
         }
         if self.reranker.is_some() {
             take = take.max(cfg.rerank_depth);
@@ -608,7 +615,7 @@ impl Recall {
         }
         .emit();
         if let Some(question) = &question_tokens {
-            out = self.late(tenant, question, out).await?;
+            out = self.late(tenant, question, out, &retrieved.late).await?;
         }
         if let Some(reranker) = &self.reranker {
             out = rerank(reranker.clone(), &req.query, out, cfg).await?;
@@ -625,28 +632,102 @@ impl Recall {
 }
 
 impl Recall {
-    /// Late interaction: the first `late_depth` of `ranked` each get `late_weight × MaxSim`
-    /// of the question's token vectors against the turn's added to their score and are sorted
-    /// again, above the rest. A turn stored without token vectors gets the others' mean, so it
-    /// is neither favoured nor buried; a vector index that fails leaves the ranking as fused.
+    /// The question's token vectors, awaited, and the late retriever's finds: the scope's best
+    /// `late_candidates` turns by MaxSim, where the scope holds at most `late_scan_max_turns`
+    /// (counted beside the question's encoding). A scan that fails is logged and skipped: the
+    /// other retrievers' candidates are a complete answer on their own.
+    async fn late_retrieve(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        question: impl std::future::Future<Output = Option<recollect_model::TokenVectors>>,
+        ablation: &Ablation,
+    ) -> (
+        Option<recollect_model::TokenVectors>,
+        HashMap<MemoryId, f32>,
+    ) {
+        let cfg = &self.config;
+        let wanted = cfg.late_candidates > 0
+            && self.tokens.is_some()
+            && !ablation.without(Component::LateScan)
+            && !ablation.without(Component::Late)
+            && scope.as_of.is_none();
+        let size = async {
+            if wanted {
+                Some(self.vectors.count(tenant, scope).await)
+            } else {
+                None
+            }
+        };
+        let (question, size) = tokio::join!(question, size);
+        let Some(question) = question else {
+            return (None, HashMap::new());
+        };
+        match size {
+            Some(Ok(n)) if n <= cfg.late_scan_max_turns => {}
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "the scope's size unreadable; late retriever skipped");
+                return (Some(question), HashMap::new());
+            }
+            _ => return (Some(question), HashMap::new()),
+        }
+        let query = VectorQuery::Late(question.clone());
+        let found = timed(RecallPhase::LateScan, async {
+            Ok(self
+                .vectors
+                .search(tenant, scope, &query, cfg.late_candidates)
+                .await?)
+        })
+        .await;
+        match found {
+            Ok(found) => (Some(question), found.into_iter().collect()),
+            Err(e) => {
+                tracing::warn!(error = %e, "the late retriever failed; candidates from the others");
+                (Some(question), HashMap::new())
+            }
+        }
+    }
+
+    /// Late interaction: the first `late_depth` of `ranked`, and every turn the late retriever
+    /// found (`known`, its MaxSim already read), each get `late_weight × MaxSim` of the
+    /// question's token vectors against the turn's added to their score and are sorted again,
+    /// above the rest. A turn stored without token vectors gets the others' mean, so it is
+    /// neither favoured nor buried; a vector index that fails leaves the ranking as fused.
     async fn late(
         &self,
         tenant: &TenantId,
         question: &recollect_model::TokenVectors,
-        mut ranked: Vec<RecalledMemory>,
+        ranked: Vec<RecalledMemory>,
+        known: &HashMap<MemoryId, f32>,
     ) -> Result<Vec<RecalledMemory>, RecallError> {
         let cfg = &self.config;
         let n = ranked.len().min(cfg.late_depth);
-        if n < 2 {
-            return Ok(ranked);
+        let (mut head, rest): (Vec<_>, Vec<_>) = ranked
+            .into_iter()
+            .enumerate()
+            .partition(|(i, m)| *i < n || known.contains_key(&m.memory_id));
+        let mut head: Vec<RecalledMemory> = head.drain(..).map(|(_, m)| m).collect();
+        let rest = rest.into_iter().map(|(_, m)| m);
+        if head.len() < 2 {
+            head.extend(rest);
+            return Ok(head);
         }
         let phase = Instant::now();
-        let ids: Vec<MemoryId> = ranked[..n].iter().map(|m| m.memory_id).collect();
-        let scores = match self.vectors.late_scores(tenant, question, &ids).await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "late-interaction scores unreadable; ranking left as fused");
-                return Ok(ranked);
+        let unread: Vec<MemoryId> = head
+            .iter()
+            .map(|m| m.memory_id)
+            .filter(|id| !known.contains_key(id))
+            .collect();
+        let mut scores = if unread.is_empty() {
+            HashMap::new()
+        } else {
+            match self.vectors.late_scores(tenant, question, &unread).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "late-interaction scores unreadable; ranking left as fused");
+                    head.extend(rest);
+                    return Ok(head);
+                }
             }
         };
         RecallPhaseCompleted {
@@ -654,18 +735,24 @@ impl Recall {
             elapsed: phase.elapsed(),
         }
         .emit();
+        scores.extend(
+            head.iter()
+                .filter_map(|m| known.get(&m.memory_id).map(|s| (m.memory_id, *s))),
+        );
         if scores.is_empty() {
-            return Ok(ranked);
+            head.extend(rest);
+            return Ok(head);
         }
         let mean = scores.values().sum::<f32>() / scores.len() as f32;
-        for m in &mut ranked[..n] {
+        for m in &mut head {
             let s = scores.get(&m.memory_id).copied();
             m.score_parts.late = s;
             m.score += cfg.late_weight * s.unwrap_or(mean);
         }
         // Stable: equal scores keep the fused order.
-        ranked[..n].sort_by(|a, b| b.score.total_cmp(&a.score));
-        Ok(ranked)
+        head.sort_by(|a, b| b.score.total_cmp(&a.score));
+        head.extend(rest);
+        Ok(head)
     }
 }
 
@@ -1024,6 +1111,7 @@ mod tests {
             RecallConfig {
                 late_depth: 4,
                 late_weight: 10.0,
+                late_candidates: 10,
                 ..RecallConfig::default()
             },
             RecallLimits::from(&recollect_config::Settings::defaults().server),
@@ -1038,7 +1126,10 @@ mod tests {
             .embed_tokens(&["Where did Caroline go camping?"])
             .unwrap()
             .remove(0);
-        let out = recall.late(&tenant, &question, ranked).await.unwrap();
+        let out = recall
+            .late(&tenant, &question, ranked.clone(), &HashMap::new())
+            .await
+            .unwrap();
         let order: Vec<u64> = out.iter().map(|m| m.turn_id.parse().unwrap()).collect();
         assert_eq!(&order[..2], &[1, 3], "{order:?}");
         assert_eq!(order[4], 4, "below the depth, left where it was");
@@ -1058,6 +1149,74 @@ mod tests {
         );
         assert_eq!(by_id(4).score_parts.late, None);
         assert_eq!(by_id(4).score, 2.0);
+
+        // The late retriever scans the scope: every turn with token vectors, best first, the
+        // scores `late_scores` gives.
+        let scope = Scope::of(&["a"]);
+        let asked = || async { Some(question.clone()) };
+        let (q, found) = recall
+            .late_retrieve(&tenant, &scope, asked(), &Ablation::default())
+            .await;
+        assert_eq!(q.as_ref(), Some(&question));
+        let ids: Vec<MemoryId> = out.iter().map(|m| m.memory_id).collect();
+        let read = recall
+            .vectors
+            .late_scores(&tenant, &question, &ids)
+            .await
+            .unwrap();
+        assert_eq!(found.len(), 4, "turn 2 has no token vectors: {found:?}");
+        for (id, s) in &found {
+            assert!((s - read[id]).abs() < 1e-3, "{found:?} vs {read:?}");
+        }
+        // What it found below the depth is re-scored with the top, its MaxSim not read again.
+        let four = by_id(4).memory_id;
+        let out = recall
+            .late(&tenant, &question, ranked.clone(), &found)
+            .await
+            .unwrap();
+        let order: Vec<u64> = out.iter().map(|m| m.turn_id.parse().unwrap()).collect();
+        let at = |id: u64| order.iter().position(|&t| t == id).unwrap();
+        assert!(at(4) < at(0), "found by the scan, it rises: {order:?}");
+        let again = out.iter().find(|m| m.memory_id == four).unwrap();
+        assert_eq!(again.score_parts.late, Some(found[&four]));
+        // Off where the scope holds more turns than late_scan_max_turns, when ablated, and
+        // when late_candidates is 0; the question's vectors are still handed on.
+        let ablated = Ablation {
+            off: Some(Component::LateScan),
+        };
+        let (q, none) = recall
+            .late_retrieve(&tenant, &scope, asked(), &ablated)
+            .await;
+        assert!(q.is_some() && none.is_empty());
+        for config in [
+            RecallConfig {
+                late_scan_max_turns: 4,
+                ..recall.config.clone()
+            },
+            RecallConfig {
+                late_candidates: 0,
+                ..recall.config.clone()
+            },
+        ] {
+            let narrow = Recall {
+                config,
+                graph: recall.graph.clone(),
+                vectors: recall.vectors.clone(),
+                embedder: recall.embedder.clone(),
+                reranker: None,
+                tokens: recall.tokens.clone(),
+                limits: recall.limits,
+            };
+            let (q, none) = narrow
+                .late_retrieve(&tenant, &scope, asked(), &Ablation::default())
+                .await;
+            assert!(q.is_some() && none.is_empty());
+        }
+        // No question vectors, no scan.
+        let (q, none) = recall
+            .late_retrieve(&tenant, &scope, async { None }, &Ablation::default())
+            .await;
+        assert!(q.is_none() && none.is_empty());
     }
 
     #[tokio::test]

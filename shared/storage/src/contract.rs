@@ -1627,6 +1627,31 @@ pub async fn late_contract(v: Arc<dyn VectorIndex>, dim: usize, late_dim: usize)
         .unwrap()
         .is_empty());
     assert!(v.late_scores(&a, &question, &[]).await.unwrap().is_empty());
+    // A late search ranks the scope's turns by the same MaxSim, best first, within the tenant
+    // and the scope; turns without token vectors are not found.
+    let late = VectorQuery::Late(question.clone());
+    let found = v.search(&a, &Scope::all(), &late, 10).await.unwrap();
+    let order: Vec<MemoryId> = found.iter().map(|(m, _)| *m).collect();
+    assert_eq!(order.len(), 3, "{found:?}");
+    assert_eq!(order[0], ids[1]);
+    assert!(!order.contains(&ids[3]) && !order.contains(&other));
+    assert!((found[0].1 - 1.0).abs() < 1e-2, "{found:?}");
+    for (m, s) in &found {
+        assert!((s - scores[m]).abs() < 1e-3, "{found:?} vs {scores:?}");
+    }
+    assert!(found.windows(2).all(|w| w[0].1 >= w[1].1));
+    assert_eq!(
+        v.search(&a, &Scope::all(), &late, 1).await.unwrap().len(),
+        1
+    );
+    assert!(v
+        .search(&a, &Scope::of(&["another"]), &late, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    let wide = VectorQuery::Late(token_rows(late_dim + 1, 0, 2));
+    let e = v.search(&a, &Scope::all(), &wide, 10).await.unwrap_err();
+    assert!(matches!(e, StoreError::Invalid(_)), "{e}");
     // A question of another width is refused.
     let e = v
         .late_scores(&a, &token_rows(late_dim + 1, 0, 2), &ids)
@@ -1680,6 +1705,12 @@ pub async fn plain_index_ignores_token_vectors(v: Arc<dyn VectorIndex>, dim: usi
     v.upsert_turns(vec![p.clone()]).await.unwrap();
     assert!(v
         .late_scores(&t, &token_rows(8, 0, 3), &[p.memory_id])
+        .await
+        .unwrap()
+        .is_empty());
+    let late = VectorQuery::Late(token_rows(8, 0, 3));
+    assert!(v
+        .search(&t, &Scope::all(), &late, 5)
         .await
         .unwrap()
         .is_empty());

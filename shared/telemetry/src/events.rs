@@ -409,9 +409,11 @@ pub enum RecallPhase {
     Rank,
     /// The cross-encoder re-reading the top results (`recall.rerank_model`).
     Rerank,
-    /// Late interaction re-scoring the top results (`embedder.late_model`): the question's
-    /// token vectors awaited and the turns' MaxSim read.
+    /// Late interaction re-scoring the top results (`embedder.late_model`): the turns' MaxSim
+    /// read (those the late retriever did not already score).
     Late,
+    /// The late retriever (`recall.late_candidates`): the scope's turns scanned by MaxSim.
+    LateScan,
 }
 
 impl RecallPhase {
@@ -426,6 +428,7 @@ impl RecallPhase {
             RecallPhase::Rank => "rank",
             RecallPhase::Rerank => "rerank",
             RecallPhase::Late => "late",
+            RecallPhase::LateScan => "late_scan",
         }
     }
 }
@@ -494,6 +497,8 @@ pub struct RecallCandidatesFound {
     pub path_c: usize,
     pub dense: usize,
     pub lexical: usize,
+    /// The late retriever's finds (`recall.late_candidates`; 0 where it did not run).
+    pub late: usize,
 }
 
 impl InternalEvent for RecallCandidatesFound {
@@ -504,6 +509,7 @@ impl InternalEvent for RecallCandidatesFound {
             path_c = self.path_c,
             dense = self.dense,
             lexical = self.lexical,
+            late = self.late,
             "recall candidates"
         );
         for (path, n) in [
@@ -512,6 +518,7 @@ impl InternalEvent for RecallCandidatesFound {
             ("path_c", self.path_c),
             ("dense", self.dense),
             ("lexical", self.lexical),
+            ("late", self.late),
         ] {
             RECALL_CANDIDATES
                 .with_label_values(&[path])
@@ -775,6 +782,7 @@ mod tests {
             path_c: 0,
             dense: 10,
             lexical: 7,
+            late: 4,
         }
         .emit();
         let after = render();
@@ -787,6 +795,10 @@ mod tests {
         assert_eq!(
             grew("recollect_recall_candidates_turns_sum{path=\"dense\"}"),
             10.0
+        );
+        assert_eq!(
+            grew("recollect_recall_candidates_turns_sum{path=\"late\"}"),
+            4.0
         );
     }
 

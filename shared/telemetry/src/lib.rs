@@ -357,6 +357,7 @@ mod tests {
             path_c: 1,
             dense: 1,
             lexical: 1,
+            late: 1,
         }
         .emit();
         EmbedderBatchCompleted {

@@ -120,7 +120,8 @@ fn graph_config() -> HnswIndexConfig {
 }
 
 /// A turn's token vectors: compared by MaxSim, stored as f16 on disk (most of a turn's bytes
-/// when present), and never in a graph: recall scores only the turns it names.
+/// when present), and never in a graph: recall scores the turns it names, or scans a scope it
+/// has counted small enough (`recall.late_scan_max_turns`).
 fn late_params(dim: usize) -> qdrant_edge::EdgeVectorParams {
     EdgeVectorParamsBuilder::new(dim, Distance::Cosine)
         .multivector_config(MultiVectorConfig {
@@ -1116,6 +1117,8 @@ impl VectorIndex for EdgeVectorIndex {
         query: &VectorQuery,
         limit: usize,
     ) -> Result<Vec<(MemoryId, f32)>, StoreError> {
+        // The engine sums a late query's MaxSim over the question's tokens: a mean here.
+        let mut scale = 1.0;
         let (name, vector) = match query {
             VectorQuery::Dense { field, vector } => {
                 self.check_dim(vector)?;
@@ -1126,6 +1129,16 @@ impl VectorIndex for EdgeVectorIndex {
                     return Ok(vec![]);
                 }
                 (LEXICAL_VECTOR, sparse(v)?)
+            }
+            VectorQuery::Late(question) => {
+                let Some(width) = self.late_dim else {
+                    return Ok(vec![]);
+                };
+                if question.is_empty() {
+                    return Ok(vec![]);
+                }
+                scale = 1.0 / question.len() as f32;
+                (LATE_VECTOR, late_vector(question, width)?)
             }
         };
         let query = QueryEnum::Nearest(NamedQuery::new(VectorInternal::from(vector), name));
@@ -1154,7 +1167,7 @@ impl VectorIndex for EdgeVectorIndex {
             let pts = s.search(req).map_err(err)?;
             let mut out: Vec<(MemoryId, f32)> = pts
                 .iter()
-                .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score)))
+                .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score * scale)))
                 .collect();
             if let Some(req) = history {
                 for p in s.search(req).map_err(err)? {
@@ -1165,7 +1178,7 @@ impl VectorIndex for EdgeVectorIndex {
                         .and_then(|v| v.as_str())
                         .and_then(MemoryId::parse);
                     if let Some(m) = m {
-                        out.push((m, p.score));
+                        out.push((m, p.score * scale));
                     }
                 }
                 out.sort_by(|a, b| b.1.total_cmp(&a.1));

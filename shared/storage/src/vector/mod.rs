@@ -157,6 +157,11 @@ pub enum VectorQuery {
         vector: Vec<f32>,
     },
     Lexical(SparseVector),
+    /// Late interaction over the whole scope: each turn's MaxSim to the question's token
+    /// vectors (the mean over the question's tokens of each one's best cosine among the
+    /// turn's). An index without token vectors returns nothing. Its cost grows with the scope's
+    /// turns (the turns' token vectors are scanned, not searched through a graph).
+    Late(TokenVectors),
 }
 
 /// Dense vectors of a stored turn.

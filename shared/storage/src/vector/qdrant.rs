@@ -450,6 +450,13 @@ pub fn search_request(
             let (i, vals) = sparse_pairs(v);
             (LEXICAL_VECTOR, VectorInput::new_sparse(i, vals))
         }
+        VectorQuery::Late(question) => {
+            if question.is_empty() {
+                return None;
+            }
+            let rows: Vec<Vec<f32>> = question.rows().map(<[f32]>::to_vec).collect();
+            (LATE_VECTOR, VectorInput::new_multi(rows))
+        }
     };
     Some(
         QueryPointsBuilder::new(collection)
@@ -579,23 +586,7 @@ impl QdrantVectorIndex {
             dim,
             late_dim: late.width(),
         };
-        if let TokenVectorsWanted::WherePossible(_) = late {
-            if index
-                .client
-                .collection_exists(index.turns.as_str())
-                .await
-                .map_err(err)?
-                && index.widths(&index.turns).await?(LATE_VECTOR).is_none()
-            {
-                tracing::info!(
-                    collection = %index.turns,
-                    "this collection was made without token vectors: late interaction is off for it \
-                     (delete the collections and run `recollect reindex` to turn it on)"
-                );
-                index.late_dim = None;
-            }
-        }
-        index.ensure_collections().await?;
+        index.ensure_collections(late).await?;
         Ok(index)
     }
 
@@ -615,15 +606,15 @@ impl QdrantVectorIndex {
         })
     }
 
-    async fn ensure_collections(&self) -> Result<(), StoreError> {
+    async fn ensure_collections(&mut self, late: TokenVectorsWanted) -> Result<(), StoreError> {
         for (name, create, turns) in [
             (
-                &self.turns,
+                self.turns.clone(),
                 turns_collection(&self.turns, self.dim, self.late_dim),
                 true,
             ),
             (
-                &self.keywords,
+                self.keywords.clone(),
                 keywords_collection(&self.keywords, self.dim),
                 false,
             ),
@@ -634,7 +625,7 @@ impl QdrantVectorIndex {
                 .await
                 .map_err(err)?
             {
-                self.refuse_another_width(name).await?;
+                self.take_existing(&name, late).await?;
             } else {
                 // Two starting services may race here: "already exists" is success.
                 if let Err(e) = self.client.create_collection(create).await {
@@ -643,41 +634,58 @@ impl QdrantVectorIndex {
                     }
                 }
             }
-            for idx in payload_indexes(name, turns) {
+            for idx in payload_indexes(&name, turns) {
                 self.client.create_field_index(idx).await.map_err(err)?;
             }
         }
         Ok(())
     }
 
-    /// An existing collection written with another model's width is refused at start, as the
-    /// embedded index does; the server's own error would come only at the first write.
-    async fn refuse_another_width(&self, name: &str) -> Result<(), StoreError> {
+    /// An existing collection, read once: one written with another model's width is refused at
+    /// start, as the embedded index does (the server's own error would come only at the first
+    /// write). Turns made without token vectors are refused when they are required, since they
+    /// cannot be added to the turns it holds, and used without them when they are wanted where
+    /// possible.
+    async fn take_existing(
+        &mut self,
+        name: &str,
+        late: TokenVectorsWanted,
+    ) -> Result<(), StoreError> {
         let size_of = self.widths(name).await?;
-        // The turns' token vectors, when asked for: a collection made without them cannot
-        // take them for the turns it holds.
-        if let (Some(want), true) = (self.late_dim, name == self.turns) {
-            match size_of(LATE_VECTOR) {
-                None => {
+        let reset = format!(
+            "delete the collections {} and {}",
+            self.turns, self.keywords
+        );
+        if name == self.turns {
+            match (late, size_of(LATE_VECTOR)) {
+                (TokenVectorsWanted::No, _) => {}
+                (TokenVectorsWanted::WherePossible(_), None) => {
+                    tracing::info!(
+                        collection = %name,
+                        "this collection was made without token vectors: late interaction is off \
+                         for it (delete the collections and run `recollect reindex` to turn it on)"
+                    );
+                    self.late_dim = None;
+                }
+                (TokenVectorsWanted::Required(_), None) => {
                     return Err(StoreError::Invalid(format!(
                         "the Qdrant collection {name} holds no token vectors and \
-                         embedder.late_model gives them: delete the collections {} and {} and \
-                         run `recollect reindex`, or turn embedder.late_model off",
-                        self.turns, self.keywords
+                         embedder.late_model gives them: {reset} and run `recollect reindex`, or \
+                         turn embedder.late_model off"
                     )))
                 }
-                Some(held) if held != want as u64 => {
+                (
+                    TokenVectorsWanted::Required(want) | TokenVectorsWanted::WherePossible(want),
+                    Some(held),
+                ) if held != want as u64 => {
                     return Err(super::another_width(
                         &format!("(Qdrant collection {name}, token vectors)"),
                         held,
                         want,
-                        &format!(
-                            "delete the collections {} and {}",
-                            self.turns, self.keywords
-                        ),
+                        &reset,
                     ))
                 }
-                Some(_) => {}
+                _ => {}
             }
         }
         let field = if name == self.turns {
@@ -685,16 +693,12 @@ impl QdrantVectorIndex {
         } else {
             KEYWORD_VECTOR
         };
-        let held = size_of(field);
-        match held {
+        match size_of(field) {
             Some(held) if held != self.dim as u64 => Err(super::another_width(
                 &format!("(Qdrant collection {name})"),
                 held,
                 self.dim,
-                &format!(
-                    "delete the collections {} and {}",
-                    self.turns, self.keywords
-                ),
+                &reset,
             )),
             _ => Ok(()),
         }
@@ -856,8 +860,23 @@ impl VectorIndex for QdrantVectorIndex {
         query: &VectorQuery,
         limit: usize,
     ) -> Result<Vec<(MemoryId, f32)>, StoreError> {
-        if let VectorQuery::Dense { vector, .. } = query {
-            self.check_dim(vector)?;
+        // The server sums a late query's MaxSim over the question's tokens: a mean here.
+        let mut scale = 1.0;
+        match query {
+            VectorQuery::Dense { vector, .. } => self.check_dim(vector)?,
+            VectorQuery::Lexical(_) => {}
+            VectorQuery::Late(question) => {
+                let Some(width) = self.late_dim else {
+                    return Ok(vec![]);
+                };
+                if question.dim != width {
+                    return Err(StoreError::Invalid(format!(
+                        "token vectors of width {} for a collection of {width}",
+                        question.dim
+                    )));
+                }
+                scale = 1.0 / question.len().max(1) as f32;
+            }
         }
         let Some(req) = search_request(&self.turns, tenant, scope, query, limit) else {
             return Ok(vec![]);
@@ -877,7 +896,7 @@ impl VectorIndex for QdrantVectorIndex {
         let mut out: Vec<(MemoryId, f32)> = res
             .result
             .iter()
-            .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score)))
+            .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score * scale)))
             .collect();
         // As of an earlier time, the versions current then that edits have since replaced.
         if let Some(h) = history {
@@ -885,7 +904,7 @@ impl VectorIndex for QdrantVectorIndex {
             out.extend(res.result.iter().filter_map(|p| {
                 text(&p.payload, "memory_id")
                     .and_then(|m| MemoryId::parse(&m))
-                    .map(|m| (m, p.score))
+                    .map(|m| (m, p.score * scale))
             }));
             out.sort_by(|a, b| b.1.total_cmp(&a.1));
             out.truncate(limit);
@@ -1368,6 +1387,22 @@ mod tests {
             3
         )
         .is_none());
+        // A late query: the question's rows as a multivector against `late`, in scope.
+        let rows = TokenVectors::new(2, vec![1.0, 0.0, 0.0, 1.0]).unwrap();
+        let late = VectorQuery::Late(rows);
+        let r = search_request("rc_turns", &tenant(), &Scope::of(&["c1"]), &late, 7).unwrap();
+        assert_eq!(r.using.as_deref(), Some("late"));
+        assert_eq!(r.limit, Some(7));
+        assert_eq!(matches(r.filter.as_ref().unwrap()).len(), 2);
+        let Some(Variant::Nearest(n)) = r.query.and_then(|q| q.variant) else {
+            panic!("nearest query expected");
+        };
+        assert!(matches!(
+            n.variant,
+            Some(vector_input::Variant::MultiDense(ref m)) if m.vectors.len() == 2
+        ));
+        let none = VectorQuery::Late(TokenVectors::default());
+        assert!(search_request("rc_turns", &tenant(), &Scope::all(), &none, 3).is_none());
     }
 
     #[test]

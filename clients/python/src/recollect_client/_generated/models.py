@@ -384,7 +384,8 @@ class RecalledMemory(BaseModel):
     score: float
     sources: list[str]
     """
-    B, C, BC, lexical, dense, neighbour, fallback
+    B, C, BC, lexical, dense, late (the late retriever, `recall.late_candidates`),
+    neighbour, fallback
     """
     score_parts: ScoreParts
 
