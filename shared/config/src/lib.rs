@@ -1136,7 +1136,7 @@ mod tests {
         assert_eq!(
             (r.late_candidates, r.late_scan_max_turns),
             (0, 1000),
-            "the late retriever measured +0.004 recall@30 for ~4.5 ms: a setting"
+            "the late retriever measured +0.004 recall@30 for ~4 ms: a setting"
         );
         assert_eq!(RecallConfig::default(), r);
     }
