@@ -1219,6 +1219,92 @@ mod tests {
         assert!(q.is_none() && none.is_empty());
     }
 
+    /// The late retriever end to end: a turn no other retriever returns is found by MaxSim,
+    /// fused, re-scored and says `late` in its sources; with the retriever off it is not even a
+    /// candidate.
+    #[tokio::test]
+    async fn the_late_retriever_brings_a_turn_the_others_miss() {
+        use recollect_embed::{HashTokenEmbedder, HASH_TOKEN_DIM};
+        use recollect_storage::vector::TurnPoint;
+        let dir = tempfile::tempdir().unwrap();
+        let hash = HashEmbedder::default();
+        let graph = EmbeddedGraph::open(&dir.path().join("g.redb")).unwrap();
+        let vectors = EdgeVectorIndex::open_shaped(
+            &dir.path().join("v"),
+            hash.dim(),
+            Some(HASH_TOKEN_DIM),
+            recollect_storage::Flushes::EachWrite,
+        )
+        .unwrap();
+        let texts = [
+            "we talked about the weather",
+            "the weather again, rain all week",
+            "a long walk with the dog",
+            "we went camping by the lake",
+            "more weather talk",
+        ];
+        let tokens = HashTokenEmbedder;
+        // Turn 0's dense vector is the question's, every other turn's the same unrelated
+        // text's, so dense retrieval (one deep: k = 1) returns turn 0 alone; no lexical or
+        // keyword vectors are stored.
+        let flat = hash.embed(&["something else entirely"]).unwrap().remove(0);
+        let asked = hash.embed(&["camping by a lake"]).unwrap().remove(0);
+        let mut turns = Vec::new();
+        let mut points = Vec::new();
+        for (i, text) in texts.iter().enumerate() {
+            let mut t = crate::testing::turn("a", i as u64);
+            t.user = text.to_string();
+            t.assistant = String::new();
+            points.push(TurnPoint {
+                late: Some(tokens.embed_tokens(&[text]).unwrap().remove(0)),
+                ..crate::testing::point(&t, if i == 0 { asked.clone() } else { flat.clone() }, None)
+            });
+            // No extraction: Path B has nothing to reach it by.
+            turns.push((t, Default::default()));
+        }
+        graph.write_turns(&turns).await.unwrap();
+        vectors.upsert_turns(points).await.unwrap();
+        let tenant = turns[0].0.tenant.clone();
+        let camping = turns[3].0.memory_id;
+        let asked_turn = turns[0].0.memory_id;
+        let config = |late_candidates| RecallConfig {
+            retrieve_depth: 1,
+            late_candidates,
+            ..RecallConfig::default()
+        };
+        let recall = Recall::new(
+            Arc::new(graph),
+            Arc::new(vectors),
+            Arc::new(hash),
+            config(10),
+            RecallLimits::from(&recollect_config::Settings::defaults().server),
+        )
+        .with_token_embedder(Some(Arc::new(tokens)));
+        let req = RecallRequest {
+            query: "camping by a lake".into(),
+            conversation_ids: Some(vec!["a".into()]),
+            k: Some(1),
+            ..Default::default()
+        };
+        let out = recall
+            .recall_with(&tenant, &req, &Ablation::default())
+            .await
+            .unwrap();
+        // MaxSim lifts it over the dense retriever's one turn.
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].memory_id, camping, "{out:?}");
+        assert_eq!(out[0].sources, ["late"], "{out:?}");
+        assert!(out[0].score_parts.late.is_some());
+        let off = recall.with_config(config(0));
+        let out = off
+            .recall_with(&tenant, &req, &Ablation::default())
+            .await
+            .unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].memory_id, asked_turn, "{out:?}");
+        assert_eq!(out[0].sources, ["dense"], "{out:?}");
+    }
+
     #[tokio::test]
     async fn names_on_most_turns_of_the_scope_are_common_and_others_are_not() {
         let dir = tempfile::tempdir().unwrap();
