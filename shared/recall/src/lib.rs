@@ -702,11 +702,11 @@ impl Recall {
     ) -> Result<Vec<RecalledMemory>, RecallError> {
         let cfg = &self.config;
         let n = ranked.len().min(cfg.late_depth);
-        let (mut head, rest): (Vec<_>, Vec<_>) = ranked
+        let (head, rest): (Vec<_>, Vec<_>) = ranked
             .into_iter()
             .enumerate()
             .partition(|(i, m)| *i < n || known.contains_key(&m.memory_id));
-        let mut head: Vec<RecalledMemory> = head.drain(..).map(|(_, m)| m).collect();
+        let mut head: Vec<RecalledMemory> = head.into_iter().map(|(_, m)| m).collect();
         let rest = rest.into_iter().map(|(_, m)| m);
         if head.len() < 2 {
             head.extend(rest);
