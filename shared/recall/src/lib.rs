@@ -1068,22 +1068,27 @@ mod tests {
         assert_eq!(reranker.read.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
+    /// An embedded vector index in `dir` with room for the hash token embedder's vectors.
+    fn index_with_token_vectors(dir: &std::path::Path, dim: usize) -> EdgeVectorIndex {
+        EdgeVectorIndex::open_shaped(
+            &dir.join("v"),
+            dim,
+            Some(recollect_embed::HASH_TOKEN_DIM),
+            recollect_storage::Flushes::EachWrite,
+        )
+        .unwrap()
+    }
+
     /// Late interaction re-scores the top `late_depth` by MaxSim of the turns' token vectors
     /// (made at ingest) against the question's, says so in `score_parts.late`, gives a turn
     /// stored without them the others' mean, and leaves the rest below in their order.
     #[tokio::test]
     async fn late_interaction_reorders_the_top_depth_by_max_sim() {
-        use recollect_embed::{HashTokenEmbedder, HASH_TOKEN_DIM};
+        use recollect_embed::HashTokenEmbedder;
         use recollect_storage::vector::TurnPoint;
         let dir = tempfile::tempdir().unwrap();
         let hash = HashEmbedder::default();
-        let vectors = EdgeVectorIndex::open_shaped(
-            &dir.path().join("v"),
-            hash.dim(),
-            Some(HASH_TOKEN_DIM),
-            recollect_storage::Flushes::EachWrite,
-        )
-        .unwrap();
+        let vectors = index_with_token_vectors(dir.path(), hash.dim());
         let texts = [
             "we talked about the weather",
             "Caroline went camping by the lake",
@@ -1224,18 +1229,12 @@ mod tests {
     /// candidate.
     #[tokio::test]
     async fn the_late_retriever_brings_a_turn_the_others_miss() {
-        use recollect_embed::{HashTokenEmbedder, HASH_TOKEN_DIM};
+        use recollect_embed::HashTokenEmbedder;
         use recollect_storage::vector::TurnPoint;
         let dir = tempfile::tempdir().unwrap();
         let hash = HashEmbedder::default();
         let graph = EmbeddedGraph::open(&dir.path().join("g.redb")).unwrap();
-        let vectors = EdgeVectorIndex::open_shaped(
-            &dir.path().join("v"),
-            hash.dim(),
-            Some(HASH_TOKEN_DIM),
-            recollect_storage::Flushes::EachWrite,
-        )
-        .unwrap();
+        let vectors = index_with_token_vectors(dir.path(), hash.dim());
         let texts = [
             "we talked about the weather",
             "the weather again, rain all week",
