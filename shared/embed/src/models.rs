@@ -28,6 +28,9 @@ pub struct ModelSpec {
     pub dir: &'static str,
     /// Whether candle runs it (from `model.safetensors`).
     pub on_candle: bool,
+    /// A model candle runs in its place where ONNX Runtime is not (`embedder.runtime =
+    /// "auto"`): the weights its graph was made from, measured interchangeable with it.
+    pub candle_stand_in: Option<&'static ModelSpec>,
     /// Its ONNX graph in that directory, if ONNX Runtime runs it (`scripts/setup-onnx.sh`).
     pub onnx_graph: Option<&'static str>,
     /// The width of its vectors.
@@ -93,6 +96,7 @@ pub const MINILM: ModelSpec = ModelSpec {
     installed_by_setup: true,
     dir: "all-MiniLM-L6-v2",
     on_candle: true,
+    candle_stand_in: None,
     onnx_graph: Some("model.onnx"),
     dim: 384,
     cosine_scale: CosineScale::REFERENCE,
@@ -100,10 +104,12 @@ pub const MINILM: ModelSpec = ModelSpec {
 
 /// all-MiniLM-L6-v2 with int8 arithmetic, for ONNX Runtime only: `scripts/make-onnx-int8.py`
 /// smooths and quantises the f32 graph. Its vectors are within cosine 0.995 of the f32 model's,
-/// not equal, so it is a model of its own: a store switches to it with a reindex.
+/// not equal; a store made with either serves the other's questions with the same LoCoMo
+/// figures (docs/EVALUATION.md), so where ONNX Runtime is not, `auto` runs the f32 weights.
 pub const MINILM_INT8: ModelSpec = ModelSpec {
     name: "all-MiniLM-L6-v2-int8",
     on_candle: false,
+    candle_stand_in: Some(&MINILM),
     onnx_graph: Some("model-int8.onnx"),
     // MiniLM's cosine scale too: measured 0.291 and 0.106, as MiniLM's.
     ..MINILM
@@ -122,6 +128,7 @@ pub const E5_SMALL_Q4: ModelSpec = ModelSpec {
     installed_by_setup: true,
     dir: "multilingual-e5-small-q4",
     on_candle: true,
+    candle_stand_in: None,
     onnx_graph: Some("model.onnx"),
     dim: 384,
     cosine_scale: CosineScale {
@@ -151,6 +158,7 @@ pub const E5_SMALL_V2_INT8: ModelSpec = ModelSpec {
     installed_by_setup: true,
     dir: "e5-small-v2-int8",
     on_candle: false,
+    candle_stand_in: None,
     onnx_graph: Some("model.onnx"),
     dim: 384,
     cosine_scale: CosineScale {
@@ -171,6 +179,7 @@ pub const BGE_SMALL_EN_V15: ModelSpec = ModelSpec {
     installed_by_setup: false,
     dir: "bge-small-en-v1.5",
     on_candle: true,
+    candle_stand_in: None,
     onnx_graph: None,
     dim: 384,
     // Not measured: its weights are not reachable here.
@@ -191,6 +200,7 @@ pub const MPNET_BASE: ModelSpec = ModelSpec {
     installed_by_setup: true,
     dir: "all-mpnet-base-v2",
     on_candle: false,
+    candle_stand_in: None,
     onnx_graph: Some("model.onnx"),
     dim: 768,
     cosine_scale: CosineScale {
@@ -226,6 +236,7 @@ pub const NOMIC_EMBED_V15: ModelSpec = ModelSpec {
     installed_by_setup: true,
     dir: "nomic-embed-text-v1.5",
     on_candle: false,
+    candle_stand_in: None,
     onnx_graph: Some("model.onnx"),
     dim: 768,
     cosine_scale: CosineScale {

@@ -227,6 +227,13 @@ pub fn load_embedder(settings: &Settings) -> Result<Arc<dyn Embedder>, RuntimeEr
             };
             let lib = onnx_runtime_library(settings);
             let auto = settings.embedder.runtime == EmbedderRuntime::Auto;
+            // What candle runs where ONNX Runtime does not: the model, or under `auto` its
+            // stand-in (MiniLM's f32 weights for its int8 graph).
+            let on_candle = if spec.on_candle {
+                Some(spec)
+            } else {
+                spec.candle_stand_in.filter(|_| auto)
+            };
             let on_onnx = match settings.embedder.runtime {
                 EmbedderRuntime::Onnx => true,
                 EmbedderRuntime::Candle => false,
@@ -236,11 +243,7 @@ pub fn load_embedder(settings: &Settings) -> Result<Arc<dyn Embedder>, RuntimeEr
                 match OnnxEmbedder::load_model(&dir, &lib, spec) {
                     Ok(e) => Some(e),
                     // Candle's vectors equal ONNX Runtime's, so falling back changes no result.
-                    Err(e)
-                        if auto
-                            && (spec.on_candle
-                                || spec.name == recollect_embed::MINILM_INT8.name) =>
-                    {
+                    Err(e) if auto && on_candle.is_some() => {
                         tracing::info!(
                             model = name,
                             reason = %e,
@@ -258,25 +261,16 @@ pub fn load_embedder(settings: &Settings) -> Result<Arc<dyn Embedder>, RuntimeEr
             } else {
                 None
             };
-            // The int8 graph is MiniLM quantised: where ONNX Runtime is not, `auto` runs the
-            // weights it was made from on candle (the same model: a store made with either
-            // serves the other's questions with the same LoCoMo figures, docs/EVALUATION.md).
-            let spec = if onnx.is_none() && auto && spec.name == recollect_embed::MINILM_INT8.name {
-                tracing::info!(
-                    model = name,
-                    "ONNX Runtime not available; embedder.runtime = auto runs all-MiniLM-L6-v2 (f32) on candle"
-                );
-                &recollect_embed::MINILM
-            } else {
-                spec
-            };
             if let Some(onnx) = onnx {
                 Arc::new(onnx)
-            } else if !spec.on_candle {
-                return Err(RuntimeError::Setup(format!(
-                    "{name} runs on ONNX Runtime only: set embedder.runtime = \"onnx\" or \"auto\""
-                )));
-            } else {
+            } else if let Some(spec) = on_candle {
+                if spec.name != name {
+                    tracing::info!(
+                        model = name,
+                        "ONNX Runtime not available; embedder.runtime = auto runs {} on candle",
+                        spec.name
+                    );
+                }
                 let hint = if spec.installed_by_setup {
                     format!("run `RECOLLECT_EMBED_MODEL={name} make setup` or scripts/setup-model.sh {name}")
                 } else {
@@ -290,6 +284,10 @@ pub fn load_embedder(settings: &Settings) -> Result<Arc<dyn Embedder>, RuntimeEr
                         dir.display()
                     ))
                 })?)
+            } else {
+                return Err(RuntimeError::Setup(format!(
+                    "{name} runs on ONNX Runtime only: set embedder.runtime = \"onnx\" or \"auto\""
+                )));
             }
         }
         EmbedderKind::Hash => Arc::new(HashEmbedder::new(recollect_embed::HASH_DIM)),
