@@ -955,6 +955,22 @@ impl EdgeVectorIndex {
         .await?
     }
 
+    /// `question` as the engine's query on the token vectors, with the factor that makes its
+    /// MaxSim (the engine sums it over the question's tokens) a mean; None where the index holds
+    /// no token vectors or the question has none.
+    fn late_query(&self, question: &TokenVectors) -> Result<Option<(Vector, f32)>, StoreError> {
+        let Some(width) = self.late_dim else {
+            return Ok(None);
+        };
+        if question.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some((
+            late_vector(question, width)?,
+            1.0 / question.len() as f32,
+        )))
+    }
+
     fn check_dim(&self, v: &[f32]) -> Result<(), StoreError> {
         if v.len() != self.dim {
             return Err(StoreError::Invalid(format!(
@@ -1117,7 +1133,6 @@ impl VectorIndex for EdgeVectorIndex {
         query: &VectorQuery,
         limit: usize,
     ) -> Result<Vec<(MemoryId, f32)>, StoreError> {
-        // The engine sums a late query's MaxSim over the question's tokens: a mean here.
         let mut scale = 1.0;
         let (name, vector) = match query {
             VectorQuery::Dense { field, vector } => {
@@ -1131,14 +1146,11 @@ impl VectorIndex for EdgeVectorIndex {
                 (LEXICAL_VECTOR, sparse(v)?)
             }
             VectorQuery::Late(question) => {
-                let Some(width) = self.late_dim else {
+                let Some((query, mean)) = self.late_query(question)? else {
                     return Ok(vec![]);
                 };
-                if question.is_empty() {
-                    return Ok(vec![]);
-                }
-                scale = 1.0 / question.len() as f32;
-                (LATE_VECTOR, late_vector(question, width)?)
+                scale = mean;
+                (LATE_VECTOR, query)
             }
         };
         let query = QueryEnum::Nearest(NamedQuery::new(VectorInternal::from(vector), name));
@@ -1204,16 +1216,13 @@ impl VectorIndex for EdgeVectorIndex {
         question: &TokenVectors,
         ids: &[MemoryId],
     ) -> Result<HashMap<MemoryId, f32>, StoreError> {
-        let Some(width) = self.late_dim else {
-            return Ok(HashMap::new());
-        };
-        if ids.is_empty() || question.is_empty() {
+        if ids.is_empty() {
             return Ok(HashMap::new());
         }
-        let query = late_vector(question, width)?;
-        let rows = question.len() as f32;
-        // The engine scores just the named points (a filter of a few ids is a plain scan):
-        // MaxSim summed over the question's tokens, made a mean here.
+        let Some((query, scale)) = self.late_query(question)? else {
+            return Ok(HashMap::new());
+        };
+        // The engine scores just the named points (a filter of a few ids is a plain scan).
         let req = SearchRequest {
             query: QueryEnum::Nearest(NamedQuery::new(query.0, LATE_VECTOR)),
             filter: Some(Filter {
@@ -1234,7 +1243,7 @@ impl VectorIndex for EdgeVectorIndex {
             Ok(s.search(req)
                 .map_err(err)?
                 .iter()
-                .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score / rows)))
+                .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score * scale)))
                 .collect())
         })
         .await

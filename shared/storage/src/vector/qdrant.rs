@@ -725,6 +725,22 @@ impl QdrantVectorIndex {
         Ok(field_vectors_of(res.result, owner))
     }
 
+    /// The factor that makes the server's MaxSim of `question` (summed over its tokens) a mean,
+    /// once its width is checked against the collection's; None where the collection holds no
+    /// token vectors.
+    fn late_scale(&self, question: &TokenVectors) -> Result<Option<f32>, StoreError> {
+        let Some(width) = self.late_dim else {
+            return Ok(None);
+        };
+        if question.dim != width {
+            return Err(StoreError::Invalid(format!(
+                "token vectors of width {} for a collection of {width}",
+                question.dim
+            )));
+        }
+        Ok(Some(1.0 / question.len().max(1) as f32))
+    }
+
     fn check_dim(&self, v: &[f32]) -> Result<(), StoreError> {
         if v.len() != self.dim {
             return Err(StoreError::Invalid(format!(
@@ -860,22 +876,15 @@ impl VectorIndex for QdrantVectorIndex {
         query: &VectorQuery,
         limit: usize,
     ) -> Result<Vec<(MemoryId, f32)>, StoreError> {
-        // The server sums a late query's MaxSim over the question's tokens: a mean here.
         let mut scale = 1.0;
         match query {
             VectorQuery::Dense { vector, .. } => self.check_dim(vector)?,
             VectorQuery::Lexical(_) => {}
             VectorQuery::Late(question) => {
-                let Some(width) = self.late_dim else {
+                let Some(mean) = self.late_scale(question)? else {
                     return Ok(vec![]);
                 };
-                if question.dim != width {
-                    return Err(StoreError::Invalid(format!(
-                        "token vectors of width {} for a collection of {width}",
-                        question.dim
-                    )));
-                }
-                scale = 1.0 / question.len().max(1) as f32;
+                scale = mean;
             }
         }
         let Some(req) = search_request(&self.turns, tenant, scope, query, limit) else {
@@ -930,29 +939,21 @@ impl VectorIndex for QdrantVectorIndex {
         question: &TokenVectors,
         ids: &[MemoryId],
     ) -> Result<HashMap<MemoryId, f32>, StoreError> {
-        let Some(width) = self.late_dim else {
-            return Ok(HashMap::new());
-        };
         if ids.is_empty() || question.is_empty() {
             return Ok(HashMap::new());
         }
-        if question.dim != width {
-            return Err(StoreError::Invalid(format!(
-                "token vectors of width {} for a collection of {width}",
-                question.dim
-            )));
-        }
+        let Some(scale) = self.late_scale(question)? else {
+            return Ok(HashMap::new());
+        };
         let res = self
             .client
             .query(late_request(&self.turns, tenant, question, ids))
             .await
             .map_err(err)?;
-        // The server sums MaxSim over the question's tokens; a mean here.
-        let rows = question.len() as f32;
         Ok(res
             .result
             .iter()
-            .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score / rows)))
+            .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score * scale)))
             .collect())
     }
 
