@@ -76,7 +76,7 @@ async fn open_neo4j(settings: &Settings) -> Result<crate::Neo4jGraph, StoreError
 
 /// The token vectors `embedder.late_model` asks of the vector index: a named model requires
 /// them, `auto` takes them where the index can hold them.
-#[allow(dead_code)]
+#[cfg(any(feature = "embedded", feature = "qdrant"))]
 fn token_vectors(settings: &Settings) -> crate::TokenVectorsWanted {
     match settings.late_dim() {
         None => crate::TokenVectorsWanted::No,
