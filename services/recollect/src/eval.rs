@@ -349,10 +349,6 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i]
 }
 
-/// `late_candidates` for the `with late-scan` run where the configuration leaves it off: as
-/// many as late interaction re-scores by default.
-const LATE_CANDIDATES_ON: usize = 100;
-
 fn apply_sets(cfg: RecallConfig, sets: &[String]) -> anyhow::Result<RecallConfig> {
     let mut v = serde_json::to_value(&cfg)?;
     for s in sets {
@@ -541,8 +537,9 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
             return Ok((format!("with {n}"), Ablation::default(), on));
         }
         if ablation.without(Component::LateScan) && base_cfg.late_candidates == 0 {
+            // As many as late interaction re-scores.
             let on = RecallConfig {
-                late_candidates: LATE_CANDIDATES_ON,
+                late_candidates: base_cfg.late_depth,
                 ..base_cfg.clone()
             };
             return Ok((format!("with {n}"), Ablation::default(), on));
