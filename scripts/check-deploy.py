@@ -463,6 +463,12 @@ def check_config_toml(text: str, where: str, defaults: dict, p: Problems) -> Non
             want = type(defaults[section][key])
             p.check(isinstance(value, want) and not (want is int and isinstance(value, bool)),
                     where, f"{section}.{key} = {value!r} should be {want.__name__}")
+            if want is dict and isinstance(value, dict):
+                # A table's keys are the default's, with a number where it has a number.
+                for k, v in value.items():
+                    d = defaults[section][key].get(k)
+                    p.check(d is not None and isinstance(v, (int, float)) == isinstance(d, (int, float)),
+                            where, f"{section}.{key}.{k} = {v!r} is not a key of default.toml's table")
     p.check(not cfg.get("server", {}).get("api_keys"), where, "API keys in the ConfigMap")
     p.check(not cfg.get("graph", {}).get("password"), where, "a password in the ConfigMap")
 
@@ -726,7 +732,7 @@ CHART_SET_KEYS = {("server", "listen"), ("server", "grpc_listen"), ("server", "a
                   ("remote", "token"), ("llm", "api_key"), ("bus", "sasl_password"),
                   ("vectors", "api_key"),
                   ("storage", "data_dir"), ("embedder", "model_dir")}
-SCHEMA_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array"}
+SCHEMA_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}
 
 
 def check_values_schema(chart_dir: Path, defaults: dict, p: Problems) -> None:

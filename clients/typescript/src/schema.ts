@@ -491,7 +491,8 @@ export interface components {
             /**
              * Format: float
              * @description Late interaction's MaxSim of the question's and the turn's token vectors, when
-             *     `embedder.late_model` names a model (its score then has `recall.late_weight × late`).
+             *     `embedder.late_model` names a model (its score then has `recall.late_weight × late`, and
+             *     each part above re-weighted by `recall.late_shift`).
              */
             late?: number | null;
         };

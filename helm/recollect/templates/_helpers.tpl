@@ -132,6 +132,7 @@ as integers: the services' config wants integers there (bus.partitions = 8, not 
 {{- else if or (kindIs "float64" .) (kindIs "int64" .) (kindIs "int" .) }}
 {{- if eq (float64 .) (floor .) }}{{ int64 . }}{{ else }}{{ . }}{{ end }}
 {{- else if kindIs "slice" . }}[{{ range $i, $v := . }}{{ if $i }}, {{ end }}{{ include "recollect.tomlValue" $v }}{{ end }}]
-{{- else }}{{ fail (printf "config value %v: only strings, numbers, booleans and lists belong in config" .) }}
+{{- else if kindIs "map" . }}{{ $m := . }}{ {{- range $i, $k := keys $m | sortAlpha }}{{ if $i }},{{ end }} {{ $k }} = {{ include "recollect.tomlValue" (index $m $k) }}{{ end }} }
+{{- else }}{{ fail (printf "config value %v: only strings, numbers, booleans, lists and tables of them belong in config" .) }}
 {{- end }}
 {{- end }}

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 mod recall;
 
-pub use recall::{RecallConfig, RERANK_MODELS};
+pub use recall::{LateShift, RecallConfig, RERANK_MODELS};
 
 const DEFAULTS: &str = include_str!("../config/default.toml");
 
@@ -1138,6 +1138,15 @@ mod tests {
             (0, 1000),
             "the late retriever measured +0.004 recall@30 for ~4 ms: a setting"
         );
+        assert_eq!(
+            r.late_shift,
+            crate::LateShift {
+                dense: -0.45,
+                keyword: -0.35,
+                lexical: -0.15,
+                time: 0.1
+            }
+        );
         assert_eq!(RecallConfig::default(), r);
     }
 
@@ -1148,20 +1157,29 @@ mod tests {
         let f = dir.join("c.toml");
         std::fs::write(
             &f,
-            "[recall]\nlexical_weight = 0.4\nfactual_weights = [0.2, 0.4]\n",
+            "[recall]\nlexical_weight = 0.4\nfactual_weights = [0.2, 0.4]\nlate_shift = { dense = -0.3 }\n",
         )
         .unwrap();
         let s = Settings::load(Some(&f)).unwrap();
         assert_eq!(s.recall.lexical_weight, 0.4);
+        assert_eq!(
+            (s.recall.late_shift.dense, s.recall.late_shift.keyword),
+            (-0.3, -0.35),
+            "a table's key set alone, its other keys the defaults"
+        );
         assert_eq!(s.recall.factual_weights, (0.2, 0.4));
         assert_eq!(s.recall.keyword_neighbours, 30);
         // Other tests load settings meanwhile: only keys no other test reads, valid values.
         std::env::set_var("RECOLLECT__RECALL__REASONING_WEIGHTS", "0.5,0.7");
         std::env::set_var("RECOLLECT__RECALL__FRAGMENTS_EXPANDED", "12");
+        std::env::set_var("RECOLLECT__RECALL__LATE_SHIFT__TIME", "0.25");
         let s = Settings::load(Some(&f));
         std::env::remove_var("RECOLLECT__RECALL__REASONING_WEIGHTS");
         std::env::remove_var("RECOLLECT__RECALL__FRAGMENTS_EXPANDED");
+        std::env::remove_var("RECOLLECT__RECALL__LATE_SHIFT__TIME");
         let s = s.unwrap();
+        assert_eq!(s.recall.late_shift.time, 0.25);
+        assert_eq!(s.recall.late_shift.dense, -0.3, "the file's value stays");
         assert_eq!(s.recall.reasoning_weights, (0.5, 0.7));
         assert_eq!(s.recall.fragments_expanded, 12);
         assert_eq!(s.recall.lexical_weight, 0.4, "the file's value stays");
@@ -1245,7 +1263,7 @@ mod tests {
     #[test]
     fn recall_values_are_validated_by_key() {
         type Mutation = fn(&mut RecallConfig);
-        let cases: [(Mutation, &str); 20] = [
+        let cases: [(Mutation, &str); 22] = [
             (|r| r.keyword_neighbours = 0, "recall.keyword_neighbours"),
             (|r| r.keyword_min_cosine = 1.5, "recall.keyword_min_cosine"),
             (|r| r.fragments_expanded = 5000, "recall.fragments_expanded"),
@@ -1281,6 +1299,8 @@ mod tests {
             (|r| r.late_depth = 0, "recall.late_depth"),
             (|r| r.late_weight = f32::NAN, "recall.late_weight"),
             (|r| r.late_candidates = 1001, "recall.late_candidates"),
+            (|r| r.late_shift.dense = -1.5, "recall.late_shift.dense"),
+            (|r| r.late_shift.time = f32::NAN, "recall.late_shift.time"),
         ];
         for (mutate, key) in cases {
             let mut s = Settings::defaults();

@@ -61,6 +61,11 @@ pub struct RecallConfig {
     pub late_depth: usize,
     /// Weight of the late-interaction MaxSim (a mean of cosines) added to the fused score.
     pub late_weight: f32,
+    /// What each part of the fused score counts once late interaction has read the turn, added
+    /// to that part's weight for the turns it re-scores (ours). MaxSim reads the question's
+    /// words against the turn's better than the pooled cosine and the keyword similarity do,
+    /// so those two count less beside it.
+    pub late_shift: LateShift,
     /// Late interaction as a retriever too: the scope's best `late_candidates` turns by MaxSim
     /// join the candidates (0, the default: off). It finds what shares neither words nor a close
     /// pooled vector with the question, mostly below the top 30 (ours).
@@ -69,6 +74,17 @@ pub struct RecallConfig {
     /// at most this many turns (a conversation, a user's memory); wider recalls keep late
     /// interaction as a re-scoring of the fused top `late_depth` (ours).
     pub late_scan_max_turns: u64,
+}
+
+/// Added to the weight of each part of a turn's fused score where late interaction re-scores it:
+/// its score becomes `fused + late_weight × MaxSim + dense × c + keyword × s̃_kw + lexical ×
+/// bm25 + time × time` (the parts as `ScoreParts` reports them). Negative: the part counts less.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct LateShift {
+    pub dense: f32,
+    pub keyword: f32,
+    pub lexical: f32,
+    pub time: f32,
 }
 
 /// The cross-encoders recall can load (`recollect_embed::RERANKERS` by name; a test in
@@ -146,6 +162,16 @@ impl RecallConfig {
         }
         if !(1..=1000).contains(&self.rerank_depth) {
             return invalid("recall.rerank_depth", "must be in 1..=1000");
+        }
+        for (key, w) in [
+            ("recall.late_shift.dense", self.late_shift.dense),
+            ("recall.late_shift.keyword", self.late_shift.keyword),
+            ("recall.late_shift.lexical", self.late_shift.lexical),
+            ("recall.late_shift.time", self.late_shift.time),
+        ] {
+            if !(-1.0..=1.0).contains(&w) {
+                return invalid(key, "must be a finite number in -1..=1 (0: unchanged)");
+            }
         }
         if !(1..=1000).contains(&self.late_depth) {
             return invalid("recall.late_depth", "must be in 1..=1000");

@@ -794,7 +794,8 @@ pub struct ScoreParts {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rerank: Option<f32>,
     /// Late interaction's MaxSim of the question's and the turn's token vectors, when
-    /// `embedder.late_model` names a model (its score then has `recall.late_weight × late`).
+    /// `embedder.late_model` names a model (its score then has `recall.late_weight × late`, and
+    /// each part above re-weighted by `recall.late_shift`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub late: Option<f32>,
 }

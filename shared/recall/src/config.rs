@@ -44,10 +44,13 @@ pub enum Component {
     Late,
     /// Late interaction as a retriever (`recall.late_candidates`); its re-scoring stays.
     LateScan,
+    /// Late interaction's re-weighting of the score parts (`recall.late_shift`); its MaxSim
+    /// stays.
+    LateShift,
 }
 
 impl Component {
-    pub const ALL: [Component; 9] = [
+    pub const ALL: [Component; 10] = [
         Component::PathB,
         Component::PathC,
         Component::Graph,
@@ -57,6 +60,7 @@ impl Component {
         Component::FieldMaxSim,
         Component::Late,
         Component::LateScan,
+        Component::LateShift,
     ];
 
     /// The name `recollect eval --ablate` takes.
@@ -71,6 +75,7 @@ impl Component {
             Component::FieldMaxSim => "fields",
             Component::Late => "late",
             Component::LateScan => "late-scan",
+            Component::LateShift => "late-shift",
         }
     }
 }
@@ -100,7 +105,7 @@ impl Ablation {
 
     /// What `--ablate all` runs, one at a time (the late ones change nothing where
     /// `embedder.late_model` is off).
-    pub const NAMES: [&'static str; 9] = [
+    pub const NAMES: [&'static str; 10] = [
         "path-b",
         "path-c",
         "graph",
@@ -110,5 +115,6 @@ impl Ablation {
         "fields",
         "late",
         "late-scan",
+        "late-shift",
     ];
 }

@@ -615,7 +615,9 @@ impl Recall {
         }
         .emit();
         if let Some(question) = &question_tokens {
-            out = self.late(tenant, question, out, &retrieved.late).await?;
+            out = self
+                .late(tenant, question, out, &retrieved.late, ablation)
+                .await?;
         }
         if let Some(reranker) = &self.reranker {
             out = rerank(reranker.clone(), &req.query, out, cfg).await?;
@@ -690,15 +692,18 @@ impl Recall {
 
     /// Late interaction: the first `late_depth` of `ranked`, and every turn the late retriever
     /// found (`known`, its MaxSim already read), each get `late_weight × MaxSim` of the
-    /// question's token vectors against the turn's added to their score and are sorted again,
-    /// above the rest. A turn stored without token vectors gets the others' mean, so it is
-    /// neither favoured nor buried; a vector index that fails leaves the ranking as fused.
+    /// question's token vectors against the turn's added to their score, and their score parts
+    /// re-weighted by `late_shift` (MaxSim stands in for much of what the cosine and the
+    /// keyword similarity said), and are sorted again, above the rest. A turn stored without
+    /// token vectors gets the others' mean, so it is neither favoured nor buried; a vector
+    /// index that fails leaves the ranking as fused.
     async fn late(
         &self,
         tenant: &TenantId,
         question: &recollect_model::TokenVectors,
         ranked: Vec<RecalledMemory>,
         known: &HashMap<MemoryId, f32>,
+        ablation: &Ablation,
     ) -> Result<Vec<RecalledMemory>, RecallError> {
         let cfg = &self.config;
         let n = ranked.len().min(cfg.late_depth);
@@ -744,10 +749,20 @@ impl Recall {
             return Ok(head);
         }
         let mean = scores.values().sum::<f32>() / scores.len() as f32;
+        let shift = if ablation.without(Component::LateShift) {
+            recollect_config::LateShift::default()
+        } else {
+            cfg.late_shift
+        };
         for m in &mut head {
             let s = scores.get(&m.memory_id).copied();
             m.score_parts.late = s;
-            m.score += cfg.late_weight * s.unwrap_or(mean);
+            let p = &m.score_parts;
+            m.score += cfg.late_weight * s.unwrap_or(mean)
+                + shift.dense * p.dense
+                + shift.keyword * p.keyword
+                + shift.lexical * p.lexical
+                + shift.time * p.time;
         }
         // Stable: equal scores keep the fused order.
         head.sort_by(|a, b| b.score.total_cmp(&a.score));
@@ -1132,7 +1147,13 @@ mod tests {
             .unwrap()
             .remove(0);
         let out = recall
-            .late(&tenant, &question, ranked.clone(), &HashMap::new())
+            .late(
+                &tenant,
+                &question,
+                ranked.clone(),
+                &HashMap::new(),
+                &Ablation::default(),
+            )
             .await
             .unwrap();
         let order: Vec<u64> = out.iter().map(|m| m.turn_id.parse().unwrap()).collect();
@@ -1176,7 +1197,13 @@ mod tests {
         // What it found below the depth is re-scored with the top, its MaxSim not read again.
         let four = by_id(4).memory_id;
         let out = recall
-            .late(&tenant, &question, ranked.clone(), &found)
+            .late(
+                &tenant,
+                &question,
+                ranked.clone(),
+                &found,
+                &Ablation::default(),
+            )
             .await
             .unwrap();
         let order: Vec<u64> = out.iter().map(|m| m.turn_id.parse().unwrap()).collect();
@@ -1222,6 +1249,120 @@ mod tests {
             .late_retrieve(&tenant, &scope, async { None }, &Ablation::default())
             .await;
         assert!(q.is_none() && none.is_empty());
+    }
+
+    /// Where late interaction reads a turn, `late_shift` re-weights the parts of its fused
+    /// score: of two turns with the same words and the same fused score, the one whose score
+    /// came from the cosine and keywords falls below the one whose score came from time
+    /// evidence; with no shift, or with it ablated, their fused order stays.
+    #[tokio::test]
+    async fn late_shift_reweights_the_parts_of_the_turns_it_reads() {
+        use recollect_config::LateShift;
+        use recollect_embed::HashTokenEmbedder;
+        use recollect_storage::vector::TurnPoint;
+        let dir = tempfile::tempdir().unwrap();
+        let hash = HashEmbedder::default();
+        let vectors = index_with_token_vectors(dir.path(), hash.dim());
+        let text = "Caroline went camping by the lake";
+        let tokens = HashTokenEmbedder;
+        let mut points = Vec::new();
+        for i in 0..2u64 {
+            let t = crate::testing::turn("a", i);
+            points.push(TurnPoint {
+                late: Some(tokens.embed_tokens(&[text]).unwrap().remove(0)),
+                ..crate::testing::point(&t, hash.embed(&[text]).unwrap().remove(0), None)
+            });
+        }
+        let tenant = points[0].tenant.clone();
+        vectors.upsert_turns(points).await.unwrap();
+        let graph = Arc::new(EmbeddedGraph::open(&dir.path().join("g.redb")).unwrap());
+        let vectors = Arc::new(vectors);
+        let recall = |shift: LateShift| {
+            Recall::new(
+                graph.clone(),
+                vectors.clone(),
+                Arc::new(hash.clone()),
+                RecallConfig {
+                    late_shift: shift,
+                    ..RecallConfig::default()
+                },
+                RecallLimits::from(&recollect_config::Settings::defaults().server),
+            )
+        };
+        // Turn 0: fused 1.0 from its cosine and keywords; turn 1: fused 1.0 from time evidence.
+        let mut from_cosine = memory(0, text, 1.0);
+        from_cosine.score_parts.dense = 0.6;
+        from_cosine.score_parts.keyword = 0.8;
+        let mut from_time = memory(1, text, 1.0);
+        from_time.score_parts.time = 1.0;
+        from_time.score_parts.lexical = 0.2;
+        let question = tokens
+            .embed_tokens(&["Where did Caroline go camping?"])
+            .unwrap()
+            .remove(0);
+        let order = |out: &[RecalledMemory]| -> Vec<String> {
+            out.iter().map(|m| m.turn_id.clone()).collect()
+        };
+
+        let shift = LateShift {
+            dense: -0.45,
+            keyword: -0.35,
+            lexical: -0.15,
+            time: 0.1,
+        };
+        let out = recall(shift)
+            .late(
+                &tenant,
+                &question,
+                vec![from_cosine.clone(), from_time.clone()],
+                &HashMap::new(),
+                &Ablation::default(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(order(&out), ["1", "0"]);
+        let late = out[0].score_parts.late.unwrap();
+        assert_eq!(
+            out[1].score_parts.late,
+            Some(late),
+            "the same words, the same MaxSim"
+        );
+        let base = 1.0 + RecallConfig::default().late_weight * late;
+        assert!(
+            (out[0].score - (base - 0.15 * 0.2 + 0.1)).abs() < 1e-5,
+            "{}",
+            out[0].score
+        );
+        assert!(
+            (out[1].score - (base - 0.45 * 0.6 - 0.35 * 0.8)).abs() < 1e-5,
+            "{}",
+            out[1].score
+        );
+
+        // No shift, or the shift switched off by the ablation: equal scores keep the fused
+        // order.
+        for (shift, ablation) in [
+            (LateShift::default(), Ablation::default()),
+            (
+                shift,
+                Ablation {
+                    off: Some(Component::LateShift),
+                },
+            ),
+        ] {
+            let out = recall(shift)
+                .late(
+                    &tenant,
+                    &question,
+                    vec![from_cosine.clone(), from_time.clone()],
+                    &HashMap::new(),
+                    &ablation,
+                )
+                .await
+                .unwrap();
+            assert_eq!(order(&out), ["0", "1"], "{ablation:?}");
+            assert_eq!(out[0].score, out[1].score);
+        }
     }
 
     /// The late retriever end to end: a turn no other retriever returns is found by MaxSim,

@@ -165,7 +165,8 @@ class ScoreParts(BaseModel):
     late: float | None = None
     """
     Late interaction's MaxSim of the question's and the turn's token vectors, when
-    `embedder.late_model` names a model (its score then has `recall.late_weight × late`).
+    `embedder.late_model` names a model (its score then has `recall.late_weight × late`, and
+    each part above re-weighted by `recall.late_shift`).
     """
 
 
