@@ -1310,16 +1310,18 @@ mod tests {
             lexical: -0.15,
             time: 0.1,
         };
-        let out = recall(shift)
-            .late(
-                &tenant,
-                &question,
-                vec![from_cosine.clone(), from_time.clone()],
-                &HashMap::new(),
-                &Ablation::default(),
-            )
-            .await
-            .unwrap();
+        let rescore = |shift: LateShift, ablation: Ablation| {
+            let recall = recall(shift);
+            let ranked = vec![from_cosine.clone(), from_time.clone()];
+            let (tenant, question) = (&tenant, &question);
+            async move {
+                recall
+                    .late(tenant, question, ranked, &HashMap::new(), &ablation)
+                    .await
+                    .unwrap()
+            }
+        };
+        let out = rescore(shift, Ablation::default()).await;
         assert_eq!(order(&out), ["1", "0"]);
         let late = out[0].score_parts.late.unwrap();
         assert_eq!(
@@ -1350,16 +1352,7 @@ mod tests {
                 },
             ),
         ] {
-            let out = recall(shift)
-                .late(
-                    &tenant,
-                    &question,
-                    vec![from_cosine.clone(), from_time.clone()],
-                    &HashMap::new(),
-                    &ablation,
-                )
-                .await
-                .unwrap();
+            let out = rescore(shift, ablation).await;
             assert_eq!(order(&out), ["0", "1"], "{ablation:?}");
             assert_eq!(out[0].score, out[1].score);
         }
