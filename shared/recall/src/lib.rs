@@ -713,10 +713,44 @@ impl Recall {
             .partition(|(i, m)| *i < n || known.contains_key(&m.memory_id));
         let mut head: Vec<RecalledMemory> = head.into_iter().map(|(_, m)| m).collect();
         let rest = rest.into_iter().map(|(_, m)| m);
-        if head.len() < 2 {
-            head.extend(rest);
-            return Ok(head);
+        let scores = if head.len() < 2 {
+            None
+        } else {
+            self.head_scores(tenant, question, &head, known).await
+        };
+        if let Some(scores) = scores {
+            let mean = scores.values().sum::<f32>() / scores.len() as f32;
+            let shift = if ablation.without(Component::LateShift) {
+                recollect_config::LateShift::default()
+            } else {
+                cfg.late_shift
+            };
+            for m in &mut head {
+                let s = scores.get(&m.memory_id).copied();
+                m.score_parts.late = s;
+                let p = &m.score_parts;
+                m.score += cfg.late_weight * s.unwrap_or(mean)
+                    + shift.dense * p.dense
+                    + shift.keyword * p.keyword
+                    + shift.lexical * p.lexical
+                    + shift.time * p.time;
+            }
+            // Stable: equal scores keep the fused order.
+            head.sort_by(|a, b| b.score.total_cmp(&a.score));
         }
+        head.extend(rest);
+        Ok(head)
+    }
+
+    /// The MaxSim of each turn of `head` that has token vectors: `known`'s, the rest read from
+    /// the vector index. None (the ranking left as fused) where none has them or the read fails.
+    async fn head_scores(
+        &self,
+        tenant: &TenantId,
+        question: &recollect_model::TokenVectors,
+        head: &[RecalledMemory],
+        known: &HashMap<MemoryId, f32>,
+    ) -> Option<HashMap<MemoryId, f32>> {
         let phase = Instant::now();
         let unread: Vec<MemoryId> = head
             .iter()
@@ -730,8 +764,7 @@ impl Recall {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::warn!(error = %e, "late-interaction scores unreadable; ranking left as fused");
-                    head.extend(rest);
-                    return Ok(head);
+                    return None;
                 }
             }
         };
@@ -744,30 +777,7 @@ impl Recall {
             head.iter()
                 .filter_map(|m| known.get(&m.memory_id).map(|s| (m.memory_id, *s))),
         );
-        if scores.is_empty() {
-            head.extend(rest);
-            return Ok(head);
-        }
-        let mean = scores.values().sum::<f32>() / scores.len() as f32;
-        let shift = if ablation.without(Component::LateShift) {
-            recollect_config::LateShift::default()
-        } else {
-            cfg.late_shift
-        };
-        for m in &mut head {
-            let s = scores.get(&m.memory_id).copied();
-            m.score_parts.late = s;
-            let p = &m.score_parts;
-            m.score += cfg.late_weight * s.unwrap_or(mean)
-                + shift.dense * p.dense
-                + shift.keyword * p.keyword
-                + shift.lexical * p.lexical
-                + shift.time * p.time;
-        }
-        // Stable: equal scores keep the fused order.
-        head.sort_by(|a, b| b.score.total_cmp(&a.score));
-        head.extend(rest);
-        Ok(head)
+        (!scores.is_empty()).then_some(scores)
     }
 }
 

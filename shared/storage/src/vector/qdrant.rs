@@ -454,8 +454,7 @@ pub fn search_request(
             if question.is_empty() {
                 return None;
             }
-            let rows: Vec<Vec<f32>> = question.rows().map(<[f32]>::to_vec).collect();
-            (LATE_VECTOR, VectorInput::new_multi(rows))
+            (LATE_VECTOR, late_input(question))
         }
     };
     Some(
@@ -511,6 +510,11 @@ pub fn hybrid_request(
         .build()
 }
 
+/// The question's token vectors as the server's multivector query on `late`.
+fn late_input(question: &TokenVectors) -> VectorInput {
+    VectorInput::new_multi(question.rows().map(<[f32]>::to_vec).collect::<Vec<_>>())
+}
+
 /// Late interaction on the server: the named turns of the tenant, scored by MaxSim of their
 /// token vectors against the question's (a filter of a few ids is a plain scan there).
 pub fn late_request(
@@ -519,9 +523,8 @@ pub fn late_request(
     question: &TokenVectors,
     ids: &[MemoryId],
 ) -> QueryPoints {
-    let rows: Vec<Vec<f32>> = question.rows().map(<[f32]>::to_vec).collect();
     QueryPointsBuilder::new(collection)
-        .query(Query::new_nearest(VectorInput::new_multi(rows)))
+        .query(Query::new_nearest(late_input(question)))
         .using(LATE_VECTOR)
         .filter(Filter::must([
             Condition::matches("tenant", MatchValue::Keyword(tenant.as_str().to_string())),
