@@ -11,19 +11,13 @@ use recollect_bus::{Delivery, Message, Stage, StageError};
 use recollect_embed::{pool_tokens, Embedder, TokenEmbedder};
 use recollect_extract::bm25;
 use recollect_model::{
-    bus_key, topics, EmbeddedTurn, Embeddings, Envelope, ExtractedTurn, KeywordVector,
+    bus_key, last_words, topics, EmbeddedTurn, Embeddings, Envelope, ExtractedTurn, KeywordVector,
     SparseVector, TokenVectors, Turn,
 };
 use recollect_storage::{ErasureMap, Graph};
 use recollect_telemetry::events::{EmbedderBatchCompleted, InternalEvent};
 
-/// The text a field's vector and the lexical vector are made from: speaker and words.
-pub fn field_text(speaker: Option<&str>, text: &str) -> String {
-    match speaker {
-        Some(s) if !text.is_empty() => format!("{s}: {text}"),
-        _ => text.to_string(),
-    }
-}
+pub use recollect_model::field_text;
 
 /// BM25 document weights for the turn's text (both fields, with speakers).
 pub fn lexical_document_vector(turn: &Turn) -> SparseVector {
@@ -40,6 +34,8 @@ pub struct EmbedderStage {
     tokens: Option<Arc<dyn TokenEmbedder>>,
     /// Each field's token vectors pooled this many to one (`embedder.late_pool_factor`).
     pool_factor: usize,
+    /// Each field read after this many words said before it (`embedder.late_context_words`).
+    context_words: usize,
     /// Where erasure markers are read: turns of a conversation erased while they were queued
     /// are not embedded (the graph-writer drops them in any case; this saves the model work).
     graph: Option<Arc<dyn Graph>>,
@@ -54,6 +50,7 @@ impl EmbedderStage {
             embedder,
             tokens: None,
             pool_factor: 1,
+            context_words: 0,
             graph: None,
             keyword_cache: Default::default(),
             cache_limit: 200_000,
@@ -72,18 +69,40 @@ impl EmbedderStage {
         self
     }
 
+    /// Each field read after the last `words` words said before it in its sitting (the turn's
+    /// [`ExtractedTurn::context`], then, for the assistant, the user's field): the turn's
+    /// token vectors carry what it answers (docs/RECALL.md, departure 15).
+    pub fn with_context_words(mut self, words: usize) -> Self {
+        self.context_words = words;
+        self
+    }
+
     /// The fields' token vectors, in order, pooled; none without a late-interaction model.
-    async fn embed_tokens(&self, texts: Vec<String>) -> Result<Vec<TokenVectors>, StageError> {
+    /// `fields` are (context, field text) pairs.
+    async fn embed_tokens(
+        &self,
+        fields: Vec<(String, String)>,
+    ) -> Result<Vec<TokenVectors>, StageError> {
         let Some(model) = self.tokens.clone() else {
             return Ok(Vec::new());
         };
         let factor = self.pool_factor;
+        let n = fields.len();
         run_model(
             model.model_name().to_string(),
             "token embedding",
-            texts,
-            move |refs| {
-                let out = model.embed_tokens(refs)?;
+            n,
+            move || {
+                let out = if fields.iter().all(|(context, _)| context.is_empty()) {
+                    let texts: Vec<&str> = fields.iter().map(|(_, t)| t.as_str()).collect();
+                    model.embed_tokens(&texts)?
+                } else {
+                    let pairs: Vec<(&str, &str)> = fields
+                        .iter()
+                        .map(|(c, t)| (c.as_str(), t.as_str()))
+                        .collect();
+                    model.embed_tokens_in_context(&pairs)?
+                };
                 Ok(if factor > 1 {
                     out.iter().map(|t| pool_tokens(t, factor)).collect()
                 } else {
@@ -92,6 +111,37 @@ impl EmbedderStage {
             },
         )
         .await
+    }
+
+    /// Each of the batch's field texts (in the order they were gathered) with what the model
+    /// reads before it: the turn's context for the user's field; that and the user's field for
+    /// the assistant's. Nothing before any when contexts are off.
+    fn token_fields(
+        &self,
+        decoded: &[Result<Envelope<ExtractedTurn>, StageError>],
+        skip: &[bool],
+        texts: &[String],
+    ) -> Vec<(String, String)> {
+        let words = self.context_words;
+        if words == 0 {
+            return texts.iter().map(|t| (String::new(), t.clone())).collect();
+        }
+        let mut texts = texts.iter();
+        let mut out = Vec::with_capacity(texts.len());
+        for (env, _) in decoded.iter().zip(skip).filter(|(_, s)| !**s) {
+            let Ok(env) = env else { continue };
+            let Some(user) = texts.next() else { break };
+            let context = last_words(&env.body.context, words);
+            if !env.body.turn.assistant.is_empty() {
+                let Some(assistant) = texts.next() else { break };
+                out.push((context.clone(), user.clone()));
+                let before = last_words(&format!("{context} {user}"), words);
+                out.push((before, assistant.clone()));
+            } else {
+                out.push((context, user.clone()));
+            }
+        }
+        out
     }
 
     pub fn with_erasures(mut self, graph: Arc<dyn Graph>) -> Self {
@@ -137,34 +187,33 @@ impl EmbedderStage {
 
     async fn embed(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, StageError> {
         let e = self.embedder.clone();
-        run_model(
-            e.model_name().to_string(),
-            "embedding",
-            texts,
-            move |refs| e.embed(refs),
-        )
+        let n = texts.len();
+        run_model(e.model_name().to_string(), "embedding", n, move || {
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            e.embed(&refs)
+        })
         .await
     }
 }
 
-/// `call` over `texts` on a blocking thread (the models are CPU-bound), reported as one batch of
-/// `model`; a failure is transient (`what failed: …`): the batch is retried.
+/// `call` (a model over `texts` texts) on a blocking thread (the models are CPU-bound),
+/// reported as one batch of `model`; a failure is transient (`what failed: …`): the batch is
+/// retried.
 async fn run_model<T: Default + Send + 'static>(
     model: String,
     what: &'static str,
-    texts: Vec<String>,
-    call: impl FnOnce(&[&str]) -> Result<T, recollect_embed::EmbedError> + Send + 'static,
+    texts: usize,
+    call: impl FnOnce() -> Result<T, recollect_embed::EmbedError> + Send + 'static,
 ) -> Result<T, StageError> {
-    if texts.is_empty() {
+    if texts == 0 {
         return Ok(T::default());
     }
     tokio::task::spawn_blocking(move || {
         let started = Instant::now();
-        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let out = call(&refs).map_err(|e| StageError::Transient(format!("{what} failed: {e}")))?;
+        let out = call().map_err(|e| StageError::Transient(format!("{what} failed: {e}")))?;
         EmbedderBatchCompleted {
             model: &model,
-            texts: texts.len(),
+            texts,
             elapsed: started.elapsed(),
         }
         .emit();
@@ -219,7 +268,7 @@ impl Stage for EmbedderStage {
         }
         let n_fields = texts.len();
         let token_texts = if self.tokens.is_some() {
-            texts.clone()
+            self.token_fields(&decoded, &skip, &texts)
         } else {
             Vec::new()
         };
@@ -278,7 +327,9 @@ impl Stage for EmbedderStage {
                 if skip {
                     return Ok(Vec::new());
                 }
-                let ExtractedTurn { turn, extraction } = env.body;
+                let ExtractedTurn {
+                    turn, extraction, ..
+                } = env.body;
                 let user = fields.next().unwrap_or_default();
                 let assistant = if turn.assistant.is_empty() {
                     vec![]
@@ -342,7 +393,14 @@ mod tests {
                 .collect(),
             ..Default::default()
         };
-        let body = Envelope::new("tr", ExtractedTurn { turn, extraction });
+        let body = Envelope::new(
+            "tr",
+            ExtractedTurn {
+                turn,
+                extraction,
+                context: String::new(),
+            },
+        );
         Delivery {
             message: Message::json(topics::EXTRACTED, "acme/c".into(), body, "tr"),
             partition: 0,
@@ -398,6 +456,75 @@ mod tests {
         let out = plain.handle(&[delivery(0, &[])]).await;
         let e: Envelope<EmbeddedTurn> = out[0].as_ref().unwrap()[0].decode().unwrap();
         assert!(e.body.embeddings.tokens.is_none());
+    }
+
+    /// The late-interaction model reads each field after the turn's context (the user's), and
+    /// after that and the user's field (the reply's), cut to the last words configured; with
+    /// contexts off, or none given, each field alone.
+    #[tokio::test]
+    async fn token_vectors_read_each_field_after_the_words_before_it() {
+        use recollect_embed::{EmbedError, HashTokenEmbedder};
+        #[derive(Default)]
+        struct Recorder(parking_lot::Mutex<Vec<(String, String)>>);
+        impl TokenEmbedder for Recorder {
+            fn model_name(&self) -> &str {
+                "recorder"
+            }
+            fn dim(&self) -> usize {
+                HashTokenEmbedder.dim()
+            }
+            fn embed_tokens(&self, texts: &[&str]) -> Result<Vec<TokenVectors>, EmbedError> {
+                HashTokenEmbedder.embed_tokens(texts)
+            }
+            fn embed_tokens_in_context(
+                &self,
+                pairs: &[(&str, &str)],
+            ) -> Result<Vec<TokenVectors>, EmbedError> {
+                let mut seen = self.0.lock();
+                seen.extend(pairs.iter().map(|(c, t)| (c.to_string(), t.to_string())));
+                self.embed_tokens(&pairs.iter().map(|(_, t)| *t).collect::<Vec<_>>())
+            }
+        }
+        let turn = |i: usize, reply: &str, context: &str| {
+            let mut d = delivery(i, &[]);
+            let mut env: Envelope<ExtractedTurn> = d.message.decode().unwrap();
+            env.body.turn.assistant = reply.into();
+            env.body.context = context.into();
+            d.message = Message::json(topics::EXTRACTED, "acme/c".into(), env, "tr");
+            d
+        };
+        let batch = [
+            turn(0, "a reply", ""),
+            turn(1, "", "Ann: so we went camping"),
+        ];
+        let recorder = Arc::new(Recorder::default());
+        let stage = EmbedderStage::new(Arc::new(HashEmbedder::new(16)))
+            .with_token_embedder(Some(recorder.clone()))
+            .with_context_words(3);
+        let out = stage.handle(&batch).await;
+        assert!(out.iter().all(Result::is_ok));
+        let pair = |c: &str, t: &str| (c.to_string(), t.to_string());
+        assert_eq!(
+            *recorder.0.lock(),
+            vec![
+                pair("", "turn 0"),
+                pair("turn 0", "a reply"),
+                pair("we went camping", "turn 1"),
+            ]
+        );
+        // The model's rows are the field's own: as many as alone.
+        let got: Envelope<EmbeddedTurn> = out[1].as_ref().unwrap()[0].decode().unwrap();
+        let alone = HashTokenEmbedder
+            .embed_tokens(&["turn 1"])
+            .unwrap()
+            .remove(0);
+        assert_eq!(got.body.embeddings.tokens.unwrap(), alone);
+        // Contexts off: each field alone, whatever the turn carries.
+        let recorder = Arc::new(Recorder::default());
+        let off = EmbedderStage::new(Arc::new(HashEmbedder::new(16)))
+            .with_token_embedder(Some(recorder.clone()));
+        assert!(off.handle(&batch).await.iter().all(Result::is_ok));
+        assert!(recorder.0.lock().is_empty());
     }
 
     /// With pooling, each field is pooled on its own (so a user's words never merge with the

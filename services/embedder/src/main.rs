@@ -23,6 +23,7 @@ async fn main() -> anyhow::Result<()> {
             EmbedderStage::new(embedder)
                 .with_token_embedder(load_token_embedder(&settings)?)
                 .with_token_pooling(settings.embedder.late_pool_factor)
+                .with_context_words(settings.embedder.late_context_words)
                 .with_erasures(graph),
         )],
         checks,

@@ -9,7 +9,8 @@ use async_trait::async_trait;
 use recollect_bus::{Delivery, Message, Stage, StageError};
 use recollect_extract::Extractor;
 use recollect_model::{
-    bus_key, topics, Envelope, ExtractedTurn, MemoryId, RawMessage, TenantId, Timestamp, Turn,
+    bus_key, field_text, topics, Envelope, ExtractedTurn, MemoryId, RawMessage, TenantId,
+    Timestamp, Turn,
 };
 use recollect_storage::graph::ConversationState;
 use recollect_storage::{ErasureMap, Graph};
@@ -17,12 +18,35 @@ use recollect_storage::{ErasureMap, Graph};
 pub struct ExtractorStage {
     extractor: Arc<dyn Extractor>,
     graph: Arc<dyn Graph>,
+    /// Words of context each turn carries for the late-interaction model
+    /// (`embedder.late_context_words`; 0: none, and none kept in the state).
+    context_words: usize,
 }
 
 impl ExtractorStage {
     pub fn new(extractor: Arc<dyn Extractor>, graph: Arc<dyn Graph>) -> Self {
-        Self { extractor, graph }
+        Self {
+            extractor,
+            graph,
+            context_words: 0,
+        }
     }
+
+    /// Each turn carries the last `words` words said before it in its sitting
+    /// ([`ExtractedTurn::context`]), kept in the conversation's state.
+    pub fn with_context_words(mut self, words: usize) -> Self {
+        self.context_words = words;
+        self
+    }
+}
+
+/// Both fields with their speakers: what a later turn's context reads of this one.
+fn turn_words(t: &Turn) -> String {
+    format!(
+        "{}\n{}",
+        field_text(t.user_speaker.as_deref(), &t.user),
+        field_text(t.assistant_speaker.as_deref(), &t.assistant)
+    )
 }
 
 /// Raw turns may come from any producer on the topic: the same rules as the gateway's.
@@ -155,7 +179,20 @@ impl Stage for ExtractorStage {
                     x
                 }
                 .map_err(|e| StageError::Permanent(format!("extraction failed: {e}")))?;
-                let out = ExtractedTurn { turn, extraction };
+                // Read before this turn is kept, by position: a redelivery reads what it read.
+                let words = self.context_words;
+                let context = state.context_before(turn.position, turn.timestamp, words);
+                if state.remember_text(turn.position, turn.timestamp, &turn_words(&turn), words) {
+                    state.derived_from(turn.recorded_at);
+                    if !dirty.contains(&key) {
+                        dirty.push(key.clone());
+                    }
+                }
+                let out = ExtractedTurn {
+                    turn,
+                    extraction,
+                    context,
+                };
                 Ok(vec![Message::json(
                     topics::EXTRACTED,
                     bus_key(&out.turn.tenant, &out.turn.conversation_id),
@@ -293,5 +330,56 @@ mod tests {
         // A producer's bad turn is dead-letter material, not a retry.
         let bad = stage.handle(&[raw("", "no id")]).await;
         assert!(matches!(bad[0], Err(StageError::Permanent(_))));
+    }
+
+    fn contexts(out: &[Result<Vec<Message>, StageError>]) -> Vec<String> {
+        out.iter()
+            .map(|r| {
+                let e: Envelope<ExtractedTurn> = r.as_ref().unwrap()[0].decode().unwrap();
+                e.body.context
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn each_turn_carries_the_words_before_it_and_a_redelivery_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let graph = Arc::new(EmbeddedGraph::open(&dir.path().join("g.redb")).unwrap());
+        let stage = || {
+            ExtractorStage::new(Arc::new(RuleExtractor::new()), graph.clone()).with_context_words(4)
+        };
+        let first = stage()
+            .handle(&[raw("a", "I met Anna in Paris"), raw("b", "She loves jazz")])
+            .await;
+        assert_eq!(contexts(&first), vec!["", "met Anna in Paris"]);
+        // Redelivered "b" reads what it read; "c" reads the newest words, across turns.
+        let again = stage()
+            .handle(&[raw("b", "She loves jazz"), raw("c", "We went to a concert")])
+            .await;
+        assert_eq!(
+            contexts(&again),
+            vec!["met Anna in Paris", "Paris She loves jazz"]
+        );
+        // The words live in the conversation's state: a new worker goes on from them.
+        let state = graph
+            .conversation_state(&TenantId("acme".into()), "c")
+            .await
+            .unwrap();
+        assert_eq!(state.recent_text.len(), 3);
+        let later = stage().handle(&[raw("d", "It was loud")]).await;
+        assert_eq!(contexts(&later), vec!["went to a concert"]);
+        // Off: no context carried, no words kept.
+        let dir = tempfile::tempdir().unwrap();
+        let graph = Arc::new(EmbeddedGraph::open(&dir.path().join("g.redb")).unwrap());
+        let off = ExtractorStage::new(Arc::new(RuleExtractor::new()), graph.clone());
+        let out = off
+            .handle(&[raw("a", "I met Anna in Paris"), raw("b", "She loves jazz")])
+            .await;
+        assert_eq!(contexts(&out), vec!["", ""]);
+        let state = graph
+            .conversation_state(&TenantId("acme".into()), "c")
+            .await
+            .unwrap();
+        assert!(state.recent_text.is_empty());
     }
 }

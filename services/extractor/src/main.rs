@@ -13,7 +13,11 @@ async fn main() -> anyhow::Result<()> {
     let graph = recollect_storage::open_graph(&settings, &settings.storage.data_dir).await?;
     let bus = open_bus(&settings, "extractor").await?;
     let checks = vec![bus_check(bus.clone()), graph_check(graph.clone())];
-    let stage = Arc::new(ExtractorStage::new(extractor, graph));
+    // The embedder decides whether a late-interaction model runs; context is carried whenever
+    // one is configured (unread words cost only the state's room).
+    let stage = Arc::new(
+        ExtractorStage::new(extractor, graph).with_context_words(settings.late_context_words()),
+    );
     run_workers(&settings, bus, vec![stage], checks).await?;
     Ok(())
 }

@@ -484,12 +484,20 @@ impl App {
         let query_embedder: Arc<dyn Embedder> = query_cache.clone();
         let consolidator =
             ConsolidatorStage::from_settings(graph.clone(), vectors.clone(), &settings)?;
+        // Words of context kept and carried only where a late-interaction model reads them.
+        let context_words = tokens
+            .as_ref()
+            .map_or(0, |_| settings.embedder.late_context_words);
         let stages: Vec<Arc<dyn Stage>> = vec![
-            Arc::new(ExtractorStage::new(extractor.clone(), graph.clone())),
+            Arc::new(
+                ExtractorStage::new(extractor.clone(), graph.clone())
+                    .with_context_words(context_words),
+            ),
             Arc::new(
                 EmbedderStage::new(embedder.clone())
                     .with_token_embedder(tokens.clone())
                     .with_token_pooling(settings.embedder.late_pool_factor)
+                    .with_context_words(context_words)
                     .with_erasures(graph.clone()),
             ),
             Arc::new(GraphWriterStage::new(

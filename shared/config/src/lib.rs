@@ -199,7 +199,13 @@ pub struct EmbedderSettings {
     /// rows; 1: every token kept). 2 halves the storage and the MaxSim work, moving LoCoMo dev's
     /// figures by at most 0.007 (docs/EVALUATION.md); questions are never pooled.
     pub late_pool_factor: usize,
+    /// Each field's token vectors read after the last this many words said before it in its
+    /// sitting (the extractor keeps them in the conversation's state); 0: each field alone.
+    pub late_context_words: usize,
 }
+
+/// `embedder.late_context_words` at most: the model reads 128 tokens, the field's first.
+pub const MAX_LATE_CONTEXT_WORDS: usize = 96;
 
 /// `embedder.late_model = "auto"`: late interaction wherever it can run (see the setting).
 pub const LATE_MODEL_AUTO: &str = "auto";
@@ -706,6 +712,12 @@ impl Settings {
         if !(1..=8).contains(&self.embedder.late_pool_factor) {
             return invalid("embedder.late_pool_factor", "must be in 1..=8".into());
         }
+        if self.embedder.late_context_words > MAX_LATE_CONTEXT_WORDS {
+            return invalid(
+                "embedder.late_context_words",
+                format!("must be in 0..={MAX_LATE_CONTEXT_WORDS}"),
+            );
+        }
         if self.embedder.batch_size == 0 || self.embedder.batch_size > 4096 {
             return invalid("embedder.batch_size", "must be in 1..=4096".into());
         }
@@ -848,6 +860,13 @@ impl Settings {
             return (self.embedder.kind == EmbedderKind::Minilm).then_some(LATE_MODELS[0].0);
         }
         LATE_MODELS.iter().map(|&(n, _)| n).find(|n| *n == name)
+    }
+
+    /// Words of context each turn carries for the late-interaction model: none when it is off
+    /// (the extractor then keeps no words in the conversation's state).
+    pub fn late_context_words(&self) -> usize {
+        self.late_model()
+            .map_or(0, |_| self.embedder.late_context_words)
     }
 
     /// Whether `embedder.late_model` is `auto`: late interaction only where it can run.
@@ -1332,6 +1351,11 @@ mod tests {
             assert!(e.contains("embedder.late_pool_factor"), "{e}");
         }
         s.embedder.late_pool_factor = 1;
+        assert_eq!(s.embedder.late_context_words, 50);
+        s.embedder.late_context_words = 97;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("embedder.late_context_words"), "{e}");
+        s.embedder.late_context_words = 0;
         s.recall.fragments_expanded = 0;
         s.recall.factual_weights = (0.4, 0.4);
         s.validate().unwrap();

@@ -24,6 +24,18 @@ pub trait TokenEmbedder: Send + Sync {
     /// One matrix of unit token vectors per text, in order (texts to be found and questions
     /// alike: the model has no query form of its own here).
     fn embed_tokens(&self, texts: &[&str]) -> Result<Vec<TokenVectors>, EmbedError>;
+
+    /// Each text's token vectors read after its context, `(context, text)` pairs in order: the
+    /// model sees the words said before, and only the text's own rows are kept, as many as
+    /// [`Self::embed_tokens`] gives it ("late chunking", Günther et al. 2024). A model that
+    /// cannot read a context embeds the text alone.
+    fn embed_tokens_in_context(
+        &self,
+        pairs: &[(&str, &str)],
+    ) -> Result<Vec<TokenVectors>, EmbedError> {
+        let texts: Vec<&str> = pairs.iter().map(|(_, text)| *text).collect();
+        self.embed_tokens(&texts)
+    }
 }
 
 /// A late-interaction model `scripts/setup-model.sh` can install.
@@ -61,15 +73,23 @@ const BATCH_SIZE: usize = 32;
 pub struct OnnxTokenEmbedder {
     spec: &'static TokenModelSpec,
     graph: BertGraph,
+    /// The tokenizer without truncation, for contexts: their last tokens are the ones kept.
+    context_tokenizer: tokenizers::Tokenizer,
 }
 
 impl OnnxTokenEmbedder {
     /// Loads `spec`'s `model.onnx` and `tokenizer.json` from `dir` with the ONNX Runtime
     /// library at `lib`.
     pub fn load(dir: &Path, lib: &Path, spec: &'static TokenModelSpec) -> Result<Self, EmbedError> {
+        let graph = BertGraph::load(dir, lib, spec.name, "model.onnx", spec.max_seq_len)?;
+        let mut context_tokenizer = graph.tokenizer.clone();
+        context_tokenizer
+            .with_truncation(None)
+            .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
         Ok(Self {
             spec,
-            graph: BertGraph::load(dir, lib, spec.name, "model.onnx", spec.max_seq_len)?,
+            graph,
+            context_tokenizer,
         })
     }
 
@@ -118,6 +138,63 @@ impl TokenEmbedder for OnnxTokenEmbedder {
             .map(|v| TokenVectors::new(self.spec.dim, v).map_err(model_error))
             .collect()
     }
+
+    /// `[CLS] context [SEP] text [SEP]`, the context cut from the front to fit
+    /// `max_seq_len` beside the text (which is tokenized, and cut, exactly as alone); the rows
+    /// of `[CLS]` and of the text's tokens are kept.
+    fn embed_tokens_in_context(
+        &self,
+        pairs: &[(&str, &str)],
+    ) -> Result<Vec<TokenVectors>, EmbedError> {
+        let tokenizer_error = |e: tokenizers::Error| EmbedError::Tokenizer(e.to_string());
+        let texts: Vec<&str> = pairs.iter().map(|(_, text)| *text).collect();
+        let contexts: Vec<&str> = pairs.iter().map(|(context, _)| *context).collect();
+        let alone = self
+            .graph
+            .tokenizer
+            .encode_batch(texts, true)
+            .map_err(tokenizer_error)?;
+        let before = self
+            .context_tokenizer
+            .encode_batch(contexts, false)
+            .map_err(tokenizer_error)?;
+        // Each sequence, and where its text's rows begin (after [CLS], the context and [SEP]).
+        let mut skips = Vec::with_capacity(alone.len());
+        let seqs: Vec<Vec<u32>> = alone
+            .iter()
+            .zip(&before)
+            .map(|(text, context)| {
+                let ids = text.get_ids();
+                let room = self.spec.max_seq_len.saturating_sub(ids.len() + 1);
+                let context = context.get_ids();
+                let context = &context[context.len().saturating_sub(room)..];
+                if context.is_empty() || ids.len() < 2 {
+                    skips.push(0);
+                    return ids.to_vec();
+                }
+                skips.push(context.len() + 1);
+                let mut seq = Vec::with_capacity(ids.len() + context.len() + 1);
+                seq.push(ids[0]);
+                seq.extend_from_slice(context);
+                seq.push(ids[ids.len() - 1]);
+                seq.extend_from_slice(&ids[1..]);
+                seq
+            })
+            .collect();
+        let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+        let rows = crate::embed_in_chunks(&refs, self.graph.sessions.len(), BATCH_SIZE, |k, b| {
+            self.forward(b, k)
+        })?;
+        let dim = self.spec.dim;
+        rows.into_iter()
+            .zip(skips)
+            .map(|(mut v, skip)| {
+                // [CLS] stays where it is; the text's rows move up behind it.
+                v.drain(dim..(1 + skip) * dim);
+                TokenVectors::new(dim, v).map_err(model_error)
+            })
+            .collect()
+    }
 }
 
 impl<T: TokenEmbedder + ?Sized> TokenEmbedder for std::sync::Arc<T> {
@@ -129,6 +206,12 @@ impl<T: TokenEmbedder + ?Sized> TokenEmbedder for std::sync::Arc<T> {
     }
     fn embed_tokens(&self, texts: &[&str]) -> Result<Vec<TokenVectors>, EmbedError> {
         (**self).embed_tokens(texts)
+    }
+    fn embed_tokens_in_context(
+        &self,
+        pairs: &[(&str, &str)],
+    ) -> Result<Vec<TokenVectors>, EmbedError> {
+        (**self).embed_tokens_in_context(pairs)
     }
 }
 

@@ -582,3 +582,68 @@ fn answerai_colbert_token_vectors_match_the_reference_max_sim() {
         }
     }
 }
+
+/// The late-interaction model reading a passage after its context
+/// (`TokenEmbedder::embed_tokens_in_context`, `embedder.late_context_words`) against reference
+/// rows (fixtures/colbert_context_reference.json, made by colbert_context_reference.py beside
+/// it: `[CLS] context [SEP] passage [SEP]` alone through ONNX Runtime's Python API, the rows of
+/// [CLS] and the passage kept).
+#[test]
+fn answerai_colbert_reads_a_passage_in_its_context_as_the_reference() {
+    let spec = &ANSWERAI_COLBERT_SMALL_INT8;
+    let Some(dir) = installed_graph(spec.dir, spec.name) else {
+        return;
+    };
+    let model = OnnxTokenEmbedder::load(&dir, &default_onnx_runtime_path(), spec)
+        .expect("installed graph loads");
+    let raw: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/colbert_context_reference.json")).unwrap();
+    let cases = raw["cases"].as_array().unwrap();
+    let str_of = |c: &serde_json::Value, k: &str| c[k].as_str().unwrap().to_string();
+    let pairs: Vec<(String, String)> = cases
+        .iter()
+        .map(|c| (str_of(c, "context"), str_of(c, "passage")))
+        .collect();
+    let pair_refs: Vec<(&str, &str)> = pairs
+        .iter()
+        .map(|(c, p)| (c.as_str(), p.as_str()))
+        .collect();
+    let batched = model.embed_tokens_in_context(&pair_refs).unwrap();
+    for (i, case) in cases.iter().enumerate() {
+        let (context, passage) = pair_refs[i];
+        let q = model
+            .embed_tokens(&[case["question"].as_str().unwrap()])
+            .unwrap()
+            .remove(0);
+        let got = model
+            .embed_tokens_in_context(&[(context, passage)])
+            .unwrap()
+            .remove(0);
+        let alone = model.embed_tokens(&[passage]).unwrap().remove(0);
+        // As many rows as the passage has alone: the context adds none.
+        assert_eq!(got.len(), alone.len());
+        assert_eq!(got.len() as u64, case["passage_tokens"].as_u64().unwrap());
+        let want = case["max_sim_in_context"].as_f64().unwrap() as f32;
+        assert!(
+            (got.max_sim(&q) - want).abs() < 2e-3,
+            "{passage:?} in context: {} vs {want}",
+            got.max_sim(&q)
+        );
+        assert!((batched[i].max_sim(&q) - want).abs() < 0.02);
+        let head: Vec<f32> = case["first_row_head"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect();
+        let row = got.rows().nth(1).unwrap();
+        for (a, b) in row.iter().zip(&head) {
+            assert!((a - b).abs() < 5e-3, "{passage:?}: row 1 {a} vs {b}");
+        }
+        let alone_want = case["max_sim_alone"].as_f64().unwrap() as f32;
+        assert!((alone.max_sim(&q) - alone_want).abs() < 2e-3);
+        if context.is_empty() {
+            assert_eq!(got, alone, "no context: the text alone");
+        }
+    }
+}

@@ -731,6 +731,26 @@ pub type RawMessage = Envelope<Turn>;
 pub struct ExtractedTurn {
     pub turn: Turn,
     pub extraction: Extraction,
+    /// The last words said before this turn in the same sitting of its conversation
+    /// (`embedder.late_context_words`; see [`ConversationState::context_before`]): the
+    /// late-interaction model reads each field after them, so a turn's token vectors carry what
+    /// it answers. Empty when off, at a conversation's start, and in messages from before it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub context: String,
+}
+
+/// The text a field's vectors and the lexical vector are made from: speaker and words.
+pub fn field_text(speaker: Option<&str>, text: &str) -> String {
+    match speaker {
+        Some(s) if !text.is_empty() => format!("{s}: {text}"),
+        _ => text.to_string(),
+    }
+}
+
+/// `text`'s last `words` words, separated by single spaces.
+pub fn last_words(text: &str, words: usize) -> String {
+    let all: Vec<&str> = text.split_whitespace().collect();
+    all[all.len().saturating_sub(words)..].join(" ")
 }
 
 /// `recollect.turns.embedded`
@@ -870,9 +890,98 @@ pub struct ConversationState {
     /// after it means the state holds erased data. None on a state from before markers existed.
     #[serde(default)]
     pub recorded_from: Option<DateTime<Utc>>,
+    /// The latest turns' words, in position order, each cut to the words a context can use:
+    /// what [`Self::context_before`] reads. Kept by position, so a redelivered turn gets the
+    /// context it had the first time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent_text: Vec<RecentText>,
+}
+
+/// A turn's words as the conversation's context keeps them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecentText {
+    pub position: u64,
+    pub timestamp: DateTime<Utc>,
+    /// Both fields with their speakers, cut to their last words.
+    pub text: String,
 }
 
 impl ConversationState {
+    /// Turns whose words are kept for context: a redelivery reaches at most a batch back, and a
+    /// context of a few dozen words needs a few turns.
+    pub const RECENT_TEXTS: usize = 32;
+
+    /// Turns this far apart are different sittings: a context never reaches across a gap of more
+    /// than this between a turn and the one before it.
+    pub const SITTING_GAP: chrono::TimeDelta = chrono::TimeDelta::hours(1);
+
+    /// The last `words` words said before the turn at `position` (at `timestamp`) in the same
+    /// sitting, oldest first. Empty when the turns before it are gone from
+    /// [`Self::recent_text`] (a redelivery further back than that, or after a reindex began).
+    pub fn context_before(&self, position: u64, timestamp: DateTime<Utc>, words: usize) -> String {
+        if words == 0 {
+            return String::new();
+        }
+        let mut parts: Vec<&str> = Vec::new();
+        let (mut next_at, mut have) = (timestamp, 0);
+        for r in self.recent_text.iter().rev() {
+            if r.position >= position {
+                continue;
+            }
+            if (next_at - r.timestamp).abs() > Self::SITTING_GAP {
+                break;
+            }
+            parts.push(&r.text);
+            have += r.text.split_whitespace().count();
+            next_at = r.timestamp;
+            if have >= words {
+                break;
+            }
+        }
+        parts.reverse();
+        last_words(&parts.join(" "), words)
+    }
+
+    /// Keeps the words of the turn at `position`, cut to its last `words`, for the contexts of
+    /// the turns after it. An edit replaces what its turn said; the oldest are let go. Whether
+    /// anything changed (a redelivery changes nothing).
+    pub fn remember_text(
+        &mut self,
+        position: u64,
+        timestamp: DateTime<Utc>,
+        text: &str,
+        words: usize,
+    ) -> bool {
+        if words == 0 {
+            return false;
+        }
+        let entry = RecentText {
+            position,
+            timestamp,
+            text: last_words(text, words),
+        };
+        match self
+            .recent_text
+            .binary_search_by_key(&position, |r| r.position)
+        {
+            Ok(i) if self.recent_text[i] == entry => return false,
+            Ok(i) => self.recent_text[i] = entry,
+            // Older than everything kept: no later turn's context can reach it.
+            Err(0) if self.recent_text.len() >= Self::RECENT_TEXTS => return false,
+            Err(i) => self.recent_text.insert(i, entry),
+        }
+        if self.recent_text.len() > Self::RECENT_TEXTS {
+            let excess = self.recent_text.len() - Self::RECENT_TEXTS;
+            self.recent_text.drain(..excess);
+        }
+        true
+    }
+
+    /// Drops what the turn at `position` said (it was erased).
+    pub fn forget_text(&mut self, position: u64) {
+        self.recent_text.retain(|r| r.position != position);
+    }
+
     /// What a reindex keeps: positions (a turn keeps its place), nothing derived.
     pub fn restarted(&self) -> Self {
         Self {
@@ -1012,6 +1121,69 @@ impl ReferenceState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_turns_context_is_the_words_before_it_in_the_same_sitting() {
+        let at = |h: i64, m: i64| {
+            "2024-05-01T10:00:00Z".parse::<DateTime<Utc>>().unwrap()
+                + chrono::TimeDelta::hours(h)
+                + chrono::TimeDelta::minutes(m)
+        };
+        let mut s = ConversationState::default();
+        assert_eq!(s.context_before(0, at(0, 0), 5), "");
+        s.remember_text(0, at(0, 0), "A: we went camping\nB: where", 6);
+        s.remember_text(1, at(0, 5), "A: by the lake near Tahoe", 6);
+        // The newest words, across turns, in order.
+        assert_eq!(
+            s.context_before(2, at(0, 10), 8),
+            "B: where A: by the lake near Tahoe"
+        );
+        assert_eq!(s.context_before(2, at(0, 10), 3), "lake near Tahoe");
+        // A redelivered turn reads only what came before it, as the first time.
+        assert_eq!(
+            s.context_before(1, at(0, 5), 8),
+            "A: we went camping B: where"
+        );
+        // Each turn is kept cut to the words a context can use.
+        let mut cut = ConversationState::default();
+        cut.remember_text(0, at(0, 0), "A: by the lake near Tahoe", 3);
+        assert_eq!(cut.recent_text[0].text, "lake near Tahoe");
+        // Over an hour later is another sitting: no context across the gap.
+        assert_eq!(s.context_before(2, at(2, 0), 8), "");
+        s.remember_text(2, at(2, 0), "A: back home", 6);
+        assert_eq!(s.context_before(3, at(2, 1), 8), "A: back home");
+        // An edit replaces its turn's words; an erasure drops them.
+        s.remember_text(1, at(0, 5), "A: by the sea", 6);
+        assert_eq!(
+            s.context_before(2, at(0, 10), 8),
+            "went camping B: where A: by the sea"
+        );
+        s.forget_text(1);
+        assert_eq!(
+            s.context_before(2, at(0, 10), 8),
+            "A: we went camping B: where"
+        );
+        // Off: nothing kept, nothing read.
+        let mut off = ConversationState::default();
+        off.remember_text(0, at(0, 0), "A: hello", 0);
+        assert!(off.recent_text.is_empty());
+        assert_eq!(s.context_before(2, at(0, 10), 0), "");
+        // The window is bounded, oldest out; a reindex starts it over.
+        for p in 0..100 {
+            s.remember_text(p, at(0, 0), "A: word", 5);
+        }
+        assert_eq!(s.recent_text.len(), ConversationState::RECENT_TEXTS);
+        assert_eq!(
+            s.recent_text[0].position,
+            100 - ConversationState::RECENT_TEXTS as u64
+        );
+        assert_eq!(s.context_before(20, at(0, 0), 8), "");
+        assert!(s.restarted().recent_text.is_empty());
+        // A state saved before the window existed still reads.
+        let old: ConversationState =
+            serde_json::from_str(r#"{"reference":{"entities":[],"locations":[],"events":[],"times":[],"bindings":{},"turns_seen":0},"reference_position":null,"consolidated_until":0}"#).unwrap();
+        assert!(old.recent_text.is_empty());
+    }
 
     #[test]
     fn token_vectors_travel_as_bytes_and_score_by_max_sim() {

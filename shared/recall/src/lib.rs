@@ -488,16 +488,17 @@ impl Recall {
             // The users or agents asked for have no conversations (or none of those named).
             return Ok(vec![]);
         }
-        // The question's token vectors, made on another thread from the start, beside the
-        // analysis and Phase 2. Not as of an earlier time: kept versions are not re-scored, so
-        // the present's turns would be favoured.
-        let question_tokens = self
+        // The question's token vectors, made on another thread from the start, and the late
+        // retriever's scan as soon as they are: both beside the analysis and Phase 2. Not as of
+        // an earlier time: kept versions are not re-scored, so the present's turns would be
+        // favoured.
+        let late = self
             .tokens
             .clone()
             .filter(|_| !ablation.without(Component::Late) && scope.as_of.is_none())
             .map(|model| {
-                let question = req.query.clone();
-                tokio::task::spawn_blocking(move || model.embed_tokens(&[&question]))
+                let scan = self.late_scan(tenant, &scope, ablation);
+                AbortOnDrop(tokio::spawn(late_retrieve(model, req.query.clone(), scan)))
             });
         let (qa, qv) = self.analyse(req).await?;
         RecallPhaseCompleted {
@@ -540,17 +541,15 @@ impl Recall {
             self.lexical(tenant, &scope, &req.query, &qa.entities, &entities, depth)
                 .await
         });
-        let question_tokens = async {
-            match question_tokens?.await {
-                Ok(Ok(mut v)) if v.len() == 1 => v.pop(),
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "the question's token vectors failed; ranking left as fused");
-                    None
-                }
-                _ => None,
-            }
+        let late = async {
+            let Some(mut task) = late else {
+                return (None, HashMap::new());
+            };
+            (&mut task.0).await.unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "the late retriever stopped; ranking left as fused");
+                (None, HashMap::new())
+            })
         };
-        let late = self.late_retrieve(tenant, &scope, question_tokens, ablation);
         let (bc, dense, lexical, (question_tokens, late)) =
             tokio::join!(graph_paths, dense, lexical, late);
         let ((b, c), dense, lexical) = (bc?, dense?, lexical?);
@@ -634,60 +633,21 @@ impl Recall {
 }
 
 impl Recall {
-    /// The question's token vectors, awaited, and the late retriever's finds: the scope's best
-    /// `late_candidates` turns by MaxSim, where the scope holds at most `late_scan_max_turns`
-    /// (counted beside the question's encoding). A scan that fails is logged and skipped: the
-    /// other retrievers' candidates are a complete answer on their own.
-    async fn late_retrieve(
-        &self,
-        tenant: &TenantId,
-        scope: &Scope,
-        question: impl std::future::Future<Output = Option<recollect_model::TokenVectors>>,
-        ablation: &Ablation,
-    ) -> (
-        Option<recollect_model::TokenVectors>,
-        HashMap<MemoryId, f32>,
-    ) {
+    /// What the late retriever scans, when it runs: with `late_candidates` on, a late model,
+    /// neither ablated, and the present asked about.
+    fn late_scan(&self, tenant: &TenantId, scope: &Scope, ablation: &Ablation) -> Option<LateScan> {
         let cfg = &self.config;
         let wanted = cfg.late_candidates > 0
-            && self.tokens.is_some()
             && !ablation.without(Component::LateScan)
             && !ablation.without(Component::Late)
             && scope.as_of.is_none();
-        let size = async {
-            if wanted {
-                Some(self.vectors.count(tenant, scope).await)
-            } else {
-                None
-            }
-        };
-        let (question, size) = tokio::join!(question, size);
-        let Some(question) = question else {
-            return (None, HashMap::new());
-        };
-        match size {
-            Some(Ok(n)) if n <= cfg.late_scan_max_turns => {}
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "the scope's size unreadable; late retriever skipped");
-                return (Some(question), HashMap::new());
-            }
-            _ => return (Some(question), HashMap::new()),
-        }
-        let query = VectorQuery::Late(question.clone());
-        let found = timed(RecallPhase::LateScan, async {
-            Ok(self
-                .vectors
-                .search(tenant, scope, &query, cfg.late_candidates)
-                .await?)
+        wanted.then(|| LateScan {
+            vectors: self.vectors.clone(),
+            tenant: tenant.clone(),
+            scope: scope.clone(),
+            candidates: cfg.late_candidates,
+            max_turns: cfg.late_scan_max_turns,
         })
-        .await;
-        match found {
-            Ok(found) => (Some(question), found.into_iter().collect()),
-            Err(e) => {
-                tracing::warn!(error = %e, "the late retriever failed; candidates from the others");
-                (Some(question), HashMap::new())
-            }
-        }
     }
 
     /// Late interaction: the first `late_depth` of `ranked`, and every turn the late retriever
@@ -880,6 +840,83 @@ async fn rerank(
 }
 
 /// Runs one of Phase 2's retrievers and records how long it took.
+/// The late retriever's scan: the scope's best `candidates` turns by MaxSim, where it holds at
+/// most `max_turns`.
+struct LateScan {
+    vectors: Arc<dyn VectorIndex>,
+    tenant: TenantId,
+    scope: Scope,
+    candidates: usize,
+    max_turns: u64,
+}
+
+/// A task stopped when its recall is dropped (a failed or abandoned request scans no further).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The question's token vectors, and the late retriever's finds (`scan`; the scope's size
+/// counted beside the question's encoding). A scan that fails is logged and skipped: the other
+/// retrievers' candidates are a complete answer on their own.
+async fn late_retrieve(
+    model: Arc<dyn TokenEmbedder>,
+    question: String,
+    scan: Option<LateScan>,
+) -> (
+    Option<recollect_model::TokenVectors>,
+    HashMap<MemoryId, f32>,
+) {
+    let encode = tokio::task::spawn_blocking(move || model.embed_tokens(&[&question]));
+    let size = async {
+        match &scan {
+            Some(s) => Some(s.vectors.count(&s.tenant, &s.scope).await),
+            None => None,
+        }
+    };
+    let (encoded, size) = tokio::join!(encode, size);
+    let question = match encoded {
+        Ok(Ok(mut v)) if v.len() == 1 => v.pop(),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "the question's token vectors failed; ranking left as fused");
+            None
+        }
+        _ => None,
+    };
+    let Some(question) = question else {
+        return (None, HashMap::new());
+    };
+    let Some(scan) = scan else {
+        return (Some(question), HashMap::new());
+    };
+    match size {
+        Some(Ok(n)) if n <= scan.max_turns => {}
+        Some(Err(e)) => {
+            tracing::warn!(error = %e, "the scope's size unreadable; late retriever skipped");
+            return (Some(question), HashMap::new());
+        }
+        _ => return (Some(question), HashMap::new()),
+    }
+    let query = VectorQuery::Late(question.clone());
+    let found = timed(RecallPhase::LateScan, async {
+        Ok(scan
+            .vectors
+            .search(&scan.tenant, &scan.scope, &query, scan.candidates)
+            .await?)
+    })
+    .await;
+    match found {
+        Ok(found) => (Some(question), found.into_iter().collect()),
+        Err(e) => {
+            tracing::warn!(error = %e, "the late retriever failed; candidates from the others");
+            (Some(question), HashMap::new())
+        }
+    }
+}
+
 async fn timed<T>(
     phase: RecallPhase,
     retriever: impl std::future::Future<Output = Result<T, RecallError>>,
@@ -1189,10 +1226,13 @@ mod tests {
         // The late retriever scans the scope: every turn with token vectors, best first, the
         // scores `late_scores` gives.
         let scope = Scope::of(&["a"]);
-        let asked = || async { Some(question.clone()) };
-        let (q, found) = recall
-            .late_retrieve(&tenant, &scope, asked(), &Ablation::default())
-            .await;
+        // As recall runs it: the question encoded, then the scan.
+        let scan = |recall: &Recall, ablation: &Ablation| {
+            let plan = recall.late_scan(&tenant, &scope, ablation);
+            let model = recall.tokens.clone().unwrap();
+            late_retrieve(model, "Where did Caroline go camping?".into(), plan)
+        };
+        let (q, found) = scan(&recall, &Ablation::default()).await;
         assert_eq!(q.as_ref(), Some(&question));
         let ids: Vec<MemoryId> = out.iter().map(|m| m.memory_id).collect();
         let read = recall
@@ -1226,9 +1266,7 @@ mod tests {
         let ablated = Ablation {
             off: Some(Component::LateScan),
         };
-        let (q, none) = recall
-            .late_retrieve(&tenant, &scope, asked(), &ablated)
-            .await;
+        let (q, none) = scan(&recall, &ablated).await;
         assert!(q.is_some() && none.is_empty());
         for config in [
             RecallConfig {
@@ -1249,15 +1287,29 @@ mod tests {
                 tokens: recall.tokens.clone(),
                 limits: recall.limits,
             };
-            let (q, none) = narrow
-                .late_retrieve(&tenant, &scope, asked(), &Ablation::default())
-                .await;
+            let (q, none) = scan(&narrow, &Ablation::default()).await;
             assert!(q.is_some() && none.is_empty());
         }
-        // No question vectors, no scan.
-        let (q, none) = recall
-            .late_retrieve(&tenant, &scope, async { None }, &Ablation::default())
-            .await;
+        // No question vectors (the model failed), no scan.
+        struct Failing;
+        impl TokenEmbedder for Failing {
+            fn model_name(&self) -> &str {
+                "failing"
+            }
+            fn dim(&self) -> usize {
+                recollect_embed::HASH_TOKEN_DIM
+            }
+            fn embed_tokens(
+                &self,
+                _: &[&str],
+            ) -> Result<Vec<recollect_model::TokenVectors>, recollect_embed::EmbedError>
+            {
+                Err(recollect_embed::EmbedError::Tokenizer("broken".into()))
+            }
+        }
+        let plan = recall.late_scan(&tenant, &scope, &Ablation::default());
+        assert!(plan.is_some());
+        let (q, none) = late_retrieve(Arc::new(Failing), "camping?".into(), plan).await;
         assert!(q.is_none() && none.is_empty());
     }
 

@@ -215,8 +215,9 @@ impl TurnRecord {
 }
 
 /// Takes out of a conversation's state what a turn erased on its own (any of its versions)
-/// put there.
+/// put there: its words kept for context, and its references.
 pub fn forget_record(state: &mut ConversationState, rec: &TurnRecord) {
+    state.forget_text(rec.turn.position);
     state.reference.forget(&rec.extraction);
     for v in &rec.history {
         state.reference.forget(&v.extraction);
