@@ -1122,6 +1122,27 @@ impl ReferenceState {
 mod tests {
     use super::*;
 
+    /// The context rides on `recollect.turns.extracted` as a field a message from before it
+    /// lacks, and an empty one is left out.
+    #[test]
+    fn an_extracted_turn_carries_its_context_on_the_wire() {
+        let turn: Turn = serde_json::from_value(serde_json::json!({"tenant": "acme",
+            "conversation_id": "c", "turn_id": "1", "user": "yes, all weekend",
+            "timestamp": "2024-05-01T10:00:00Z"}))
+        .unwrap();
+        let mut x = ExtractedTurn {
+            turn,
+            extraction: Extraction::default(),
+            context: "Ann: did you research the agencies?".into(),
+        };
+        let bytes = serde_json::to_vec(&x).unwrap();
+        assert_eq!(serde_json::from_slice::<ExtractedTurn>(&bytes).unwrap(), x);
+        x.context.clear();
+        let old = serde_json::to_value(&x).unwrap();
+        assert!(old.get("context").is_none());
+        assert_eq!(serde_json::from_value::<ExtractedTurn>(old).unwrap(), x);
+    }
+
     #[test]
     fn a_turns_context_is_the_words_before_it_in_the_same_sitting() {
         let at = |h: i64, m: i64| {

@@ -498,7 +498,8 @@ impl Recall {
             .filter(|_| !ablation.without(Component::Late) && scope.as_of.is_none())
             .map(|model| {
                 let scan = self.late_scan(tenant, &scope, ablation);
-                AbortOnDrop(tokio::spawn(late_retrieve(model, req.query.clone(), scan)))
+                let task = late_retrieve(model, req.query.clone(), scan);
+                AbortOnDrop(tokio::spawn(tracing::Instrument::in_current_span(task)))
             });
         let (qa, qv) = self.analyse(req).await?;
         RecallPhaseCompleted {
@@ -839,7 +840,6 @@ async fn rerank(
     Ok(ranked)
 }
 
-/// Runs one of Phase 2's retrievers and records how long it took.
 /// The late retriever's scan: the scope's best `candidates` turns by MaxSim, where it holds at
 /// most `max_turns`.
 struct LateScan {
@@ -917,6 +917,7 @@ async fn late_retrieve(
     }
 }
 
+/// Runs one of Phase 2's retrievers and records how long it took.
 async fn timed<T>(
     phase: RecallPhase,
     retriever: impl std::future::Future<Output = Result<T, RecallError>>,
