@@ -113,34 +113,20 @@ impl EmbedderStage {
         .await
     }
 
-    /// Each of the batch's field texts (in the order they were gathered) with what the model
-    /// reads before it: the turn's context for the user's field; that and the user's field for
-    /// the assistant's. Nothing before any when contexts are off.
+    /// A turn's fields, each with what the late-interaction model reads before it: the turn's
+    /// context for the user's field; that and the user's field for the assistant's. Cut to
+    /// the last `context_words` words (none when off).
     fn token_fields(
         &self,
-        decoded: &[Result<Envelope<ExtractedTurn>, StageError>],
-        skip: &[bool],
-        texts: &[String],
+        context: &str,
+        user: &str,
+        assistant: Option<&str>,
     ) -> Vec<(String, String)> {
         let words = self.context_words;
-        if words == 0 {
-            return texts.iter().map(|t| (String::new(), t.clone())).collect();
-        }
-        let mut texts = texts.iter();
-        let mut out = Vec::with_capacity(texts.len());
-        for (env, _) in decoded.iter().zip(skip).filter(|(_, s)| !**s) {
-            let Ok(env) = env else { continue };
-            let Some(user) = texts.next() else { break };
-            let context = last_words(&env.body.context, words);
-            if !env.body.turn.assistant.is_empty() {
-                let Some(assistant) = texts.next() else { break };
-                out.push((context.clone(), user.clone()));
-                let before = last_words(&format!("{context} {user}"), words);
-                out.push((before, assistant.clone()));
-            } else {
-                out.push((context, user.clone()));
-            }
-        }
+        let context = last_words(context, words);
+        let reply = assistant.map(|a| (last_words(&format!("{context} {user}"), words), a.into()));
+        let mut out = vec![(context, user.to_string())];
+        out.extend(reply);
         out
     }
 
@@ -249,16 +235,22 @@ impl Stage for EmbedderStage {
         let skip = self.erased(&decoded).await;
         // One model call for every field text of the batch, one for the uncached keywords.
         let mut texts = Vec::new();
+        let mut token_texts = Vec::new();
         let mut new_keywords: Vec<String> = Vec::new();
         {
             let cache = self.keyword_cache.lock();
             for (env, _) in decoded.iter().zip(&skip).filter(|(_, s)| !**s) {
                 let Ok(env) = env else { continue };
                 let t = &env.body.turn;
-                texts.push(field_text(t.user_speaker.as_deref(), &t.user));
-                if !t.assistant.is_empty() {
-                    texts.push(field_text(t.assistant_speaker.as_deref(), &t.assistant));
+                let user = field_text(t.user_speaker.as_deref(), &t.user);
+                let assistant = (!t.assistant.is_empty())
+                    .then(|| field_text(t.assistant_speaker.as_deref(), &t.assistant));
+                if self.tokens.is_some() {
+                    let fields = self.token_fields(&env.body.context, &user, assistant.as_deref());
+                    token_texts.extend(fields);
                 }
+                texts.push(user);
+                texts.extend(assistant);
                 for k in &env.body.extraction.keywords {
                     if !cache.contains_key(&k.text) && !new_keywords.contains(&k.text) {
                         new_keywords.push(k.text.clone());
@@ -267,11 +259,6 @@ impl Stage for EmbedderStage {
             }
         }
         let n_fields = texts.len();
-        let token_texts = if self.tokens.is_some() {
-            self.token_fields(&decoded, &skip, &texts)
-        } else {
-            Vec::new()
-        };
         texts.extend(new_keywords.iter().cloned());
         // Both encoders at once: each splits its texts over the cores, and one's tail overlaps
         // the other's.

@@ -634,14 +634,12 @@ impl Recall {
 }
 
 impl Recall {
-    /// What the late retriever scans, when it runs: with `late_candidates` on, a late model,
-    /// neither ablated, and the present asked about.
+    /// What the late retriever scans, when it runs: with `late_candidates` on and the scan not
+    /// ablated (recall asks only where late interaction itself runs: a model, not ablated, the
+    /// present asked about).
     fn late_scan(&self, tenant: &TenantId, scope: &Scope, ablation: &Ablation) -> Option<LateScan> {
         let cfg = &self.config;
-        let wanted = cfg.late_candidates > 0
-            && !ablation.without(Component::LateScan)
-            && !ablation.without(Component::Late)
-            && scope.as_of.is_none();
+        let wanted = cfg.late_candidates > 0 && !ablation.without(Component::LateScan);
         wanted.then(|| LateScan {
             vectors: self.vectors.clone(),
             tenant: tenant.clone(),
