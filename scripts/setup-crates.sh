@@ -11,6 +11,9 @@
 # updates from the segments' versions without writing them to the engine's log, which the edge
 # shard never reads back (Recollect replays its own raw store); the log's CBOR encoding of every
 # vector: ~9 % of ingest's CPU at 100k turns, measured (docs/SPEED.md).
+# And scripts/qdrant-edge/max-sim-half.patch: MaxSim over half-precision token vectors widens
+# each row to f32 once per point instead of both sides of every pair (AVX + FMA + F16C; the
+# generic loop elsewhere): late interaction's scan and re-scoring, docs/SPEED.md.
 #
 # The .crate is sha256-checked against the checksum crates.io recorded for it (as Cargo.lock
 # has it). Idempotent: quick when vendor/ holds the release with these patches.
@@ -21,7 +24,7 @@ NAME=qdrant-edge
 VERSION=0.7.2
 SHA256=b2e5e480105a06c8f1703082758d74a13c98fb7a94df06e12d914460786e55ea
 # Applied in this order.
-PATCHES=(scripts/qdrant-edge/sparse-append.patch scripts/qdrant-edge/unlogged-updates.patch)
+PATCHES=(scripts/qdrant-edge/sparse-append.patch scripts/qdrant-edge/unlogged-updates.patch scripts/qdrant-edge/max-sim-half.patch)
 DEST="vendor/$NAME-$VERSION"
 # The release's and the patches' checksums name what vendor/ holds: a changed patch re-vendors.
 STAMP="$SHA256 $(sha256sum "${PATCHES[@]}" | cut -d' ' -f1 | paste -sd' ')"

@@ -2291,6 +2291,59 @@ mod tests {
         late_contract(v, 32, 16).await;
     }
 
+    /// MaxSim as the engine computes it (a SIMD kernel of ours for half-precision rows whose
+    /// width is a multiple of 8, its generic loop otherwise) agrees with the reference at
+    /// widths either side of the kernel's steps, for questions and turns of several lengths.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn embedded_max_sim_agrees_with_the_reference_at_every_width() {
+        for late_dim in [8, 24, 96, 100] {
+            let dir = tempfile::tempdir().unwrap();
+            let v = EdgeVectorIndex::open_shaped(
+                dir.path(),
+                32,
+                Some(late_dim),
+                crate::Flushes::EachWrite,
+            )
+            .unwrap();
+            let t = TenantId("widths".into());
+            let pts: Vec<TurnPoint> = (0..6)
+                .map(|i| TurnPoint {
+                    memory_id: MemoryId::derive(&t, "w", &i.to_string()),
+                    tenant: t.clone(),
+                    conversation_id: "w".into(),
+                    turn_id: i.to_string(),
+                    position: i as u64,
+                    timestamp: Utc::now(),
+                    recorded_at: Utc::now(),
+                    user_speaker: None,
+                    assistant_speaker: None,
+                    user: vector(32, i),
+                    assistant: None,
+                    lexical: SparseVector::default(),
+                    user_id: None,
+                    agent_id: None,
+                    metadata: Default::default(),
+                    late: Some(token_rows(late_dim, 7 * i, 1 + 5 * i)),
+                })
+                .collect();
+            v.upsert_turns(pts.clone()).await.unwrap();
+            let ids: Vec<MemoryId> = pts.iter().map(|p| p.memory_id).collect();
+            for rows in [1, 4, 33] {
+                let question = token_rows(late_dim, 3 + rows, rows);
+                let scores = v.late_scores(&t, &question, &ids).await.unwrap();
+                assert_eq!(scores.len(), ids.len());
+                for (p, id) in pts.iter().zip(&ids) {
+                    let want = p.late.as_ref().unwrap().max_sim(&question);
+                    assert!(
+                        (scores[id] - want).abs() < 2e-3,
+                        "width {late_dim}, {rows} question rows: {} vs {want}",
+                        scores[id]
+                    );
+                }
+            }
+        }
+    }
+
     /// Token vectors cannot be added to turns already written: an index made without them is
     /// refused when they are asked for (naming the way out), and one made with them opens
     /// either way.
