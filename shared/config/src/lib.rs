@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 mod recall;
 
-pub use recall::{LateShift, RecallConfig, RERANK_MODELS};
+pub use recall::{FieldCosine, LateShift, RecallConfig, RERANK_MODELS};
 
 const DEFAULTS: &str = include_str!("../config/default.toml");
 
@@ -1205,6 +1205,17 @@ mod tests {
         std::fs::write(&f, "[recall]\ntime_weight = -1\n").unwrap();
         let e = Settings::load(Some(&f)).unwrap_err().to_string();
         assert!(e.contains("recall.time_weight"), "{e}");
+        // How c reads the fields: the mean unless a file says otherwise; anything else refused.
+        assert_eq!(
+            Settings::defaults().recall.field_cosine,
+            crate::FieldCosine::Mean
+        );
+        std::fs::write(&f, "[recall]\nfield_cosine = \"max\"\n").unwrap();
+        let s = Settings::load(Some(&f)).unwrap();
+        assert_eq!(s.recall.field_cosine, crate::FieldCosine::Max);
+        std::fs::write(&f, "[recall]\nfield_cosine = \"median\"\n").unwrap();
+        let e = Settings::load(Some(&f)).unwrap_err().to_string();
+        assert!(e.contains("field_cosine") || e.contains("median"), "{e}");
     }
 
     #[test]

@@ -30,6 +30,10 @@ pub struct RecallConfig {
     pub reasoning_weights: (f32, f32),
     /// Candidates taken from each of the dense and lexical retrievers (or k if larger).
     pub retrieve_depth: usize,
+    /// How a round's two field cosines make KeyMem's `c`: their mean (the default since
+    /// 2026-11-30, session 9) or the better of the two (the fielded max-sim it started with).
+    /// Dense retrieval searches each field either way.
+    pub field_cosine: FieldCosine,
     /// Weight of the normalised BM25 score in the fused score.
     pub lexical_weight: f32,
     /// A name in the question linked to at least this share of the scope's turns (a
@@ -85,6 +89,28 @@ pub struct LateShift {
     pub keyword: f32,
     pub lexical: f32,
     pub time: f32,
+}
+
+/// How KeyMem's `c` reads a round's user and assistant cosines (`recall.field_cosine`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FieldCosine {
+    /// The better of the two (fielded max-sim).
+    Max,
+    /// Their mean: with late interaction re-scoring the head, it measured better on every
+    /// LoCoMo figure (docs/RECALL.md departure 3).
+    #[default]
+    Mean,
+}
+
+impl FieldCosine {
+    /// The other one (what `recollect eval --ablate fields` runs).
+    pub fn other(self) -> Self {
+        match self {
+            FieldCosine::Max => FieldCosine::Mean,
+            FieldCosine::Mean => FieldCosine::Max,
+        }
+    }
 }
 
 /// The cross-encoders recall can load (`recollect_embed::RERANKERS` by name; a test in

@@ -38,8 +38,9 @@ pub enum Component {
     Scoring,
     Dense,
     Lexical,
-    /// Field max-sim (the mean of the field cosines instead).
-    FieldMaxSim,
+    /// How `c` reads the two field cosines: off means the other of `recall.field_cosine`'s two
+    /// (the max where the mean is set, and the other way round).
+    FieldCosine,
     /// Late interaction's MaxSim re-scoring (only where `embedder.late_model` is on).
     Late,
     /// Late interaction as a retriever (`recall.late_candidates`); its re-scoring stays.
@@ -57,7 +58,7 @@ impl Component {
         Component::Scoring,
         Component::Dense,
         Component::Lexical,
-        Component::FieldMaxSim,
+        Component::FieldCosine,
         Component::Late,
         Component::LateScan,
         Component::LateShift,
@@ -72,7 +73,7 @@ impl Component {
             Component::Scoring => "scoring",
             Component::Dense => "dense",
             Component::Lexical => "lexical",
-            Component::FieldMaxSim => "fields",
+            Component::FieldCosine => "fields",
             Component::Late => "late",
             Component::LateScan => "late-scan",
             Component::LateShift => "late-shift",

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 
+use recollect_config::FieldCosine;
 use recollect_embed::CosineScale;
 use recollect_extract::QueryType;
 use recollect_model::dot;
@@ -56,6 +57,8 @@ pub struct KeyMemQuery<'a> {
     /// The embedder's cosines of unrelated texts: `c` is read on MiniLM's scale, which the
     /// weights were set on.
     pub scale: CosineScale,
+    /// How `c` reads the two field cosines (`recall.field_cosine`).
+    pub fields: FieldCosine,
 }
 
 /// One candidate's KeyMem score and its parts.
@@ -78,12 +81,13 @@ pub fn weights(cfg: &RecallConfig, query_type: QueryType) -> (f32, f32) {
     }
 }
 
-/// Field max-sim (never a mixture, unless ablated): the best of the user and assistant cosines.
-pub fn field_cos(q: &[f32], f: &FieldVectors, mixture: bool) -> f32 {
+/// `c` from the user and assistant cosines: their mean or the better of the two; a round
+/// with no assistant field has the user's.
+pub fn field_cos(q: &[f32], f: &FieldVectors, fields: FieldCosine) -> f32 {
     let u = dot(q, &f.user);
-    match (f.assistant.as_ref().map(|a| dot(q, a)), mixture) {
-        (Some(a), false) => u.max(a),
-        (Some(a), true) => (u + a) / 2.0,
+    match (f.assistant.as_ref().map(|a| dot(q, a)), fields) {
+        (Some(a), FieldCosine::Max) => u.max(a),
+        (Some(a), FieldCosine::Mean) => (u + a) / 2.0,
         (None, _) => u,
     }
 }
@@ -116,11 +120,14 @@ pub fn score(
     let cos: Vec<f32> = candidates
         .iter()
         .map(|cand| match &cand.vectors {
-            Some(f) if !ablation.without(Component::Dense) => query.scale.question(field_cos(
-                query.vector,
-                f,
-                ablation.without(Component::FieldMaxSim),
-            )),
+            Some(f) if !ablation.without(Component::Dense) => {
+                let fields = if ablation.without(Component::FieldCosine) {
+                    query.fields.other()
+                } else {
+                    query.fields
+                };
+                query.scale.question(field_cos(query.vector, f, fields))
+            }
             _ => 0.0,
         })
         .collect();
@@ -163,18 +170,19 @@ mod tests {
     }
 
     #[test]
-    fn field_max_sim_takes_the_better_field_and_the_ablation_their_mean() {
+    fn c_is_the_mean_of_the_field_cosines_or_the_better_one() {
         let f = FieldVectors {
             user: vec![0.6, 0.8],
             assistant: Some(vec![0.8, 0.6]),
         };
-        close(field_cos(&[1.0, 0.0], &f, false), 0.8);
-        close(field_cos(&[1.0, 0.0], &f, true), 0.7);
+        close(field_cos(&[1.0, 0.0], &f, FieldCosine::Max), 0.8);
+        close(field_cos(&[1.0, 0.0], &f, FieldCosine::Mean), 0.7);
         let user_only = FieldVectors {
             user: vec![0.6, 0.8],
             assistant: None,
         };
-        close(field_cos(&[1.0, 0.0], &user_only, true), 0.6);
+        close(field_cos(&[1.0, 0.0], &user_only, FieldCosine::Mean), 0.6);
+        close(field_cos(&[1.0, 0.0], &user_only, FieldCosine::Max), 0.6);
     }
 
     #[test]
@@ -268,6 +276,7 @@ mod tests {
             idf: &idf,
             weights: (0.30, 0.50),
             scale: CosineScale::REFERENCE,
+            fields: FieldCosine::Mean,
         };
         let s = score(&cands, &q, &Ablation::default());
         // max s_kw = 1.25 and max s_frag = 3 normalise.
@@ -313,6 +322,7 @@ mod tests {
             idf: &idf,
             weights: (0.30, 0.50),
             scale: CosineScale::REFERENCE,
+            fields: FieldCosine::Mean,
         };
         let off = |c| Ablation { off: Some(c) };
         let scoring: Vec<f32> = score(&cands, &q, &off(Component::Scoring))
@@ -324,5 +334,22 @@ mod tests {
         assert!(dense.iter().all(|x| x.dense == 0.0));
         close(dense[0].score, 0.4875);
         close(dense[3].score, 0.0);
+        // A round with both fields: c is their mean, and the ablation reads the better one.
+        let mut both = cands.clone();
+        both[0].vectors = Some(FieldVectors {
+            user: vec![0.5, 0.5],
+            assistant: Some(vec![0.9, 0.1]),
+        });
+        close(score(&both, &q, &Ablation::default())[0].dense, 0.7);
+        close(score(&both, &q, &off(Component::FieldCosine))[0].dense, 0.9);
+        let max = KeyMemQuery {
+            fields: FieldCosine::Max,
+            ..q
+        };
+        close(score(&both, &max, &Ablation::default())[0].dense, 0.9);
+        close(
+            score(&both, &max, &off(Component::FieldCosine))[0].dense,
+            0.7,
+        );
     }
 }

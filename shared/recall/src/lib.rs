@@ -593,6 +593,7 @@ impl Recall {
             idf: &retrieved.b.idf,
             weights: keymem::weights(cfg, qa.query_type),
             scale: self.embedder.cosine_scale(),
+            fields: cfg.field_cosine,
         };
         let scores = keymem::score(&candidates.items, &query, ablation);
         // Late interaction re-scores the top `late_depth`, the cross-encoder re-reads the top
