@@ -49,6 +49,19 @@ fn turn_words(t: &Turn) -> String {
     )
 }
 
+/// A conversation's state changed by a turn recorded `at`: it is saved with the batch.
+fn changed(
+    state: &mut ConversationState,
+    at: Timestamp,
+    dirty: &mut Vec<(String, String)>,
+    key: &(String, String),
+) {
+    state.derived_from(at);
+    if !dirty.contains(key) {
+        dirty.push(key.clone());
+    }
+}
+
 /// Raw turns may come from any producer on the topic: the same rules as the gateway's.
 fn check_direct(t: &Turn) -> Result<(), StageError> {
     let bad = |m: &str| Err(StageError::Permanent(format!("invalid raw turn: {m}")));
@@ -153,10 +166,7 @@ impl Stage for ExtractorStage {
                         {
                             Some(r) => r.turn.position,
                             None => {
-                                if !dirty.contains(&key) {
-                                    dirty.push(key.clone());
-                                }
-                                state.derived_from(turn.recorded_at);
+                                changed(state, turn.recorded_at, &mut dirty, &key);
                                 state.assign_position(&turn.turn_id)
                             }
                         },
@@ -171,10 +181,7 @@ impl Stage for ExtractorStage {
                     let x = self.extractor.extract(&turn, &mut state.reference).await;
                     if x.is_ok() {
                         state.reference_position = Some(turn.position);
-                        state.derived_from(turn.recorded_at);
-                        if !dirty.contains(&key) {
-                            dirty.push(key.clone());
-                        }
+                        changed(state, turn.recorded_at, &mut dirty, &key);
                     }
                     x
                 }
@@ -183,10 +190,7 @@ impl Stage for ExtractorStage {
                 let words = self.context_words;
                 let context = state.context_before(turn.position, turn.timestamp, words);
                 if state.remember_text(turn.position, turn.timestamp, &turn_words(&turn), words) {
-                    state.derived_from(turn.recorded_at);
-                    if !dirty.contains(&key) {
-                        dirty.push(key.clone());
-                    }
+                    changed(state, turn.recorded_at, &mut dirty, &key);
                 }
                 let out = ExtractedTurn {
                     turn,

@@ -1215,7 +1215,10 @@ mod tests {
         assert_eq!(s.recall.field_cosine, crate::FieldCosine::Max);
         std::fs::write(&f, "[recall]\nfield_cosine = \"median\"\n").unwrap();
         let e = Settings::load(Some(&f)).unwrap_err().to_string();
-        assert!(e.contains("median") && e.contains("recall.field_cosine"), "{e}");
+        assert!(
+            e.contains("median") && e.contains("recall.field_cosine"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -2308,22 +2308,12 @@ mod tests {
             let t = TenantId("widths".into());
             let pts: Vec<TurnPoint> = (0..6)
                 .map(|i| TurnPoint {
-                    memory_id: MemoryId::derive(&t, "w", &i.to_string()),
-                    tenant: t.clone(),
-                    conversation_id: "w".into(),
+                    memory_id: MemoryId::derive(&t, "c", &i.to_string()),
                     turn_id: i.to_string(),
                     position: i as u64,
-                    timestamp: Utc::now(),
-                    recorded_at: Utc::now(),
-                    user_speaker: None,
-                    assistant_speaker: None,
                     user: vector(32, i),
-                    assistant: None,
-                    lexical: SparseVector::default(),
-                    user_id: None,
-                    agent_id: None,
-                    metadata: Default::default(),
                     late: Some(token_rows(late_dim, 7 * i, 1 + 5 * i)),
+                    ..first_point(&t)
                 })
                 .collect();
             v.upsert_turns(pts.clone()).await.unwrap();
