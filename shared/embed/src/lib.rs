@@ -198,8 +198,8 @@ const MAX_BATCH_TOKENS: usize = 4096;
 /// Embeds token sequences in chunks, one forward pass each, and returns the vectors in input
 /// order. Shortest first, so each chunk is padded to little more than its own lengths; at most
 /// `batch_size` texts a chunk (fewer for long texts), and at least `parallel` chunks so that
-/// every core (or session) gets one. Chunks run concurrently on rayon's pool; `forward` gets
-/// the chunk's number and its sequences.
+/// every core (or session) gets one. Chunks run concurrently on rayon's pool, a lone chunk on
+/// the caller's thread; `forward` gets the chunk's number and its sequences.
 pub(crate) fn embed_in_chunks(
     seqs: &[&[u32]],
     parallel: usize,
@@ -226,14 +226,21 @@ pub(crate) fn embed_in_chunks(
         chunks.push(&order[start..end]);
         start = end;
     }
-    let embedded: Vec<Vec<Vec<f32>>> = chunks
-        .par_iter()
-        .enumerate()
-        .map(|(k, chunk)| {
-            let batch: Vec<&[u32]> = chunk.iter().map(|&i| seqs[i]).collect();
-            forward(k, &batch)
-        })
-        .collect::<Result<_, _>>()?;
+    let run = |(k, chunk): (usize, &&[usize])| {
+        let batch: Vec<&[u32]> = chunk.iter().map(|&i| seqs[i]).collect();
+        forward(k, &batch)
+    };
+    // One chunk (a question) runs on the caller's thread: the hop into rayon's pool and back
+    // is two wake-ups, and the pool (a thread a core) may be busy with another caller's chunks.
+    let embedded: Vec<Vec<Vec<f32>>> = if chunks.len() == 1 {
+        vec![run((0, &chunks[0]))?]
+    } else {
+        chunks
+            .par_iter()
+            .enumerate()
+            .map(run)
+            .collect::<Result<_, _>>()?
+    };
     let mut out: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
     for (chunk, vectors) in chunks.iter().zip(embedded) {
         for (&i, v) in chunk.iter().zip(vectors) {
@@ -256,6 +263,31 @@ pub fn l2_normalize(v: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every vector comes back in its text's place, and a lone chunk (a question) runs on the
+    /// caller's thread, not behind whatever holds rayon's threads.
+    #[test]
+    fn chunks_come_back_in_order_and_a_lone_one_runs_here() {
+        let question: Vec<u32> = (0..20).collect();
+        let keywords: Vec<Vec<u32>> = [3u32, 5, 4, 3].iter().map(|&n| (0..n).collect()).collect();
+        let mut seqs: Vec<&[u32]> = vec![&question];
+        seqs.extend(keywords.iter().map(Vec::as_slice));
+        let out = embed_in_chunks(&seqs, 2, 32, |_, batch| {
+            Ok(batch.iter().map(|s| vec![s.len() as f32]).collect())
+        })
+        .unwrap();
+        let lens: Vec<f32> = out.iter().map(|v| v[0]).collect();
+        assert_eq!(lens, vec![20.0, 3.0, 5.0, 4.0, 3.0]);
+
+        let caller = std::thread::current().id();
+        let ran_on = parking_lot::Mutex::new(None);
+        embed_in_chunks(&[question.as_slice()], 2, 32, |_, batch| {
+            *ran_on.lock() = Some(std::thread::current().id());
+            Ok(vec![vec![0.0]; batch.len()])
+        })
+        .unwrap();
+        assert_eq!(ran_on.into_inner(), Some(caller));
+    }
 
     #[test]
     fn cosine_is_dot() {
