@@ -117,15 +117,15 @@ pub fn score(
     query: &KeyMemQuery<'_>,
     ablation: &Ablation,
 ) -> Vec<KeyMemScore> {
+    let fields = if ablation.without(Component::FieldCosine) {
+        query.fields.other()
+    } else {
+        query.fields
+    };
     let cos: Vec<f32> = candidates
         .iter()
         .map(|cand| match &cand.vectors {
             Some(f) if !ablation.without(Component::Dense) => {
-                let fields = if ablation.without(Component::FieldCosine) {
-                    query.fields.other()
-                } else {
-                    query.fields
-                };
                 query.scale.question(field_cos(query.vector, f, fields))
             }
             _ => 0.0,
