@@ -71,8 +71,8 @@ pub struct RecallConfig {
     /// so those two count less beside it.
     pub late_shift: LateShift,
     /// Late interaction as a retriever too: the scope's best `late_candidates` turns by MaxSim
-    /// join the candidates (0, the default: off). It finds what shares neither words nor a close
-    /// pooled vector with the question, mostly below the top 30 (ours).
+    /// join the candidates (100 by default; 0: off). It finds what shares neither words nor a
+    /// close pooled vector with the question, mostly below the top 30 (ours).
     pub late_candidates: usize,
     /// The late retriever scans every turn of the scope, so it runs only where the scope holds
     /// at most this many turns (a conversation, a user's memory); wider recalls keep late

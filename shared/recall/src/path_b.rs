@@ -5,7 +5,6 @@
 use std::collections::{HashMap, HashSet};
 
 use chrono::NaiveDate;
-use futures::future::try_join_all;
 use recollect_extract::QueryAnalysis;
 use recollect_model::{MemoryId, TenantId};
 use recollect_storage::{LinkedTurn, NodeKind, Scope};
@@ -104,16 +103,16 @@ pub async fn run(
     // kw: the 30 nearest Keyword nodes (cosine ≥ 0.45) of every query and answer keyword, the
     // floor and the cosines on MiniLM's scale, which the constants were set on.
     let scale = r.embedder.cosine_scale();
-    let searches = qv.keywords.iter().map(|(_, v)| {
-        r.vectors.search_keywords(
+    let vectors: Vec<Vec<f32>> = qv.keywords.iter().map(|(_, v)| v.clone()).collect();
+    let neighbours: Neighbours = r
+        .vectors
+        .search_keywords_many(
             tenant,
             scope,
-            v,
+            &vectors,
             cfg.keyword_neighbours,
             scale.keyword_floor(cfg.keyword_min_cosine),
         )
-    });
-    let neighbours: Neighbours = try_join_all(searches)
         .await?
         .into_iter()
         .map(|hits| {

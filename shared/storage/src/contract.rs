@@ -1900,6 +1900,45 @@ pub async fn vector_contract(v: Arc<dyn VectorIndex>, dim: usize) {
         Err(StoreError::Invalid(_))
     ));
 
+    // Several vectors at once: each list is the one its own search gives, in the vectors'
+    // order, over every conversation of the scope; a vector of the wrong width is refused.
+    let both = Scope::of(&["ks1", "c1"]);
+    let probes = vec![vector(dim, 7), vector(dim, 1), vector(dim, 9)];
+    for (tenant, scope) in [(&a, &both), (&b, &Scope::all())] {
+        let many = v
+            .search_keywords_many(tenant, scope, &probes, 2, -1.0)
+            .await
+            .unwrap();
+        assert_eq!(many.len(), probes.len());
+        for (probe, hits) in probes.iter().zip(&many) {
+            let one = v
+                .search_keywords(tenant, scope, probe, 2, -1.0)
+                .await
+                .unwrap();
+            assert_eq!(hits.len(), one.len());
+            for (h, o) in hits.iter().zip(&one) {
+                assert_eq!(h.0, o.0);
+                assert!((h.1 - o.1).abs() < 1e-4, "{h:?} against {o:?}");
+            }
+        }
+    }
+    let many = v
+        .search_keywords_many(&a, &both, &probes, 2, -1.0)
+        .await
+        .unwrap();
+    assert_eq!(many[0][0].0, "kayak");
+    assert_eq!(many[1][0].0, "dog");
+    assert_eq!(many[2][0].0, "stove");
+    assert!(v
+        .search_keywords_many(&a, &both, &[], 2, -1.0)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(v
+        .search_keywords_many(&a, &both, &[vector(dim, 1), vec![0.5; dim - 1]], 2, -1.0)
+        .await
+        .is_err());
+
     // Erasure.
     assert_eq!(v.delete_conversation(&a, "c1").await.unwrap(), 20);
     assert_eq!(v.count(&a, &Scope::of(&["c1"])).await.unwrap(), 0);

@@ -435,6 +435,22 @@ impl<V: VectorIndex> VectorIndex for Observed<V> {
         .await
     }
 
+    async fn search_keywords_many(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        vectors: &[Vec<f32>],
+        limit: usize,
+        min_score: f32,
+    ) -> Result<Vec<Vec<(String, f32)>>, StoreError> {
+        self.vectors(
+            StoreOp::SearchKeywords,
+            self.inner
+                .search_keywords_many(tenant, scope, vectors, limit, min_score),
+        )
+        .await
+    }
+
     async fn delete_conversation(
         &self,
         tenant: &TenantId,

@@ -151,6 +151,66 @@ impl<'a, T: ReadableTable<u64, &'static [u8]>> Names<'a, T> {
     }
 }
 
+/// Turn records a generation holds at most (two generations: at most twice this many, about
+/// 2–3 KB each decoded, so ~40 MB full).
+const DECODED_TURNS: usize = 8_192;
+
+/// Turn records already decoded, each beside the stored bytes it was decoded from. Recall reads
+/// the same few hundred turns of a conversation question after question, and inflating and
+/// decoding them was most of its store time; a read that finds the same bytes in the table
+/// clones the decoded record instead. Checked against the bytes on every read, so no write has
+/// to invalidate it: a conversation's number is never given twice, so the same bytes always
+/// decode to the same record. Two generations, as the embedder's cache: recent records stay,
+/// the total is bounded.
+#[derive(Default)]
+struct DecodedTurns {
+    generations: parking_lot::Mutex<[Generation; 2]>,
+}
+
+/// Memory id → the stored bytes and the record they decode to.
+type Generation = HashMap<u128, Arc<(Box<[u8]>, TurnRecord)>>;
+
+impl DecodedTurns {
+    /// The record stored as `bytes` under `id`, decoded by `decode` unless it is cached.
+    fn get_or_decode(
+        &self,
+        id: u128,
+        bytes: &[u8],
+        decode: impl FnOnce(&[u8]) -> Result<TurnRecord, StoreError>,
+    ) -> Result<TurnRecord, StoreError> {
+        let cached = {
+            let mut g = self.generations.lock();
+            match g[0].get(&id) {
+                Some(hit) => Some(hit.clone()),
+                None => g[1].remove(&id).inspect(|hit| {
+                    Self::keep(&mut g, id, hit.clone());
+                }),
+            }
+        };
+        if let Some(hit) = cached.filter(|hit| *hit.0 == *bytes) {
+            return Ok(hit.1.clone());
+        }
+        let rec = decode(bytes)?;
+        Self::keep(
+            &mut self.generations.lock(),
+            id,
+            Arc::new((bytes.into(), rec.clone())),
+        );
+        Ok(rec)
+    }
+
+    fn keep(g: &mut [Generation; 2], id: u128, hit: Arc<(Box<[u8]>, TurnRecord)>) {
+        if g[0].len() >= DECODED_TURNS && !g[0].contains_key(&id) {
+            g[1] = std::mem::take(&mut g[0]);
+        }
+        g[0].insert(id, hit);
+    }
+
+    fn clear(&self) {
+        *self.generations.lock() = Default::default();
+    }
+}
+
 /// A turn record as stored: its conversation by the number `ids` (CONV_IDS) gives it. Every
 /// record is written after its conversation is numbered; one that is not (which would be a
 /// bug) is still written whole, with its names spelled out.
@@ -299,6 +359,7 @@ fn forget_conversation_links(
 #[derive(Clone)]
 pub struct EmbeddedGraph {
     db: Arc<Database>,
+    decoded: Arc<DecodedTurns>,
 }
 
 fn link_prefix(kind: NodeKind, tenant: &str, conversation: &str, name: &str) -> Vec<u8> {
@@ -424,7 +485,10 @@ impl EmbeddedGraph {
                 "graph: links rewritten as packed postings"
             );
         }
-        Ok(Self { db: Arc::new(db) })
+        Ok(Self {
+            db: Arc::new(db),
+            decoded: Default::default(),
+        })
     }
 
     async fn blocking<T: Send + 'static>(
@@ -716,6 +780,7 @@ impl GraphRead for EmbeddedGraph {
     ) -> Result<Vec<TurnRecord>, StoreError> {
         let tenant = tenant.clone();
         let ids = ids.to_vec();
+        let decoded = self.decoded.clone();
         self.blocking(move |db| {
             let r = db.begin_read()?;
             let t = r.open_table(TURNS)?;
@@ -724,7 +789,8 @@ impl GraphRead for EmbeddedGraph {
             let mut out = Vec::with_capacity(ids.len());
             for id in ids {
                 if let Some(v) = t.get(id.as_u128())? {
-                    let rec = names.record(v.value())?;
+                    let rec =
+                        decoded.get_or_decode(id.as_u128(), v.value(), |b| names.record(b))?;
                     if rec.turn.tenant == tenant {
                         out.push(rec);
                     }
@@ -743,6 +809,7 @@ impl GraphRead for EmbeddedGraph {
         to: u64,
     ) -> Result<Vec<TurnRecord>, StoreError> {
         let (tenant, conversation) = (tenant.clone(), conversation.to_string());
+        let decoded = self.decoded.clone();
         self.blocking(move |db| {
             let r = db.begin_read()?;
             let ids = r.open_table(CONV_IDS)?;
@@ -759,8 +826,9 @@ impl GraphRead for EmbeddedGraph {
             }
             for e in idx.range::<&[u8; 16]>(&turn_key(num, from)..&turn_key(num, to))? {
                 let (_, v) = e?;
-                if let Some(v) = t.get(TurnEntry::of(v.value()).id)? {
-                    out.push(names.record(v.value())?);
+                let id = TurnEntry::of(v.value()).id;
+                if let Some(v) = t.get(id)? {
+                    out.push(decoded.get_or_decode(id, v.value(), |b| names.record(b))?);
                 }
             }
             Ok(out)
@@ -1243,13 +1311,18 @@ impl Graph for EmbeddedGraph {
     async fn purge_erased(&self, tenant: &TenantId, conversation: &str) -> Result<u64, StoreError> {
         let tenant = tenant.as_str().to_string();
         let conversation = conversation.to_string();
-        self.blocking(move |db| {
-            let w = db.begin_write()?;
-            let n = Self::purge_sync(&w, &tenant, &conversation)?;
-            w.commit()?;
-            Ok(n)
-        })
-        .await
+        let n = self
+            .blocking(move |db| {
+                let w = db.begin_write()?;
+                let n = Self::purge_sync(&w, &tenant, &conversation)?;
+                w.commit()?;
+                Ok(n)
+            })
+            .await?;
+        // Erased text is not kept in memory either (the cache would not serve it: its bytes
+        // are gone from the table).
+        self.decoded.clear();
+        Ok(n)
     }
 
     async fn delete_conversation(
@@ -1292,6 +1365,7 @@ impl Graph for EmbeddedGraph {
             Ok(n)
         })
         .await
+        .inspect(|_| self.decoded.clear())
     }
 }
 
@@ -1875,6 +1949,63 @@ mod tests {
             ..Default::default()
         };
         (turn, x)
+    }
+
+    /// A decoded record is served again only for the bytes it was decoded from: an edit, a
+    /// record rewritten under the graph's feet and an erasure each read what the table holds.
+    #[tokio::test]
+    async fn decoded_records_are_served_only_for_the_bytes_they_came_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = EmbeddedGraph::open(&dir.path().join("g.redb")).unwrap();
+        let tenant = TenantId("t".into());
+        let turns: Vec<(Turn, Extraction)> = (0..3).map(|p| legacy_turn(p, &["dog"])).collect();
+        g.write_turns(&turns).await.unwrap();
+        let ids: Vec<MemoryId> = turns.iter().map(|(t, _)| t.memory_id).collect();
+        let users = |recs: Vec<TurnRecord>| -> Vec<String> {
+            recs.into_iter().map(|r| r.turn.user).collect()
+        };
+        for _ in 0..2 {
+            assert_eq!(
+                users(g.turns(&tenant, &ids).await.unwrap()),
+                ["turn 0", "turn 1", "turn 2"]
+            );
+            assert_eq!(
+                users(g.conversation_turns(&tenant, "c", 0, 3).await.unwrap()),
+                ["turn 0", "turn 1", "turn 2"]
+            );
+        }
+        // The turn written again with other text.
+        let (mut edited, x) = turns[1].clone();
+        edited.user = "turn 1, edited".into();
+        g.write_turns(&[(edited, x)]).await.unwrap();
+        let read = g.turns(&tenant, &ids[1..2]).await.unwrap();
+        assert_eq!(read[0].turn.user, "turn 1, edited");
+        assert_eq!(
+            users(g.conversation_turns(&tenant, "c", 1, 2).await.unwrap()),
+            ["turn 1, edited"]
+        );
+        // Bytes written past the graph (as an older store's layout would be).
+        let mut rec = g.turns(&tenant, &ids[2..3]).await.unwrap().remove(0);
+        rec.fragments = vec!["f9".into()];
+        {
+            let w = g.db.begin_write().unwrap();
+            w.open_table(TURNS)
+                .unwrap()
+                .insert(
+                    ids[2].as_u128(),
+                    codec::record_bytes(&rec).unwrap().as_slice(),
+                )
+                .unwrap();
+            w.commit().unwrap();
+        }
+        assert_eq!(
+            g.turns(&tenant, &ids[2..3]).await.unwrap()[0].fragments,
+            ["f9"]
+        );
+        // Erased: nothing read, nothing kept.
+        g.delete_conversation(&tenant, "c").await.unwrap();
+        assert!(g.turns(&tenant, &ids).await.unwrap().is_empty());
+        assert!(g.decoded.generations.lock().iter().all(HashMap::is_empty));
     }
 
     /// Records name their conversation by number, not by its tenant and id; an erased

@@ -1482,6 +1482,53 @@ impl VectorIndex for EdgeVectorIndex {
         .await
     }
 
+    /// One pass over the scope's forms for all the vectors: a conversation's forms are a few
+    /// MB of floats, read once rather than once per keyword of the question.
+    async fn search_keywords_many(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        vectors: &[Vec<f32>],
+        limit: usize,
+        min_score: f32,
+    ) -> Result<Vec<Vec<(String, f32)>>, StoreError> {
+        let Some(conversations) = &scope.conversations else {
+            let mut out = Vec::with_capacity(vectors.len());
+            for v in vectors {
+                out.push(
+                    self.search_keywords(tenant, scope, v, limit, min_score)
+                        .await?,
+                );
+            }
+            return Ok(out);
+        };
+        for v in vectors {
+            self.check_dim(v)?;
+        }
+        let queries: Vec<Vec<f32>> = vectors.iter().map(|v| unit(v.clone())).collect();
+        let mut best: Vec<HashMap<String, f32>> = vec![HashMap::new(); queries.len()];
+        for c in conversations {
+            for (stem, v) in self.conversation_forms(tenant, c).await?.iter() {
+                for (q, best) in queries.iter().zip(best.iter_mut()) {
+                    let score = recollect_model::dot_lanes(q, v);
+                    if score >= min_score {
+                        let b = best.entry(stem.clone()).or_insert(score);
+                        *b = b.max(score);
+                    }
+                }
+            }
+        }
+        Ok(best
+            .into_iter()
+            .map(|best| {
+                let mut out: Vec<(String, f32)> = best.into_iter().collect();
+                out.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+                out.truncate(limit);
+                out
+            })
+            .collect())
+    }
+
     async fn delete_turns(
         &self,
         tenant: &TenantId,

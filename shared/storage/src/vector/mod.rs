@@ -275,6 +275,25 @@ pub trait VectorIndex: Send + Sync + 'static {
         min_score: f32,
     ) -> Result<Vec<(String, f32)>, StoreError>;
 
+    /// [`VectorIndex::search_keywords`] for several query vectors at once: one list per vector,
+    /// in their order. Recall asks for every keyword of a question together, so an index that
+    /// scans its keywords (the embedded one) reads each of them once, not once per vector.
+    async fn search_keywords_many(
+        &self,
+        tenant: &TenantId,
+        scope: &Scope,
+        vectors: &[Vec<f32>],
+        limit: usize,
+        min_score: f32,
+    ) -> Result<Vec<Vec<(String, f32)>>, StoreError> {
+        futures::future::try_join_all(
+            vectors
+                .iter()
+                .map(|v| self.search_keywords(tenant, scope, v, limit, min_score)),
+        )
+        .await
+    }
+
     /// Removes every turn point (kept versions too) and keyword point of a conversation;
     /// returns current turn points removed.
     async fn delete_conversation(
