@@ -1426,22 +1426,12 @@ impl VectorIndex for EdgeVectorIndex {
         self.check_dim(vector)?;
         // A conversation's forms are scanned exactly (as the engine scanned them through its
         // payload index when points were per conversation); the tenant's through its graph.
-        if let Some(conversations) = &scope.conversations {
-            let q = unit(vector.to_vec());
-            let mut best: HashMap<String, f32> = HashMap::new();
-            for c in conversations {
-                for (stem, v) in self.conversation_forms(tenant, c).await?.iter() {
-                    let score = recollect_model::dot_lanes(&q, v);
-                    if score >= min_score {
-                        let b = best.entry(stem.clone()).or_insert(score);
-                        *b = b.max(score);
-                    }
-                }
-            }
-            let mut out: Vec<(String, f32)> = best.into_iter().collect();
-            out.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-            out.truncate(limit);
-            return Ok(out);
+        if scope.conversations.is_some() {
+            let vectors = [vector.to_vec()];
+            let mut out = self
+                .search_keywords_many(tenant, scope, &vectors, limit, min_score)
+                .await?;
+            return Ok(out.pop().unwrap_or_default());
         }
         let filter = filter_on(tenant.as_str(), &Scope::all());
         // A stem may have several forms: ask for more than `limit` names.
@@ -1483,7 +1473,8 @@ impl VectorIndex for EdgeVectorIndex {
     }
 
     /// One pass over the scope's forms for all the vectors: a conversation's forms are a few
-    /// MB of floats, read once rather than once per keyword of the question.
+    /// MB of floats, read once rather than once per keyword of the question. A scope of the
+    /// whole tenant goes through the engine's search, a vector at a time.
     async fn search_keywords_many(
         &self,
         tenant: &TenantId,
