@@ -23,36 +23,8 @@ pub struct CacheStats {
     pub len: usize,
 }
 
-/// Two generations: lookups check `young` then `old` (promoting hits from `old`); when `young`
-/// reaches half the capacity it becomes `old` and the previous `old` is dropped. Recently used
-/// texts survive, the total stays at most `capacity`, and every operation is O(1).
-struct Generations {
-    young: HashMap<String, Arc<[f32]>>,
-    old: HashMap<String, Arc<[f32]>>,
-    half: usize,
-}
-
-impl Generations {
-    fn get(&mut self, text: &str) -> Option<Arc<[f32]>> {
-        if let Some(v) = self.young.get(text) {
-            return Some(v.clone());
-        }
-        let (key, v) = self.old.remove_entry(text)?;
-        self.insert(key, v.clone());
-        Some(v)
-    }
-
-    fn insert(&mut self, text: String, v: Arc<[f32]>) {
-        if self.young.len() >= self.half && !self.young.contains_key(&text) {
-            self.old = std::mem::take(&mut self.young);
-        }
-        self.young.insert(text, v);
-    }
-
-    fn len(&self) -> usize {
-        self.young.len() + self.old.len()
-    }
-}
+/// Texts and their vectors, the recently used kept.
+type Generations = recollect_model::Generations<String, Arc<[f32]>>;
 
 /// Wraps an [`Embedder`] with a bounded cache keyed by the exact text, for texts that repeat
 /// (queries, keywords, entity names). [`Embedder::embed`] serves hits from the cache and sends
@@ -82,13 +54,7 @@ impl<E: Embedder> CachedEmbedder<E> {
         // Documents and queries get a cache each; the query one fills only for an asymmetric
         // model (the others serve queries from the document cache).
         let half = (capacity / 2).max(1);
-        let generations = || {
-            Mutex::new(Generations {
-                young: HashMap::new(),
-                old: HashMap::new(),
-                half,
-            })
-        };
+        let generations = || Mutex::new(Generations::new(half));
         Self {
             inner,
             cache: generations(),
@@ -115,9 +81,7 @@ impl<E: Embedder> CachedEmbedder<E> {
     /// Empties the cache (the counters are kept).
     pub fn clear(&self) {
         for cache in [&self.cache, &self.queries] {
-            let mut c = cache.lock();
-            c.young.clear();
-            c.old.clear();
+            cache.lock().clear();
         }
     }
 

@@ -9,9 +9,11 @@ use serde::{Deserialize, Serialize};
 
 pub mod error;
 pub mod filter;
+pub mod generations;
 pub mod request;
 pub use error::{Classify, ErrorKind, RecollectError};
 pub use filter::TurnFilter;
+pub use generations::Generations;
 
 /// Version of every message put on the bus; readers accept this and all older versions.
 /// Version 2: raw turns may leave out `memory_id`, `position` and `recorded_at` (producers that

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use recollect_model::{Extraction, Fragment, MemoryId, TenantId, Turn};
+use recollect_model::{Extraction, Fragment, Generations, MemoryId, TenantId, Turn};
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
 
 use crate::codec;
@@ -162,13 +162,20 @@ const DECODED_TURNS: usize = 8_192;
 /// to invalidate it: a conversation's number is never given twice, so the same bytes always
 /// decode to the same record. Two generations, as the embedder's cache: recent records stay,
 /// the total is bounded.
-#[derive(Default)]
 struct DecodedTurns {
-    generations: parking_lot::Mutex<[Generation; 2]>,
+    records: parking_lot::Mutex<Generations<u128, Decoded>>,
 }
 
-/// Memory id → the stored bytes and the record they decode to.
-type Generation = HashMap<u128, Arc<(Box<[u8]>, TurnRecord)>>;
+/// The stored bytes of a turn record (by memory id) and the record they decode to.
+type Decoded = Arc<(Box<[u8]>, TurnRecord)>;
+
+impl Default for DecodedTurns {
+    fn default() -> Self {
+        Self {
+            records: parking_lot::Mutex::new(Generations::new(DECODED_TURNS)),
+        }
+    }
+}
 
 impl DecodedTurns {
     /// The record stored as `bytes` under `id`, decoded by `decode` unless it is cached.
@@ -178,36 +185,19 @@ impl DecodedTurns {
         bytes: &[u8],
         decode: impl FnOnce(&[u8]) -> Result<TurnRecord, StoreError>,
     ) -> Result<TurnRecord, StoreError> {
-        let cached = {
-            let mut g = self.generations.lock();
-            match g[0].get(&id) {
-                Some(hit) => Some(hit.clone()),
-                None => g[1].remove(&id).inspect(|hit| {
-                    Self::keep(&mut g, id, hit.clone());
-                }),
-            }
-        };
+        let cached = self.records.lock().get(&id);
         if let Some(hit) = cached.filter(|hit| *hit.0 == *bytes) {
             return Ok(hit.1.clone());
         }
         let rec = decode(bytes)?;
-        Self::keep(
-            &mut self.generations.lock(),
-            id,
-            Arc::new((bytes.into(), rec.clone())),
-        );
+        self.records
+            .lock()
+            .insert(id, Arc::new((bytes.into(), rec.clone())));
         Ok(rec)
     }
 
-    fn keep(g: &mut [Generation; 2], id: u128, hit: Arc<(Box<[u8]>, TurnRecord)>) {
-        if g[0].len() >= DECODED_TURNS && !g[0].contains_key(&id) {
-            g[1] = std::mem::take(&mut g[0]);
-        }
-        g[0].insert(id, hit);
-    }
-
     fn clear(&self) {
-        *self.generations.lock() = Default::default();
+        self.records.lock().clear();
     }
 }
 
@@ -2005,7 +1995,7 @@ mod tests {
         // Erased: nothing read, nothing kept.
         g.delete_conversation(&tenant, "c").await.unwrap();
         assert!(g.turns(&tenant, &ids).await.unwrap().is_empty());
-        assert!(g.decoded.generations.lock().iter().all(HashMap::is_empty));
+        assert!(g.decoded.records.lock().is_empty());
     }
 
     /// Records name their conversation by number, not by its tenant and id; an erased
