@@ -19,6 +19,8 @@ use serde_json::Value;
 
 use crate::app::App;
 
+mod bootstrap;
+
 #[derive(Subcommand)]
 pub enum EvalCommand {
     /// LoCoMo retrieval: recall@K, hit@K, mrr@K per category.
@@ -47,6 +49,10 @@ pub enum EvalCommand {
         /// Also write every figure (round and session level, per category, latency) as JSON.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Rankings an earlier run wrote with --dump-rankings (same data): every run's headline
+        /// figures are compared with them question by question (paired bootstrap, 95%).
+        #[arg(long)]
+        baseline: Option<PathBuf>,
     },
 }
 
@@ -176,7 +182,7 @@ struct Ranking {
     sources: Vec<Vec<String>>,
 }
 
-#[derive(Default)]
+#[derive(Default, Debug)]
 struct Scores {
     /// category → metric → values
     by_cat: BTreeMap<u8, BTreeMap<String, Vec<f64>>>,
@@ -302,6 +308,43 @@ impl Scores {
         (vals.iter().sum::<f64>() / vals.len() as f64, vals.len())
     }
 
+    /// The per-question values of `metric` over `cats`, in a fixed order (category, then the
+    /// order questions were asked), so two runs over the same questions pair up.
+    fn values(&self, cats: &[u8], metric: &str) -> Vec<f64> {
+        cats.iter()
+            .filter_map(|c| self.by_cat.get(c))
+            .flat_map(|x| x.get(metric).cloned().unwrap_or_default())
+            .collect()
+    }
+
+    /// Each headline figure with its 95% interval over questions.
+    fn intervals(&self, headline: &[Headline]) -> Vec<(String, bootstrap::Interval)> {
+        headline
+            .iter()
+            .filter_map(|h| {
+                bootstrap::interval(&self.values(h.cats, &h.metric)).map(|i| (h.label(), i))
+            })
+            .collect()
+    }
+
+    /// Each headline figure's difference from `other` on the same questions, 95% paired.
+    fn differences(
+        &self,
+        other: &Scores,
+        headline: &[Headline],
+    ) -> Vec<(String, bootstrap::Interval)> {
+        headline
+            .iter()
+            .filter_map(|h| {
+                bootstrap::difference(
+                    &self.values(h.cats, &h.metric),
+                    &other.values(h.cats, &h.metric),
+                )
+                .map(|i| (h.label(), i))
+            })
+            .collect()
+    }
+
     fn rows(&self) -> Vec<(String, Vec<u8>)> {
         let names = [
             (1, "multi-hop"),
@@ -339,6 +382,120 @@ impl Scores {
         }
         s
     }
+}
+
+/// A figure the issue's targets name: a metric over a group of categories.
+struct Headline {
+    group: &'static str,
+    cats: &'static [u8],
+    metric: String,
+}
+
+impl Headline {
+    /// recall@K for every K asked, hit and MRR at 30 (or the largest K), multi-hop recall at
+    /// that K, session hit@1 and recall@10: what the README's targets are stated in.
+    fn of(ks: &[usize]) -> Vec<Headline> {
+        const ALL: &[u8] = &[1, 2, 3, 4, 5];
+        let main = if ks.contains(&30) {
+            30
+        } else {
+            ks.iter().copied().max().unwrap_or(30)
+        };
+        let all = |metric: String| Headline {
+            group: "all",
+            cats: ALL,
+            metric,
+        };
+        let mut out = vec![
+            all(format!("recall@{main}")),
+            all(format!("hit@{main}")),
+            all(format!("mrr@{main}")),
+        ];
+        out.extend(
+            ks.iter()
+                .filter(|k| **k != main)
+                .map(|k| all(format!("recall@{k}"))),
+        );
+        out.push(Headline {
+            group: "multi-hop",
+            cats: &[1],
+            metric: format!("recall@{main}"),
+        });
+        out.push(all("s.hit@1".into()));
+        out.push(all("s.recall@10".into()));
+        out
+    }
+
+    fn label(&self) -> String {
+        format!("{} {}", self.group, self.metric)
+    }
+}
+
+/// `label 0.942 [0.931, 0.952]` per figure; differences signed, `*` where the interval leaves
+/// out zero.
+fn interval_lines(figures: &[(String, bootstrap::Interval)], signed: bool) -> String {
+    figures
+        .iter()
+        .map(|(label, i)| {
+            if signed {
+                let mark = if i.excludes_zero() { "*" } else { "" };
+                format!(
+                    "  {label:<22} {:+.3} [{:+.3}, {:+.3}]{mark}\n",
+                    i.mean, i.low, i.high
+                )
+            } else {
+                format!(
+                    "  {label:<22} {:.3} [{:.3}, {:.3}]\n",
+                    i.mean, i.low, i.high
+                )
+            }
+        })
+        .collect()
+}
+
+/// Scores rankings written by an earlier `--dump-rankings` over the same questions (a question
+/// the file lacks counts as an empty ranking, as in the reference tool).
+fn scores_of_dump(
+    path: &std::path::Path,
+    questions: &[Question],
+    ks: &[usize],
+) -> anyhow::Result<Scores> {
+    #[derive(Deserialize)]
+    struct Dumped {
+        sample_id: String,
+        qa_index: usize,
+        ranked: Vec<Vec<String>>,
+    }
+    let raw = std::fs::read(path).with_context(|| format!("--baseline {}", path.display()))?;
+    let dumped: Vec<Dumped> = serde_json::from_slice(&raw).with_context(|| {
+        format!(
+            "--baseline {}: not a --dump-rankings file (a list of {{sample_id, qa_index, ranked}})",
+            path.display()
+        )
+    })?;
+    let by_question: std::collections::HashMap<(String, usize), Vec<Vec<String>>> = dumped
+        .into_iter()
+        .map(|d| ((d.sample_id, d.qa_index), d.ranked))
+        .collect();
+    let matched = questions
+        .iter()
+        .filter(|q| by_question.contains_key(&(q.sample.clone(), q.qa_index)))
+        .count();
+    anyhow::ensure!(
+        matched > 0,
+        "--baseline {}: none of its rankings is for a question of this data set",
+        path.display()
+    );
+    let mut scores = Scores::default();
+    let empty = Vec::new();
+    for q in questions {
+        let ranked = by_question
+            .get(&(q.sample.clone(), q.qa_index))
+            .unwrap_or(&empty);
+        scores.add(q.category, ks, ranked, &q.gold);
+        scores.add_sessions(q.category, ranked, &q.gold);
+    }
+    Ok(scores)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -384,6 +541,7 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
         keep,
         set,
         json,
+        baseline,
     } = cmd;
     let ks: Vec<usize> = k
         .split(',')
@@ -562,6 +720,12 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
         questions.len(),
         serde_json::to_string(&base_cfg)?
     );
+    let headline = Headline::of(&ks);
+    let baseline = baseline
+        .as_deref()
+        .map(|p| scores_of_dump(p, &questions, &ks).map(|s| (p.display().to_string(), s)))
+        .transpose()?;
+    let mut full_scores: Option<Scores> = None;
     let mut report = serde_json::Map::new();
     for (label, ablation, cfg) in runs {
         let recall = recall.with_config(cfg);
@@ -612,10 +776,33 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
             "{}",
             crate::bench::RecallTotals::now().means_since(&totals0)
         );
+        let intervals = scores.intervals(&headline);
+        print!(
+            "95% intervals (bootstrap over questions, {} resamples):\n{}",
+            bootstrap::RESAMPLES,
+            interval_lines(&intervals, false)
+        );
+        let mut against = serde_json::Map::new();
+        let mut compare = |name: &str, other: &Scores| {
+            let d = scores.differences(other, &headline);
+            print!(
+                "against {name}, paired (95%; * the interval leaves out 0):\n{}",
+                interval_lines(&d, true)
+            );
+            against.insert(name.to_string(), serde_json::json!(d));
+        };
+        if let Some(full) = &full_scores {
+            compare("full", full);
+        }
+        if let Some((name, base)) = &baseline {
+            compare(name, base);
+        }
         report.insert(
             label.clone(),
             serde_json::json!({
                 "metrics": scores.means(),
+                "intervals_95": intervals,
+                "differences_95": against,
                 "latency_ms": {"p50": p50, "p99": p99, "queries": latencies.len()},
             }),
         );
@@ -624,6 +811,9 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
                 std::fs::write(path, serde_json::to_vec(&rankings)?)?;
                 println!("rankings written to {}", path.display());
             }
+        }
+        if label == "full" {
+            full_scores = Some(scores);
         }
     }
     if let Some(path) = &json {
@@ -724,5 +914,75 @@ mod tests {
         assert!((m["s.ndcg@5"][0] - want).abs() < 1e-12);
         let means = s.means();
         assert_eq!(means["all"]["s.recall@10"], 1.0);
+    }
+
+    fn question(sample: &str, qa_index: usize, category: u8, gold: &[&str]) -> Question {
+        Question {
+            sample: sample.into(),
+            qa_index,
+            category,
+            question: String::new(),
+            gold: gold.iter().map(|g| g.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_baseline_file_scores_like_the_run_that_wrote_it_and_bad_files_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let qs = vec![
+            question("conv-1", 0, 1, &["D1:1"]),
+            question("conv-1", 2, 4, &["D2:3"]),
+            question("conv-2", 0, 1, &["D1:4"]),
+        ];
+        let ranked = |ids: &[&str]| -> Vec<Vec<String>> {
+            ids.iter().map(|d| vec![d.to_string()]).collect()
+        };
+        let runs = [ranked(&["D1:1", "D1:2"]), ranked(&["D1:2", "D2:3"])];
+        // The run itself, as `run` scores it; conv-2's question is missing from the file.
+        let mut direct = Scores::default();
+        for (q, r) in qs
+            .iter()
+            .zip(runs.iter().chain(std::iter::once(&Vec::new())))
+        {
+            direct.add(q.category, &[1, 30], r, &q.gold);
+            direct.add_sessions(q.category, r, &q.gold);
+        }
+        let dumped: Vec<Value> = qs
+            .iter()
+            .zip(&runs)
+            .map(|(q, r)| {
+                serde_json::json!({"sample_id": q.sample, "qa_index": q.qa_index, "ranked": r})
+            })
+            .collect();
+        let path = dir.path().join("base.json");
+        std::fs::write(&path, serde_json::to_vec(&dumped).unwrap()).unwrap();
+        let scored = scores_of_dump(&path, &qs, &[1, 30]).unwrap();
+        assert_eq!(scored.by_cat, direct.by_cat);
+        let headline = Headline::of(&[1, 30]);
+        let d = scored.differences(&direct, &headline);
+        assert!(d.iter().any(|(l, _)| l == "multi-hop recall@30"));
+        assert!(d.iter().all(|(_, i)| i.mean == 0.0 && !i.excludes_zero()));
+        // multi-hop recall@30 over its two questions: one found, one missing.
+        let iv = scored.intervals(&headline);
+        let mh = iv
+            .iter()
+            .find(|(l, _)| l == "multi-hop recall@30")
+            .unwrap()
+            .1;
+        assert_eq!(mh.mean, 0.5);
+
+        std::fs::write(&path, b"{\"not\": \"a list\"}").unwrap();
+        let e = scores_of_dump(&path, &qs, &[30]).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("not a --dump-rankings file"),
+            "{e:#}"
+        );
+        std::fs::write(
+            &path,
+            br#"[{"sample_id": "other", "qa_index": 0, "ranked": []}]"#,
+        )
+        .unwrap();
+        let e = scores_of_dump(&path, &qs, &[30]).unwrap_err();
+        assert!(format!("{e:#}").contains("none of its rankings"), "{e:#}");
     }
 }
