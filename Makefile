@@ -81,9 +81,12 @@ fmt: setup-crates
 
 # Figures as JSON and plots (SVG) land in REPORTS beside the printed tables.
 REPORTS ?= reports
+# EVAL_BASELINE=FILE: an earlier run's rankings (e.g. a copy of the last locomo-rankings.json);
+# each figure is then also printed as a paired difference from it, with its 95% interval.
+EVAL_BASELINE ?=
 eval: build
 	@if [ -f "$(LOCOMO)" ]; then mkdir -p $(REPORTS) && \
-	$(BIN) eval locomo --data $(LOCOMO) --dump-rankings $(CARGO_TARGET_DIR)/locomo-rankings.json --json $(REPORTS)/eval.json && \
+	$(BIN) eval locomo --data $(LOCOMO) --dump-rankings $(CARGO_TARGET_DIR)/locomo-rankings.json --json $(REPORTS)/eval.json $(if $(EVAL_BASELINE),--baseline $(EVAL_BASELINE)) && \
 	bash scripts/plot.sh eval $(REPORTS)/eval.json $(REPORTS)/eval-recall-at-k.svg; \
 	else echo "skipping eval: $(LOCOMO) not found (LoCoMo lives in ../shared/data, never in the repo)"; fi
 
