@@ -453,13 +453,11 @@ fn interval_lines(figures: &[(String, bootstrap::Interval)], signed: bool) -> St
         .collect()
 }
 
-/// Scores rankings written by an earlier `--dump-rankings` over the same questions (a question
-/// the file lacks counts as an empty ranking, as in the reference tool).
-fn scores_of_dump(
-    path: &std::path::Path,
-    questions: &[Question],
-    ks: &[usize],
-) -> anyhow::Result<Scores> {
+/// Each question's ranking in a file an earlier `--dump-rankings` wrote, read before the ingest
+/// so a wrong file is refused before minutes of work.
+type DumpedRankings = std::collections::HashMap<(String, usize), Vec<Vec<String>>>;
+
+fn read_dump(path: &std::path::Path) -> anyhow::Result<DumpedRankings> {
     #[derive(Deserialize)]
     struct Dumped {
         sample_id: String,
@@ -473,23 +471,32 @@ fn scores_of_dump(
             path.display()
         )
     })?;
-    let by_question: std::collections::HashMap<(String, usize), Vec<Vec<String>>> = dumped
+    Ok(dumped
         .into_iter()
         .map(|d| ((d.sample_id, d.qa_index), d.ranked))
-        .collect();
+        .collect())
+}
+
+/// Scores dumped rankings over the same questions as the run (a question the file lacks counts
+/// as an empty ranking, as in the reference tool).
+fn scores_of_dump(
+    name: &str,
+    dumped: &DumpedRankings,
+    questions: &[Question],
+    ks: &[usize],
+) -> anyhow::Result<Scores> {
     let matched = questions
         .iter()
-        .filter(|q| by_question.contains_key(&(q.sample.clone(), q.qa_index)))
+        .filter(|q| dumped.contains_key(&(q.sample.clone(), q.qa_index)))
         .count();
     anyhow::ensure!(
         matched > 0,
-        "--baseline {}: none of its rankings is for a question of this data set",
-        path.display()
+        "--baseline {name}: none of its rankings is for a question of this data set"
     );
     let mut scores = Scores::default();
     let empty = Vec::new();
     for q in questions {
-        let ranked = by_question
+        let ranked = dumped
             .get(&(q.sample.clone(), q.qa_index))
             .unwrap_or(&empty);
         scores.add(q.category, ks, ranked, &q.gold);
@@ -549,6 +556,9 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
         .collect::<Result<_, _>>()
         .context("--k: numbers like 10,30")?;
     let kmax = *ks.iter().max().context("--k is empty")?;
+    let baseline = baseline
+        .map(|p| read_dump(&p).map(|d| (p.display().to_string(), d)))
+        .transpose()?;
     let raw = std::fs::read(&data).with_context(|| {
         format!(
             "reading {} (LoCoMo data lives in ../shared/data; it is not part of the repo)",
@@ -722,8 +732,7 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
     );
     let headline = Headline::of(&ks);
     let baseline = baseline
-        .as_deref()
-        .map(|p| scores_of_dump(p, &questions, &ks).map(|s| (p.display().to_string(), s)))
+        .map(|(name, d)| scores_of_dump(&name, &d, &questions, &ks).map(|s| (name, s)))
         .transpose()?;
     let mut full_scores: Option<Scores> = None;
     let mut report = serde_json::Map::new();
@@ -956,7 +965,7 @@ mod tests {
             .collect();
         let path = dir.path().join("base.json");
         std::fs::write(&path, serde_json::to_vec(&dumped).unwrap()).unwrap();
-        let scored = scores_of_dump(&path, &qs, &[1, 30]).unwrap();
+        let scored = scores_of_dump("base", &read_dump(&path).unwrap(), &qs, &[1, 30]).unwrap();
         assert_eq!(scored.by_cat, direct.by_cat);
         let headline = Headline::of(&[1, 30]);
         let d = scored.differences(&direct, &headline);
@@ -972,7 +981,7 @@ mod tests {
         assert_eq!(mh.mean, 0.5);
 
         std::fs::write(&path, b"{\"not\": \"a list\"}").unwrap();
-        let e = scores_of_dump(&path, &qs, &[30]).unwrap_err();
+        let e = read_dump(&path).unwrap_err();
         assert!(
             format!("{e:#}").contains("not a --dump-rankings file"),
             "{e:#}"
@@ -982,7 +991,7 @@ mod tests {
             br#"[{"sample_id": "other", "qa_index": 0, "ranked": []}]"#,
         )
         .unwrap();
-        let e = scores_of_dump(&path, &qs, &[30]).unwrap_err();
+        let e = scores_of_dump("base", &read_dump(&path).unwrap(), &qs, &[30]).unwrap_err();
         assert!(format!("{e:#}").contains("none of its rankings"), "{e:#}");
     }
 }
