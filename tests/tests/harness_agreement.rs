@@ -158,3 +158,56 @@ fn eval_agrees_with_the_reference_tool() {
         "5 scorable questions per conversation"
     );
 }
+
+/// `--baseline` end to end: a run compared with the rankings it wrote itself (same kept store)
+/// prints a zero difference for every headline figure, and each figure its interval.
+#[test]
+fn a_run_against_its_own_rankings_differs_by_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("mini.json");
+    std::fs::write(
+        &data,
+        serde_json::to_vec(&json!([
+            sample("conv-a", "kayaks"),
+            sample("conv-b", "violins")
+        ]))
+        .unwrap(),
+    )
+    .unwrap();
+    let (store, rankings) = (dir.path().join("store"), dir.path().join("rankings.json"));
+    let eval = |extra: &[&std::ffi::OsStr]| {
+        let out = Command::new(recollect_tests::binary())
+            .args(["eval", "locomo", "--data"])
+            .arg(&data)
+            .arg("--keep")
+            .arg(&store)
+            .args(extra)
+            .env("RECOLLECT__EMBEDDER__KIND", "hash")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "eval failed: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let first = eval(&["--dump-rankings".as_ref(), rankings.as_os_str()]);
+    assert!(
+        first.contains("95% intervals") && first.contains("all recall@30"),
+        "{first}"
+    );
+    let second = eval(&["--baseline".as_ref(), rankings.as_os_str()]);
+    let against: Vec<&str> = second
+        .lines()
+        .skip_while(|l| !l.starts_with("against "))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .collect();
+    // recall@30, hit@30, mrr@30, recall@10, multi-hop recall@30, s.hit@1, s.recall@10.
+    assert_eq!(against.len(), 7, "{second}");
+    for line in against {
+        assert!(line.ends_with("+0.000 [+0.000, +0.000]"), "{line}");
+    }
+}
