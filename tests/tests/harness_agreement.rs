@@ -71,6 +71,14 @@ fn sample(id: &str, topic: &str) -> Value {
     json!({"sample_id": id, "conversation": conv, "qa": qa})
 }
 
+/// Two small conversations written to `dir/mini.json`.
+fn mini_data(dir: &std::path::Path) -> PathBuf {
+    let data = dir.join("mini.json");
+    let conversations = json!([sample("conv-a", "kayaks"), sample("conv-b", "violins")]);
+    std::fs::write(&data, serde_json::to_vec(&conversations).unwrap()).unwrap();
+    data
+}
+
 fn rows(out: &str) -> Vec<(String, Vec<f64>)> {
     out.lines()
         .filter_map(|l| {
@@ -100,16 +108,7 @@ fn rows(out: &str) -> Vec<(String, Vec<f64>)> {
 fn eval_agrees_with_the_reference_tool() {
     let Some(tool) = tool() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("mini.json");
-    std::fs::write(
-        &data,
-        serde_json::to_vec(&json!([
-            sample("conv-a", "kayaks"),
-            sample("conv-b", "violins")
-        ]))
-        .unwrap(),
-    )
-    .unwrap();
+    let data = mini_data(dir.path());
     let rankings = dir.path().join("rankings.json");
     let out = Command::new(recollect_tests::binary())
         .args(["eval", "locomo", "--data"])
@@ -164,16 +163,7 @@ fn eval_agrees_with_the_reference_tool() {
 #[test]
 fn a_run_against_its_own_rankings_differs_by_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("mini.json");
-    std::fs::write(
-        &data,
-        serde_json::to_vec(&json!([
-            sample("conv-a", "kayaks"),
-            sample("conv-b", "violins")
-        ]))
-        .unwrap(),
-    )
-    .unwrap();
+    let data = mini_data(dir.path());
     let (store, rankings) = (dir.path().join("store"), dir.path().join("rankings.json"));
     let eval = |extra: &[&std::ffi::OsStr]| {
         let out = Command::new(recollect_tests::binary())
