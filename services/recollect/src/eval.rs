@@ -297,11 +297,7 @@ impl Scores {
 
     /// The mean of `metric` over the questions of `cats`, and how many there are (0.0 for none).
     fn mean(&self, cats: &[u8], metric: &str) -> (f64, usize) {
-        let vals: Vec<f64> = cats
-            .iter()
-            .filter_map(|c| self.by_cat.get(c))
-            .flat_map(|x| x.get(metric).cloned().unwrap_or_default())
-            .collect();
+        let vals = self.values(cats, metric);
         if vals.is_empty() {
             return (0.0, 0);
         }
