@@ -210,6 +210,13 @@ impl Scores {
         }
     }
 
+    /// A question's round-level and session-level figures: what a run and a `--baseline` file
+    /// are both scored by, so the two pair up.
+    fn add_question(&mut self, q: &Question, ks: &[usize], ranked: &[Vec<String>]) {
+        self.add(q.category, ks, ranked, &q.gold);
+        self.add_sessions(q.category, ranked, &q.gold);
+    }
+
     /// recall@k for every k from 1 to `kmax` (`curve@k`), for the recall@k plot.
     fn add_curve(&mut self, cat: u8, kmax: usize, ranked: &[Vec<String>], gold: &[String]) {
         let m = self.by_cat.entry(cat).or_default();
@@ -483,10 +490,9 @@ fn scores_of_dump(
 ) -> anyhow::Result<Scores> {
     let matched = questions
         .iter()
-        .filter(|q| dumped.contains_key(&(q.sample.clone(), q.qa_index)))
-        .count();
+        .any(|q| dumped.contains_key(&(q.sample.clone(), q.qa_index)));
     anyhow::ensure!(
-        matched > 0,
+        matched,
         "--baseline {name}: none of its rankings is for a question of this data set"
     );
     let mut scores = Scores::default();
@@ -495,8 +501,7 @@ fn scores_of_dump(
         let ranked = dumped
             .get(&(q.sample.clone(), q.qa_index))
             .unwrap_or(&empty);
-        scores.add(q.category, ks, ranked, &q.gold);
-        scores.add_sessions(q.category, ranked, &q.gold);
+        scores.add_question(q, ks, ranked);
     }
     Ok(scores)
 }
@@ -754,8 +759,7 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
                 .iter()
                 .map(|m| dia_of.get(&m.memory_id).cloned().unwrap_or_default())
                 .collect();
-            scores.add(q.category, &ks, &ranked, &q.gold);
-            scores.add_sessions(q.category, &ranked, &q.gold);
+            scores.add_question(q, &ks, &ranked);
             scores.add_curve(q.category, kmax, &ranked, &q.gold);
             rankings.push(Ranking {
                 sample_id: q.sample.clone(),
@@ -949,8 +953,7 @@ mod tests {
             .iter()
             .zip(runs.iter().chain(std::iter::once(&Vec::new())))
         {
-            direct.add(q.category, &[1, 30], r, &q.gold);
-            direct.add_sessions(q.category, r, &q.gold);
+            direct.add_question(q, &[1, 30], r);
         }
         let dumped: Vec<Value> = qs
             .iter()
