@@ -79,6 +79,24 @@ fn mini_data(dir: &std::path::Path) -> PathBuf {
     data
 }
 
+/// `recollect eval locomo --data DATA ARGS…` with the hash embedder; its stdout, once it succeeded.
+fn eval(data: &std::path::Path, args: &[&std::ffi::OsStr]) -> String {
+    let out = Command::new(recollect_tests::binary())
+        .args(["eval", "locomo", "--data"])
+        .arg(data)
+        .args(args)
+        .env("RECOLLECT__EMBEDDER__KIND", "hash")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "eval failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 fn rows(out: &str) -> Vec<(String, Vec<f64>)> {
     out.lines()
         .filter_map(|l| {
@@ -110,20 +128,7 @@ fn eval_agrees_with_the_reference_tool() {
     let dir = tempfile::tempdir().unwrap();
     let data = mini_data(dir.path());
     let rankings = dir.path().join("rankings.json");
-    let out = Command::new(recollect_tests::binary())
-        .args(["eval", "locomo", "--data"])
-        .arg(&data)
-        .arg("--dump-rankings")
-        .arg(&rankings)
-        .env("RECOLLECT__EMBEDDER__KIND", "hash")
-        .output()
-        .unwrap();
-    let ours = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "eval failed: {ours}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let ours = eval(&data, &["--dump-rankings".as_ref(), rankings.as_os_str()]);
     let theirs = Command::new("python3")
         .arg(&tool)
         .arg(&data)
@@ -165,30 +170,21 @@ fn a_run_against_its_own_rankings_differs_by_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let data = mini_data(dir.path());
     let (store, rankings) = (dir.path().join("store"), dir.path().join("rankings.json"));
-    let eval = |extra: &[&std::ffi::OsStr]| {
-        let out = Command::new(recollect_tests::binary())
-            .args(["eval", "locomo", "--data"])
-            .arg(&data)
-            .arg("--keep")
-            .arg(&store)
-            .args(extra)
-            .env("RECOLLECT__EMBEDDER__KIND", "hash")
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(
-            out.status.success(),
-            "eval failed: {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stdout
+    let with = |flag: &str, file: &std::path::Path| {
+        let args = [
+            "--keep".as_ref(),
+            store.as_os_str(),
+            flag.as_ref(),
+            file.as_os_str(),
+        ];
+        eval(&data, &args)
     };
-    let first = eval(&["--dump-rankings".as_ref(), rankings.as_os_str()]);
+    let first = with("--dump-rankings", &rankings);
     assert!(
         first.contains("95% intervals") && first.contains("all recall@30"),
         "{first}"
     );
-    let second = eval(&["--baseline".as_ref(), rankings.as_os_str()]);
+    let second = with("--baseline", &rankings);
     let against: Vec<&str> = second
         .lines()
         .skip_while(|l| !l.starts_with("against "))
