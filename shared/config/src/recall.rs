@@ -78,17 +78,6 @@ pub struct RecallConfig {
     /// at most this many turns (a conversation, a user's memory); wider recalls keep late
     /// interaction as a re-scoring of the fused top `late_depth` (ours).
     pub late_scan_max_turns: u64,
-    /// Weight of the question's best field cosine (the better of the round's two, as the
-    /// encoder gives it) added where late interaction re-scores a turn (ours; 0: off).
-    pub late_cosine_weight: f32,
-    /// The results below the first `sitting_head` gain `sitting_weight` × the share of those
-    /// first results from the same sitting (ours; 0: off): the other answers of a question
-    /// whose best are found sit beside them more often than elsewhere. The first results keep
-    /// their order.
-    pub sitting_weight: f32,
-    pub sitting_head: usize,
-    /// Two turns of a conversation at most this many hours apart are of one sitting.
-    pub sitting_hours: f32,
 }
 
 /// Added to the weight of each part of a turn's fused score where late interaction re-scores it:
@@ -182,9 +171,6 @@ impl RecallConfig {
             ("recall.rerank_weight", self.rerank_weight),
             ("recall.rerank_gap", self.rerank_gap),
             ("recall.late_weight", self.late_weight),
-            ("recall.late_cosine_weight", self.late_cosine_weight),
-            ("recall.sitting_weight", self.sitting_weight),
-            ("recall.sitting_hours", self.sitting_hours),
         ] {
             if !(w.is_finite() && w >= 0.0) {
                 return invalid(key, "must be a finite number >= 0");
@@ -215,9 +201,6 @@ impl RecallConfig {
         }
         if !(1..=1000).contains(&self.late_depth) {
             return invalid("recall.late_depth", "must be in 1..=1000");
-        }
-        if !(1..=1000).contains(&self.sitting_head) {
-            return invalid("recall.sitting_head", "must be in 1..=1000");
         }
         if self.late_candidates > 1000 {
             return invalid("recall.late_candidates", "must be in 0..=1000");

@@ -48,14 +48,10 @@ pub enum Component {
     /// Late interaction's re-weighting of the score parts (`recall.late_shift`); its MaxSim
     /// stays.
     LateShift,
-    /// The best field cosine added where late interaction re-scores (`recall.late_cosine_weight`).
-    LateCosine,
-    /// The lift of results from the first results' sittings (`recall.sitting_weight`).
-    Sittings,
 }
 
 impl Component {
-    pub const ALL: [Component; 12] = [
+    pub const ALL: [Component; 10] = [
         Component::PathB,
         Component::PathC,
         Component::Graph,
@@ -66,8 +62,6 @@ impl Component {
         Component::Late,
         Component::LateScan,
         Component::LateShift,
-        Component::LateCosine,
-        Component::Sittings,
     ];
 
     /// The name `recollect eval --ablate` takes.
@@ -83,8 +77,6 @@ impl Component {
             Component::Late => "late",
             Component::LateScan => "late-scan",
             Component::LateShift => "late-shift",
-            Component::LateCosine => "late-cosine",
-            Component::Sittings => "sittings",
         }
     }
 }
@@ -114,7 +106,7 @@ impl Ablation {
 
     /// What `--ablate all` runs, one at a time (the late ones change nothing where
     /// `embedder.late_model` is off).
-    pub const NAMES: [&'static str; 12] = [
+    pub const NAMES: [&'static str; 10] = [
         "path-b",
         "path-c",
         "graph",
@@ -125,7 +117,5 @@ impl Ablation {
         "late",
         "late-scan",
         "late-shift",
-        "late-cosine",
-        "sittings",
     ];
 }

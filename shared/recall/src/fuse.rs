@@ -89,32 +89,6 @@ pub fn share_with_neighbours(candidates: &[Candidate], scores: &mut [f32], weigh
     }
 }
 
-/// Below the first `recall.sitting_head` results, each gains `recall.sitting_weight` × the
-/// share of those first results from its sitting (the same conversation, at most
-/// `recall.sitting_hours` apart), and they are sorted again below the first, which keep their
-/// order. A question whose best answers are found often has its other answers told in the
-/// same sitting, in words the question does not use.
-pub fn lift_sittings(ranked: &mut [RecalledMemory], cfg: &RecallConfig) {
-    let n = cfg.sitting_head.min(ranked.len());
-    if n == 0 || n == ranked.len() {
-        return;
-    }
-    let (head, tail) = ranked.split_at_mut(n);
-    let window = chrono::Duration::milliseconds((cfg.sitting_hours as f64 * 3_600_000.0) as i64);
-    for m in tail.iter_mut() {
-        let near = head
-            .iter()
-            .filter(|h| {
-                h.conversation_id == m.conversation_id
-                    && (h.timestamp - m.timestamp).abs() <= window
-            })
-            .count();
-        m.score += cfg.sitting_weight * near as f32 / n as f32;
-    }
-    // Stable: equal scores keep their order.
-    tail.sort_by(|a, b| b.score.total_cmp(&a.score));
-}
-
 /// The top `k` of `candidates` by fused score (ties: earlier in the conversation first, then
 /// the candidates' order). `keymem` holds the KeyMem score of each candidate, in order.
 pub fn fuse(
@@ -228,7 +202,6 @@ mod tests {
             keyword: 0.0,
             fragment: 0.0,
             score,
-            best_cosine: 0.0,
         }
     }
 
@@ -363,69 +336,5 @@ mod tests {
         let ids: Vec<&str> = out.iter().map(|m| m.turn_id.as_str()).collect();
         assert_eq!(ids, vec!["3", "5"]);
         assert_eq!(out[0].score_parts.lexical, 0.0);
-    }
-
-    /// Below the head, a result from a sitting the head holds rises by the share of the head
-    /// it has there; one of the same conversation days apart, or of another conversation, does
-    /// not; the head keeps its order.
-    #[test]
-    fn results_below_the_head_rise_with_their_sittings_share_of_it() {
-        let at = |conv: &str, id: &str, hours: i64, score: f32| {
-            let t = turn(conv, 0);
-            RecalledMemory {
-                memory_id: t.memory_id,
-                conversation_id: conv.into(),
-                turn_id: id.into(),
-                user: String::new(),
-                assistant: String::new(),
-                user_speaker: None,
-                assistant_speaker: None,
-                timestamp: t.timestamp + chrono::Duration::hours(hours),
-                user_id: None,
-                agent_id: None,
-                metadata: Default::default(),
-                score,
-                sources: vec![],
-                score_parts: ScoreParts::default(),
-            }
-        };
-        let cfg = RecallConfig {
-            sitting_weight: 0.3,
-            sitting_head: 2,
-            sitting_hours: 3.0,
-            ..RecallConfig::default()
-        };
-        let mut ranked = vec![
-            at("a", "h1", 0, 2.0),
-            at("a", "h2", 1, 1.9),
-            at("b", "other conversation", 0, 1.5),
-            at("a", "days later", 72, 1.45),
-            at("a", "same sitting", 2, 1.3),
-        ];
-        lift_sittings(&mut ranked, &cfg);
-        let ids: Vec<&str> = ranked.iter().map(|m| m.turn_id.as_str()).collect();
-        assert_eq!(
-            ids,
-            [
-                "h1",
-                "h2",
-                "same sitting",
-                "other conversation",
-                "days later"
-            ]
-        );
-        close(ranked[2].score, 1.3 + 0.3);
-        close(ranked[3].score, 1.5);
-        close(ranked[0].score, 2.0);
-        // A head as long as the list leaves it as it is.
-        let mut short = ranked[..2].to_vec();
-        lift_sittings(
-            &mut short,
-            &RecallConfig {
-                sitting_head: 5,
-                ..cfg
-            },
-        );
-        close(short[1].score, 1.9);
     }
 }

@@ -71,9 +71,6 @@ pub struct KeyMemScore {
     /// `s̃_frag`.
     pub fragment: f32,
     pub score: f32,
-    /// The better of the turn's field cosines as the encoder gives them (not on MiniLM's
-    /// scale): what `recall.late_cosine_weight` adds (0 where `c` is).
-    pub best_cosine: f32,
 }
 
 /// `(w_base, w_cap)` of the query's type.
@@ -125,16 +122,15 @@ pub fn score(
     } else {
         query.fields
     };
-    let (cos, best): (Vec<f32>, Vec<f32>) = candidates
+    let cos: Vec<f32> = candidates
         .iter()
         .map(|cand| match &cand.vectors {
-            Some(f) if !ablation.without(Component::Dense) => (
-                query.scale.question(field_cos(query.vector, f, fields)),
-                field_cos(query.vector, f, FieldCosine::Max),
-            ),
-            _ => (0.0, 0.0),
+            Some(f) if !ablation.without(Component::Dense) => {
+                query.scale.question(field_cos(query.vector, f, fields))
+            }
+            _ => 0.0,
         })
-        .unzip();
+        .collect();
     let s_kw: Vec<f32> = candidates
         .iter()
         .map(|cand| softtfidf::score(query.neighbours, &cand.keywords, query.idf))
@@ -143,8 +139,8 @@ pub fn score(
     let frag_norm = normaliser(candidates.iter().map(|cand| cand.fragment_score));
     candidates
         .iter()
-        .zip(cos.iter().zip(&s_kw).zip(&best))
-        .map(|(cand, ((&c, &s_kw), &best_cosine))| {
+        .zip(cos.iter().zip(&s_kw))
+        .map(|(cand, (&c, &s_kw))| {
             let kw = s_kw / kw_norm;
             let frag = cand.fragment_score / frag_norm;
             let score = if ablation.without(Component::Scoring) {
@@ -158,7 +154,6 @@ pub fn score(
                 keyword: kw,
                 fragment: frag,
                 score,
-                best_cosine,
             }
         })
         .collect()

@@ -596,20 +596,6 @@ impl Recall {
             fields: cfg.field_cosine,
         };
         let scores = keymem::score(&candidates.items, &query, ablation);
-        // What late interaction adds beside its MaxSim: each candidate's best field cosine.
-        let best_cosine: HashMap<MemoryId, f32> = if cfg.late_cosine_weight > 0.0
-            && question_tokens.is_some()
-            && !ablation.without(Component::LateCosine)
-        {
-            candidates
-                .items
-                .iter()
-                .zip(&scores)
-                .map(|(cand, s)| (cand.turn.memory_id, s.best_cosine))
-                .collect()
-        } else {
-            HashMap::new()
-        };
         // Late interaction re-scores the top `late_depth`, the cross-encoder re-reads the top
         // `rerank_depth`: either may be more than k.
         let mut take = k;
@@ -631,21 +617,11 @@ impl Recall {
         .emit();
         if let Some(question) = &question_tokens {
             out = self
-                .late(
-                    tenant,
-                    question,
-                    out,
-                    &retrieved.late,
-                    &best_cosine,
-                    ablation,
-                )
+                .late(tenant, question, out, &retrieved.late, ablation)
                 .await?;
         }
         if let Some(reranker) = &self.reranker {
             out = rerank(reranker.clone(), &req.query, out, cfg).await?;
-        }
-        if cfg.sitting_weight > 0.0 && !ablation.without(Component::Sittings) {
-            fuse::lift_sittings(&mut out, cfg);
         }
         out.truncate(k);
         tracing::Span::current().record("results", out.len());
@@ -687,7 +663,6 @@ impl Recall {
         question: &recollect_model::TokenVectors,
         ranked: Vec<RecalledMemory>,
         known: &HashMap<MemoryId, f32>,
-        best_cosine: &HashMap<MemoryId, f32>,
         ablation: &Ablation,
     ) -> Result<Vec<RecalledMemory>, RecallError> {
         let cfg = &self.config;
@@ -714,9 +689,7 @@ impl Recall {
                 let s = scores.get(&m.memory_id).copied();
                 m.score_parts.late = s;
                 let p = &m.score_parts;
-                let cosine = best_cosine.get(&m.memory_id).copied().unwrap_or(0.0);
                 m.score += cfg.late_weight * s.unwrap_or(mean)
-                    + cfg.late_cosine_weight * cosine
                     + shift.dense * p.dense
                     + shift.keyword * p.keyword
                     + shift.lexical * p.lexical
@@ -1226,7 +1199,6 @@ mod tests {
                 &question,
                 ranked.clone(),
                 &HashMap::new(),
-                &HashMap::new(),
                 &Ablation::default(),
             )
             .await
@@ -1280,7 +1252,6 @@ mod tests {
                 &question,
                 ranked.clone(),
                 &found,
-                &HashMap::new(),
                 &Ablation::default(),
             )
             .await
@@ -1401,25 +1372,18 @@ mod tests {
             lexical: -0.15,
             time: 0.1,
         };
-        let rescore = |shift: LateShift, ablation: Ablation, cosines: HashMap<MemoryId, f32>| {
+        let rescore = |shift: LateShift, ablation: Ablation| {
             let recall = recall(shift);
             let ranked = vec![from_cosine.clone(), from_time.clone()];
             let (tenant, question) = (&tenant, &question);
             async move {
                 recall
-                    .late(
-                        tenant,
-                        question,
-                        ranked,
-                        &HashMap::new(),
-                        &cosines,
-                        &ablation,
-                    )
+                    .late(tenant, question, ranked, &HashMap::new(), &ablation)
                     .await
                     .unwrap()
             }
         };
-        let out = rescore(shift, Ablation::default(), HashMap::new()).await;
+        let out = rescore(shift, Ablation::default()).await;
         assert_eq!(order(&out), ["1", "0"]);
         let late = out[0].score_parts.late.unwrap();
         assert_eq!(
@@ -1450,41 +1414,10 @@ mod tests {
                 },
             ),
         ] {
-            let out = rescore(shift, ablation, HashMap::new()).await;
+            let out = rescore(shift, ablation).await;
             assert_eq!(order(&out), ["0", "1"], "{ablation:?}");
             assert_eq!(out[0].score, out[1].score);
         }
-
-        // `late_cosine_weight` × each turn's best field cosine: the turn whose better field is
-        // closer to the question goes first, by exactly that much.
-        let cosines = HashMap::from([(from_cosine.memory_id, 0.2), (from_time.memory_id, 0.5)]);
-        let out = rescore(LateShift::default(), Ablation::default(), cosines.clone()).await;
-        assert_eq!(order(&out), ["0", "1"], "no weight, no change");
-        let weighted = Recall::new(
-            graph.clone(),
-            vectors.clone(),
-            Arc::new(hash.clone()),
-            RecallConfig {
-                late_shift: LateShift::default(),
-                late_cosine_weight: 3.0,
-                ..RecallConfig::default()
-            },
-            RecallLimits::from(&recollect_config::Settings::defaults().server),
-        );
-        let ranked = vec![from_cosine.clone(), from_time.clone()];
-        let out = weighted
-            .late(
-                &tenant,
-                &question,
-                ranked,
-                &HashMap::new(),
-                &cosines,
-                &Ablation::default(),
-            )
-            .await
-            .unwrap();
-        assert_eq!(order(&out), ["1", "0"]);
-        assert!((out[0].score - out[1].score - 3.0 * 0.3).abs() < 1e-5);
     }
 
     /// The late retriever end to end: a turn no other retriever returns is found by MaxSim,
