@@ -495,6 +495,14 @@ export interface components {
              *     each part above re-weighted by `recall.late_shift`).
              */
             late?: number | null;
+            /**
+             * Format: float
+             * @description The category term's evidence, when the question names a kind of thing ("What
+             *     activities…") and `recall.category_weight` is on: the best cosine between that phrase
+             *     and the keywords the turn's named speaker said (its score then has `recall.category_weight`
+             *     × this, less the head's median).
+             */
+            category?: number | null;
         };
         /** @description `POST /v1/conversations/{id}/turns` body. */
         StoreRequest: {

@@ -78,6 +78,13 @@ pub struct RecallConfig {
     /// at most this many turns (a conversation, a user's memory); wider recalls keep late
     /// interaction as a re-scoring of the fused top `late_depth` (ours).
     pub late_scan_max_turns: u64,
+    /// Weight of the category term (ours; 0: off): for a question naming a kind of thing
+    /// ("What activities…"), each head result's best cosine between that phrase and the
+    /// keywords its named speaker said, minus the head's median (docs/RECALL.md, departure 16).
+    pub category_weight: f32,
+    /// Keywords of the scope nearest to the question's category phrase that the category term
+    /// reads; a keyword further away counts as the furthest of them.
+    pub category_neighbours: usize,
 }
 
 /// Added to the weight of each part of a turn's fused score where late interaction re-scores it:
@@ -171,6 +178,7 @@ impl RecallConfig {
             ("recall.rerank_weight", self.rerank_weight),
             ("recall.rerank_gap", self.rerank_gap),
             ("recall.late_weight", self.late_weight),
+            ("recall.category_weight", self.category_weight),
         ] {
             if !(w.is_finite() && w >= 0.0) {
                 return invalid(key, "must be a finite number >= 0");
@@ -204,6 +212,9 @@ impl RecallConfig {
         }
         if self.late_candidates > 1000 {
             return invalid("recall.late_candidates", "must be in 0..=1000");
+        }
+        if !(1..=1000).contains(&self.category_neighbours) {
+            return invalid("recall.category_neighbours", "must be in 1..=1000");
         }
         Ok(())
     }

@@ -14,7 +14,9 @@ mod names;
 
 use recollect_model::{Classify, ErrorKind, Extraction, ReferenceState, Turn};
 
-pub use query::{analyse_query, QueryAnalysis, QueryType, TimeHint, TimeHintKind, Want};
+pub use query::{
+    analyse_query, category_phrase, QueryAnalysis, QueryType, TimeHint, TimeHintKind, Want,
+};
 pub use resolve::Resolver;
 pub use rules::RuleExtractor;
 pub use time::{parse_date_time, parse_times};

@@ -31,6 +31,10 @@ pub struct QueryAnalysis {
     pub wants: Option<Want>,
     /// Pronouns resolved against the caller's attention state.
     pub references: Vec<Reference>,
+    /// The kind of thing a list question asks for ("activities" in "What activities has
+    /// Melanie done?"), whose instances the answer names in words of their own ("camping"):
+    /// recall's category term reads the turns' keywords against it ([`category_phrase`]).
+    pub category: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -455,7 +459,51 @@ pub fn analyse_query(
         lexical_terms: lexical,
         wants,
         references,
+        category: category_phrase(query),
     }
+}
+
+/// Words between a question's *what*/*which* (and *kind of*, *type of*, *sort of*) or *how
+/// many* and its auxiliary verb: "What video games does Nate play?" → "video games", "Which
+/// kind of classes has James joined?" → "classes", "How many pets does Nate have?" → "pets".
+/// None for every other shape, for a phrase of more than four words, and for one that only
+/// asks when ("what time", "which year", "how many times").
+pub fn category_phrase(query: &str) -> Option<String> {
+    const AUX: [&str; 14] = [
+        "has", "have", "does", "do", "did", "is", "are", "was", "were", "had", "can", "could",
+        "would", "will",
+    ];
+    const KIND: [&str; 6] = ["kind", "kinds", "type", "types", "sort", "sorts"];
+    const WHEN: [&str; 7] = ["time", "times", "day", "date", "month", "year", "years"];
+    let words: Vec<&str> = query
+        .split_whitespace()
+        .map(|w| w.trim_matches(|c: char| !c.is_alphanumeric() && c != '+' && c != '-'))
+        .filter(|w| !w.is_empty())
+        .collect();
+    let (first, mut rest) = words.split_first()?;
+    if first.eq_ignore_ascii_case("how") {
+        match rest.split_first() {
+            Some((many, more)) if many.eq_ignore_ascii_case("many") => rest = more,
+            _ => return None,
+        }
+    } else if !(first.eq_ignore_ascii_case("what") || first.eq_ignore_ascii_case("which")) {
+        return None;
+    }
+    if let [k, of, more @ ..] = rest {
+        if KIND.iter().any(|x| k.eq_ignore_ascii_case(x)) && of.eq_ignore_ascii_case("of") {
+            rest = more;
+        }
+    }
+    let end = rest
+        .iter()
+        .position(|w| AUX.iter().any(|a| w.eq_ignore_ascii_case(a)))?;
+    let phrase = &rest[..end];
+    let single_when = phrase.len() == 1 && WHEN.iter().any(|x| phrase[0].eq_ignore_ascii_case(x));
+    if phrase.is_empty() || phrase.len() > 4 || single_when || phrase[0].eq_ignore_ascii_case("of")
+    {
+        return None;
+    }
+    Some(phrase.join(" "))
 }
 
 #[cfg(test)]
@@ -617,5 +665,39 @@ mod tests {
         // Known names are found even in lower case.
         let q = analyse_query("what did melanie paint", None, Some(&st));
         assert_eq!(q.entities, vec!["Melanie"]);
+    }
+
+    #[test]
+    fn a_list_question_names_the_kind_of_thing_it_asks_for() {
+        let cases = [
+            (
+                "What activities has Melanie done with her family?",
+                Some("activities"),
+            ),
+            ("What video games does Nate play?", Some("video games")),
+            ("Which kind of classes has James joined?", Some("classes")),
+            ("What types of yoga has Maria practiced?", Some("yoga")),
+            (
+                "What LGBTQ+ events has Caroline participated in?",
+                Some("LGBTQ+ events"),
+            ),
+            ("What does Joanna do to remember happy memories?", None),
+            ("What is Joanna allergic to?", None),
+            ("Which of Joanna's screenplays were rejected?", None),
+            ("What time did the train leave?", None),
+            ("When did Nate get Tilly?", None),
+            ("How many turtles does Nate have?", Some("turtles")),
+            ("How many times has Nate won?", None),
+            ("How long has Nate had them?", None),
+            (
+                "What amazing things that I really liked have you seen?",
+                None,
+            ),
+        ];
+        for (q, want) in cases {
+            assert_eq!(category_phrase(q).as_deref(), want, "{q}");
+        }
+        let qa = analyse_query("What pets does Nate have?", None, None);
+        assert_eq!(qa.category.as_deref(), Some("pets"));
     }
 }

@@ -830,6 +830,12 @@ pub struct ScoreParts {
     /// each part above re-weighted by `recall.late_shift`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub late: Option<f32>,
+    /// The category term's evidence, when the question names a kind of thing ("What
+    /// activities…") and `recall.category_weight` is on: the best cosine between that phrase
+    /// and the keywords the turn's named speaker said (its score then has `recall.category_weight`
+    /// × this, less the head's median).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<f32>,
 }
 
 /// One recalled memory, as the API returns it.

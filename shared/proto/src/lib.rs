@@ -120,6 +120,7 @@ impl From<RecalledMemory> for v1::RecalledMemory {
                 fused: p.fused,
                 rerank: p.rerank,
                 late: p.late,
+                category: p.category,
             }),
         }
     }

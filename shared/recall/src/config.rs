@@ -48,10 +48,12 @@ pub enum Component {
     /// Late interaction's re-weighting of the score parts (`recall.late_shift`); its MaxSim
     /// stays.
     LateShift,
+    /// The category term (`recall.category_weight`).
+    Category,
 }
 
 impl Component {
-    pub const ALL: [Component; 10] = [
+    pub const ALL: [Component; 11] = [
         Component::PathB,
         Component::PathC,
         Component::Graph,
@@ -62,6 +64,7 @@ impl Component {
         Component::Late,
         Component::LateScan,
         Component::LateShift,
+        Component::Category,
     ];
 
     /// The name `recollect eval --ablate` takes.
@@ -77,6 +80,7 @@ impl Component {
             Component::Late => "late",
             Component::LateScan => "late-scan",
             Component::LateShift => "late-shift",
+            Component::Category => "category",
         }
     }
 }
@@ -106,7 +110,7 @@ impl Ablation {
 
     /// What `--ablate all` runs, one at a time (the late ones change nothing where
     /// `embedder.late_model` is off).
-    pub const NAMES: [&'static str; 10] = [
+    pub const NAMES: [&'static str; 11] = [
         "path-b",
         "path-c",
         "graph",
@@ -117,5 +121,6 @@ impl Ablation {
         "late",
         "late-scan",
         "late-shift",
+        "category",
     ];
 }

@@ -44,6 +44,9 @@ pub struct Candidate {
     pub turn: Turn,
     /// Stemmed keys of its keywords (what `s_kw` matches against).
     pub keywords: Vec<String>,
+    /// The keywords' words as the turn says them, in the same order (the category term looks
+    /// for them in the named speaker's field).
+    pub keyword_texts: Vec<String>,
     /// The times its text states.
     pub times: Vec<TimeRef>,
     /// Its dense field vectors; None when the index holds none for it.
@@ -135,8 +138,15 @@ pub async fn fetch(
         .into_iter()
         .map(|rec| {
             let id = rec.turn.memory_id;
+            let (keywords, keyword_texts) = rec
+                .extraction
+                .keywords
+                .into_iter()
+                .map(|k| (k.key, k.text))
+                .unzip();
             Candidate {
-                keywords: rec.extraction.keywords.into_iter().map(|k| k.key).collect(),
+                keywords,
+                keyword_texts,
                 times: rec.extraction.times,
                 vectors: field_vectors.get(&id).cloned(),
                 found: Found {

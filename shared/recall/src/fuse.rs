@@ -118,6 +118,7 @@ pub fn fuse(
                 fused: fused(km.score, lexical, time, cfg),
                 rerank: None,
                 late: None,
+                category: None,
             }
         })
         .collect();

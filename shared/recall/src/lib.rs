@@ -6,6 +6,7 @@
 //! fuse with the lexical and time evidence and rank (a pure function, `fuse.rs`). Every
 //! returned memory says which paths found it and how its score was made.
 
+pub mod category;
 mod config;
 pub mod fetch;
 pub mod fuse;
@@ -138,10 +139,12 @@ pub struct Recall {
     limits: RecallLimits,
 }
 
-/// The query's embeddings: the whole question, and one per query/answer keyword.
+/// The query's embeddings: the whole question, one per query/answer keyword, and the category
+/// phrase's when the category term reads one.
 pub(crate) struct QueryVectors {
     pub query: Vec<f32>,
     pub keywords: Vec<(String, Vec<f32>)>,
+    pub category: Option<Vec<f32>>,
 }
 
 impl Recall {
@@ -236,6 +239,7 @@ impl Recall {
     async fn analyse(
         &self,
         req: &RecallRequest,
+        ablation: &Ablation,
     ) -> Result<(QueryAnalysis, QueryVectors), RecallError> {
         let qa = analyse_query(&req.query, req.now, req.attention_state.as_ref());
         let mut kw_texts: Vec<String> = Vec::new();
@@ -247,13 +251,22 @@ impl Recall {
         let keys: Vec<String> = kw_texts.clone();
         let mut texts = vec![req.query.clone()];
         texts.extend(kw_texts);
-        let mut vecs = self.embed_query_and(texts).await?.into_iter();
+        // The category phrase is matched against stored keywords, so it is embedded as they are.
+        let category = qa.category.clone().filter(|_| {
+            self.config.category_weight > 0.0 && !ablation.without(Component::Category)
+        });
+        let with_category = category.is_some();
+        texts.extend(category);
+        let mut vecs: Vec<Vec<f32>> = self.embed_query_and(texts).await?;
+        let category = if with_category { vecs.pop() } else { None };
+        let mut vecs = vecs.into_iter();
         let query = vecs.next().unwrap_or_default();
         Ok((
             qa,
             QueryVectors {
                 query,
                 keywords: keys.into_iter().zip(vecs).collect(),
+                category,
             },
         ))
     }
@@ -501,7 +514,7 @@ impl Recall {
                 let task = late_retrieve(model, req.query.clone(), scan);
                 AbortOnDrop(tokio::spawn(tracing::Instrument::in_current_span(task)))
             });
-        let (qa, qv) = self.analyse(req).await?;
+        let (qa, qv) = self.analyse(req, ablation).await?;
         RecallPhaseCompleted {
             phase: RecallPhase::Analyse,
             elapsed: started.elapsed(),
@@ -551,9 +564,25 @@ impl Recall {
                 (None, HashMap::new())
             })
         };
-        let (bc, dense, lexical, (question_tokens, late)) =
-            tokio::join!(graph_paths, dense, lexical, late);
-        let ((b, c), dense, lexical) = (bc?, dense?, lexical?);
+        // The category term's keywords: the scope's nearest to the question's category phrase.
+        let category = async {
+            let Some(v) = &qv.category else {
+                return Ok(None);
+            };
+            let hits = self
+                .vectors
+                .search_keywords(tenant, &scope, v, cfg.category_neighbours, -1.0)
+                .await?;
+            let scale = self.embedder.cosine_scale();
+            let hits = hits
+                .into_iter()
+                .map(|(name, c)| (name, scale.keyword(c)))
+                .collect();
+            Ok::<_, RecallError>(category::CategoryQuery::new(hits, &req.query))
+        };
+        let (bc, dense, lexical, (question_tokens, late), category) =
+            tokio::join!(graph_paths, dense, lexical, late, category);
+        let ((b, c), dense, lexical, category) = (bc?, dense?, lexical?, category?);
         RecallPhaseCompleted {
             phase: RecallPhase::Retrieve,
             elapsed: phase.elapsed(),
@@ -596,6 +625,9 @@ impl Recall {
             fields: cfg.field_cosine,
         };
         let scores = keymem::score(&candidates.items, &query, ablation);
+        let evidence = category
+            .as_ref()
+            .map(|q| category::evidences(&candidates.items, q));
         // Late interaction re-scores the top `late_depth`, the cross-encoder re-reads the top
         // `rerank_depth`: either may be more than k.
         let mut take = k;
@@ -610,6 +642,11 @@ impl Recall {
             take = take.max(cfg.rerank_depth);
         }
         let mut out = fuse::fuse(candidates, &scores, (&qa).into(), cfg, take);
+        if let Some(evidence) = &evidence {
+            for m in &mut out {
+                m.score_parts.category = evidence.get(&m.memory_id).copied();
+            }
+        }
         RecallPhaseCompleted {
             phase: RecallPhase::Rank,
             elapsed: phase.elapsed(),
@@ -619,6 +656,15 @@ impl Recall {
             out = self
                 .late(tenant, question, out, &retrieved.late, ablation)
                 .await?;
+        }
+        if evidence.is_some() {
+            // After late interaction, over what it re-scored (or the top k without it).
+            let head = if question_tokens.is_some() {
+                cfg.late_depth.max(k)
+            } else {
+                k
+            };
+            category::apply(&mut out, head, cfg.category_weight);
         }
         if let Some(reranker) = &self.reranker {
             out = rerank(reranker.clone(), &req.query, out, cfg).await?;
@@ -1018,28 +1064,7 @@ mod tests {
         }
     }
 
-    fn memory(position: u64, user: &str, score: f32) -> RecalledMemory {
-        let t = crate::testing::turn("a", position);
-        RecalledMemory {
-            memory_id: t.memory_id,
-            conversation_id: t.conversation_id,
-            turn_id: t.turn_id,
-            user: user.into(),
-            assistant: "ok".into(),
-            user_speaker: Some("Ann".into()),
-            assistant_speaker: None,
-            timestamp: t.timestamp,
-            user_id: None,
-            agent_id: None,
-            metadata: Default::default(),
-            score,
-            sources: vec!["lexical".into()],
-            score_parts: recollect_model::ScoreParts {
-                fused: score,
-                ..Default::default()
-            },
-        }
-    }
+    use crate::testing::memory;
 
     #[tokio::test]
     async fn the_cross_encoder_reorders_the_top_depth_and_says_so() {
@@ -1500,6 +1525,136 @@ mod tests {
         assert_eq!(out[0].sources, ["dense"], "{out:?}");
     }
 
+    /// The category term end to end: a list question's category phrase is embedded, the
+    /// scope's nearest keywords read, and each result's evidence (the best among the keywords
+    /// its named speaker said) moves its score by `category_weight` around the head's median.
+    #[tokio::test]
+    async fn a_list_question_lifts_the_turns_whose_named_speaker_says_an_instance() {
+        use recollect_model::KeywordVector;
+        /// Hashed words, except that a turtle is a pet: the world knowledge a real encoder has.
+        struct KnowsTurtles(HashEmbedder);
+        impl Embedder for KnowsTurtles {
+            fn model_name(&self) -> &str {
+                self.0.model_name()
+            }
+            fn dim(&self) -> usize {
+                self.0.dim()
+            }
+            fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+                let texts: Vec<String> =
+                    texts.iter().map(|t| t.replace("turtles", "pets")).collect();
+                let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+                self.0.embed(&refs)
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let model = KnowsTurtles(HashEmbedder::default());
+        let graph = EmbeddedGraph::open(&dir.path().join("g.redb")).unwrap();
+        let vectors = EdgeVectorIndex::open(&dir.path().join("v"), model.dim()).unwrap();
+        let extractor = recollect_extract::RuleExtractor::new();
+        let mut state = Default::default();
+        // Ann speaks the user field, Bob the assistant's.
+        let said = [
+            ("I fed my turtles this morning.", "Sounds calm."),
+            ("I washed my car this morning.", "Sounds calm."),
+            ("Sounds calm.", "I fed my turtles this morning."),
+        ];
+        let mut turns = Vec::new();
+        let mut points = Vec::new();
+        let mut keywords: Vec<KeywordVector> = Vec::new();
+        for (i, (user, assistant)) in said.iter().enumerate() {
+            let mut t = crate::testing::turn("a", i as u64);
+            t.user = user.to_string();
+            t.assistant = assistant.to_string();
+            let x = extractor.extract_sync(&t, &mut state);
+            for k in &x.keywords {
+                if !keywords.iter().any(|kv| kv.keyword == k.key) {
+                    let v = model.embed(&[&k.text]).unwrap().remove(0);
+                    keywords.push(KeywordVector {
+                        keyword: k.key.clone(),
+                        vector: v.into(),
+                    });
+                }
+            }
+            let v = model
+                .embed(&[&format!("{user} {assistant}")])
+                .unwrap()
+                .remove(0);
+            points.push(crate::testing::point(&t, v, None));
+            turns.push((t, x));
+        }
+        graph.write_turns(&turns).await.unwrap();
+        vectors.upsert_turns(points).await.unwrap();
+        let tenant = turns[0].0.tenant.clone();
+        vectors
+            .upsert_keywords(&tenant, "a", keywords)
+            .await
+            .unwrap();
+        let config = |w| RecallConfig {
+            category_weight: w,
+            ..RecallConfig::default()
+        };
+        let recall = Recall::new(
+            Arc::new(graph),
+            Arc::new(vectors),
+            Arc::new(model),
+            config(1.0),
+            RecallLimits::from(&recollect_config::Settings::defaults().server),
+        );
+        let req = RecallRequest {
+            query: "What pets does Ann have?".into(),
+            conversation_ids: Some(vec!["a".into()]),
+            k: Some(3),
+            ..Default::default()
+        };
+        let on = recall
+            .recall_with(&tenant, &req, &Ablation::default())
+            .await
+            .unwrap();
+        let evidence = |out: &[RecalledMemory], turn: usize| {
+            let id = turns[turn].0.memory_id;
+            out.iter()
+                .find(|m| m.memory_id == id)
+                .and_then(|m| m.score_parts.category)
+        };
+        let (ann_turtles, ann_car, bob_turtles) = (
+            evidence(&on, 0).unwrap(),
+            evidence(&on, 1).unwrap(),
+            evidence(&on, 2).unwrap(),
+        );
+        assert!(ann_turtles > 0.9, "{on:?}");
+        assert!(ann_turtles > ann_car + 0.5, "{on:?}");
+        assert_eq!(
+            bob_turtles, ann_car,
+            "Bob's turtles are not Ann's pets: {on:?}"
+        );
+        assert_eq!(on[0].memory_id, turns[0].0.memory_id, "{on:?}");
+
+        // Off (weight 0, or ablated): no evidence, and each score is the term's less.
+        let off = recall
+            .with_config(config(0.0))
+            .recall_with(&tenant, &req, &Ablation::default())
+            .await
+            .unwrap();
+        assert!(off.iter().all(|m| m.score_parts.category.is_none()));
+        let ablated = recall
+            .recall_with(&tenant, &req, &Ablation::parse("category").unwrap())
+            .await
+            .unwrap();
+        assert_eq!(ablated, off);
+        let mut values: Vec<f32> = on.iter().filter_map(|m| m.score_parts.category).collect();
+        values.sort_by(f32::total_cmp);
+        let median = values[values.len() / 2];
+        for m in &on {
+            let before = off.iter().find(|o| o.memory_id == m.memory_id).unwrap();
+            let e = m.score_parts.category.unwrap();
+            assert!(
+                (m.score - (before.score + (e - median))).abs() < 1e-5,
+                "{m:?}"
+            );
+        }
+    }
+
     #[tokio::test]
     async fn names_on_most_turns_of_the_scope_are_common_and_others_are_not() {
         let dir = tempfile::tempdir().unwrap();
@@ -1572,7 +1727,7 @@ mod tests {
             query: "Where did Melanie go camping with her kids?".into(),
             ..Default::default()
         };
-        let (_, qv) = recall.analyse(&req).await.unwrap();
+        let (_, qv) = recall.analyse(&req, &Ablation::default()).await.unwrap();
         let want = hash.embed(&[&format!("q {}", req.query)]).unwrap();
         assert_eq!(qv.query, want[0], "the question gets the query side");
         assert!(!qv.keywords.is_empty());

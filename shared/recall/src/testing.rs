@@ -1,7 +1,7 @@
 //! Small hand-made candidates for the unit tests of the pure steps.
 
 use chrono::{TimeZone, Utc};
-use recollect_model::{MemoryId, SparseVector, TenantId, Turn};
+use recollect_model::{MemoryId, RecalledMemory, SparseVector, TenantId, Turn};
 use recollect_storage::vector::{FieldVectors, TurnPoint};
 
 use crate::fetch::{Candidate, Found};
@@ -57,6 +57,7 @@ pub fn candidate(position: u64) -> Candidate {
     Candidate {
         turn: turn("a", position),
         keywords: vec![],
+        keyword_texts: vec![],
         times: vec![],
         vectors: None,
         found: Found::default(),
@@ -70,4 +71,28 @@ pub fn user_vector(v: &[f32]) -> Option<FieldVectors> {
         user: v.to_vec(),
         assistant: None,
     })
+}
+
+/// A recalled memory of conversation "a" at `position`, scored `score` (fused the same).
+pub fn memory(position: u64, user: &str, score: f32) -> RecalledMemory {
+    let t = turn("a", position);
+    RecalledMemory {
+        memory_id: t.memory_id,
+        conversation_id: t.conversation_id,
+        turn_id: t.turn_id,
+        user: user.into(),
+        assistant: "ok".into(),
+        user_speaker: Some("Ann".into()),
+        assistant_speaker: None,
+        timestamp: t.timestamp,
+        user_id: None,
+        agent_id: None,
+        metadata: Default::default(),
+        score,
+        sources: vec!["lexical".into()],
+        score_parts: recollect_model::ScoreParts {
+            fused: score,
+            ..Default::default()
+        },
+    }
 }

@@ -168,6 +168,13 @@ class ScoreParts(BaseModel):
     `embedder.late_model` names a model (its score then has `recall.late_weight × late`, and
     each part above re-weighted by `recall.late_shift`).
     """
+    category: float | None = None
+    """
+    The category term's evidence, when the question names a kind of thing ("What
+    activities…") and `recall.category_weight` is on: the best cosine between that phrase
+    and the keywords the turn's named speaker said (its score then has `recall.category_weight`
+    × this, less the head's median).
+    """
 
 
 class StoreResponse(BaseModel):
