@@ -45,9 +45,10 @@ impl CategoryQuery {
     }
 }
 
-/// Whether `word` (a keyword's text) stands in `text` as whole words, ignoring case.
+/// Whether `word` (a keyword's text) stands in `text` (lower case) as whole words, ignoring
+/// case.
 fn says(text: &str, word: &str) -> bool {
-    let (text, word) = (text.to_lowercase(), word.to_lowercase());
+    let word = word.to_lowercase();
     if word.is_empty() {
         return false;
     }
@@ -68,11 +69,20 @@ pub fn evidence(cand: &Candidate, q: &CategoryQuery) -> f32 {
         q.names(t.assistant_speaker.as_deref()),
     );
     let one = user != assistant;
+    // Lower-cased once, and only the field whose keywords count.
+    let field = |named: bool, text: &str| {
+        if one && named {
+            text.to_lowercase()
+        } else {
+            String::new()
+        }
+    };
+    let (user_text, assistant_text) = (field(user, &t.user), field(assistant, &t.assistant));
     cand.keywords
         .iter()
         .zip(&cand.keyword_texts)
         .filter(|(_, text)| {
-            !one || (user && says(&t.user, text)) || (assistant && says(&t.assistant, text))
+            !one || (user && says(&user_text, text)) || (assistant && says(&assistant_text, text))
         })
         .filter_map(|(key, _)| q.cosines.get(key).copied())
         .fold(q.floor, f32::max)
@@ -131,7 +141,7 @@ mod tests {
 
     #[test]
     fn words_stand_whole() {
-        assert!(says("We went Camping, twice.", "camping"));
+        assert!(says("we went camping, twice.", "Camping"));
         assert!(says("camping", "camping"));
         assert!(!says("campings", "camping"));
         assert!(!says("decamping", "camping"));
