@@ -565,24 +565,27 @@ impl Recall {
             })
         };
         // The category term's keywords: the scope's nearest to the question's category phrase.
+        // A term added on top of the ranking: an index that fails leaves the ranking without it.
         let category = async {
-            let Some(v) = &qv.category else {
-                return Ok(None);
-            };
+            let v = qv.category.as_ref()?;
             let hits = self
                 .vectors
                 .search_keywords(tenant, &scope, v, cfg.category_neighbours, -1.0)
-                .await?;
+                .await
+                .inspect_err(|e| {
+                    tracing::warn!(error = %e, "category keywords unreadable; ranking left without the term");
+                })
+                .ok()?;
             let scale = self.embedder.cosine_scale();
             let hits = hits
                 .into_iter()
                 .map(|(name, c)| (name, scale.keyword(c)))
                 .collect();
-            Ok::<_, RecallError>(category::CategoryQuery::new(hits, &req.query))
+            category::CategoryQuery::new(hits, &req.query)
         };
         let (bc, dense, lexical, (question_tokens, late), category) =
             tokio::join!(graph_paths, dense, lexical, late, category);
-        let ((b, c), dense, lexical, category) = (bc?, dense?, lexical?, category?);
+        let ((b, c), dense, lexical) = (bc?, dense?, lexical?);
         RecallPhaseCompleted {
             phase: RecallPhase::Retrieve,
             elapsed: phase.elapsed(),
