@@ -41,7 +41,7 @@ impl CategoryQuery {
     fn names(&self, speaker: Option<&str>) -> bool {
         speaker
             .and_then(|s| s.split_whitespace().next())
-            .is_some_and(|first| self.words.iter().any(|w| w.eq_ignore_ascii_case(first)))
+            .is_some_and(|first| self.words.contains(&first.to_lowercase()))
     }
 }
 
@@ -188,6 +188,15 @@ mod tests {
             "What activities are fun?",
         );
         assert_eq!(evidence(&bob_camps, &neither), 0.6);
+
+        // A name outside ASCII is matched in any case too: Élodie's keywords only.
+        let mut elodie_says_weather = bob_camps.clone();
+        elodie_says_weather.turn.user_speaker = Some("Élodie".into());
+        let elodie = query(
+            &[("camp", 0.6), ("weather", 0.2)],
+            "What activities has ÉLODIE done?",
+        );
+        assert_eq!(evidence(&elodie_says_weather, &elodie), 0.2);
     }
 
     #[test]
