@@ -45,13 +45,18 @@ impl CategoryQuery {
     }
 }
 
-/// Whether `word` (a keyword's text) stands in `text` (lower case) as whole words, ignoring
-/// case.
-fn says(text: &str, word: &str) -> bool {
+/// Whether a keyword's text was said in `text` (lower case): each of its words stands there
+/// whole, ignoring case. Word by word, not as one phrase: the extractor pairs adjacent words
+/// across what it drops ("Caroline's art" → "caroline art", "hiking, camping" → "hiking
+/// camping"), so a pair's exact text is often not in the field it came from.
+fn says(text: &str, keyword: &str) -> bool {
+    let mut words = keyword.split_whitespace().peekable();
+    words.peek().is_some() && words.all(|w| says_word(text, w))
+}
+
+/// Whether `word` stands in `text` (lower case) as a whole word, ignoring case.
+fn says_word(text: &str, word: &str) -> bool {
     let word = word.to_lowercase();
-    if word.is_empty() {
-        return false;
-    }
     text.match_indices(&word).any(|(i, _)| {
         let before = text[..i].chars().next_back();
         let after = text[i + word.len()..].chars().next();
@@ -146,7 +151,11 @@ mod tests {
         assert!(!says("campings", "camping"));
         assert!(!says("decamping", "camping"));
         assert!(says("new shoes and a hat", "new shoes"));
+        assert!(says("caroline's art is lovely", "caroline art"));
+        assert!(says("hiking, camping and more", "hiking camping"));
+        assert!(!says("hiking and more", "hiking camping"));
         assert!(!says("anything", ""));
+        assert!(!says("anything", "  "));
     }
 
     #[test]
