@@ -182,12 +182,9 @@ impl TokenEmbedder for OnnxTokenEmbedder {
             })
             .collect();
         let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
-        let rows = crate::embed_in_chunks(
-            &refs,
-            self.graph.sessions.len(),
-            self.graph.per_pass(BATCH_SIZE),
-            |k, b| self.forward(b, k),
-        )?;
+        let rows = self
+            .graph
+            .run_chunks(&refs, BATCH_SIZE, |k, b| self.forward(b, k))?;
         let dim = self.spec.dim;
         rows.into_iter()
             .zip(skips)

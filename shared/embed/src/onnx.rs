@@ -151,19 +151,22 @@ impl BertGraph {
         })
     }
 
-    /// Texts a forward pass takes: `wanted`, or one where the graph quantises per pass.
-    pub(crate) fn per_pass(&self, wanted: usize) -> usize {
-        if self.alone {
-            1
-        } else {
-            wanted
-        }
+    /// Runs token sequences through `forward` in batches of at most `batch_size` (one where
+    /// the graph quantises per pass), sorted by length, one batch per session at a time;
+    /// `forward` gets a session hint and one batch, and gives a row per sequence. Every pass
+    /// through the graph goes by here, so none can batch what must run alone.
+    pub(crate) fn run_chunks(
+        &self,
+        seqs: &[&[u32]],
+        batch_size: usize,
+        forward: impl Fn(usize, &[&[u32]]) -> Result<Vec<Vec<f32>>, EmbedError> + Sync,
+    ) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let per_pass = if self.alone { 1 } else { batch_size };
+        crate::embed_in_chunks(seqs, self.sessions.len(), per_pass, forward)
     }
 
-    /// Tokenizes `inputs` (texts, or question–passage pairs) and runs them through `forward`
-    /// in batches of at most `batch_size` (one where [`Self::per_pass`] says), sorted by
-    /// length, one batch per session at a time; `forward` gets a session hint and one batch,
-    /// and gives a row per sequence.
+    /// Tokenizes `inputs` (texts, or question–passage pairs) and runs them as
+    /// [`Self::run_chunks`] does.
     pub(crate) fn encode<'s, E>(
         &self,
         inputs: Vec<E>,
@@ -181,12 +184,7 @@ impl BertGraph {
             .encode_batch(inputs, true)
             .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
         let seqs: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
-        crate::embed_in_chunks(
-            &seqs,
-            self.sessions.len(),
-            self.per_pass(batch_size),
-            forward,
-        )
+        self.run_chunks(&seqs, batch_size, forward)
     }
 }
 
