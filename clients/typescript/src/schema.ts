@@ -503,6 +503,13 @@ export interface components {
              *     × this, less the head's median).
              */
             category?: number | null;
+            /**
+             * Format: float
+             * @description Late interaction confined to one sentence: the best sentence's MaxSim, when the turn's
+             *     token vectors were stored with their sentences and `recall.sentence_weight` is on (its
+             *     score then has `recall.sentence_weight` × this).
+             */
+            sentence?: number | null;
         };
         /** @description `POST /v1/conversations/{id}/turns` body. */
         StoreRequest: {

@@ -28,6 +28,31 @@ pub fn lexical_document_vector(turn: &Turn) -> SparseVector {
     ))
 }
 
+/// A field as the late-interaction model reads it: the words before it, its text (with the
+/// speaker's name in front), and how many bytes that name takes (`field_text`'s `"name: "`),
+/// which every sentence of the field shares.
+struct TokenField {
+    context: String,
+    text: String,
+    shared: usize,
+}
+
+/// A field's text for the token embedder, and where its own words begin.
+#[derive(Clone, Copy)]
+struct Field<'a> {
+    text: &'a str,
+    shared: usize,
+}
+
+impl<'a> Field<'a> {
+    fn new(text: &'a str, speaker: Option<&str>, said: &str) -> Self {
+        // `field_text` puts "name: " in front when the field has a speaker and words.
+        let shared = text.len().saturating_sub(said.len());
+        debug_assert!(speaker.is_some() || shared == 0);
+        Self { text, shared }
+    }
+}
+
 pub struct EmbedderStage {
     embedder: Arc<dyn Embedder>,
     /// The late-interaction model (`embedder.late_model`): each field's token vectors too.
@@ -79,10 +104,7 @@ impl EmbedderStage {
 
     /// The fields' token vectors, in order, pooled; none without a late-interaction model.
     /// `fields` are (context, field text) pairs.
-    async fn embed_tokens(
-        &self,
-        fields: Vec<(String, String)>,
-    ) -> Result<Vec<TokenVectors>, StageError> {
+    async fn embed_tokens(&self, fields: Vec<TokenField>) -> Result<Vec<TokenVectors>, StageError> {
         let Some(model) = self.tokens.clone() else {
             return Ok(Vec::new());
         };
@@ -93,16 +115,25 @@ impl EmbedderStage {
             "token embedding",
             n,
             move || {
-                let out = if fields.iter().all(|(context, _)| context.is_empty()) {
-                    let texts: Vec<&str> = fields.iter().map(|(_, t)| t.as_str()).collect();
+                let out = if fields.iter().all(|f| f.context.is_empty()) {
+                    let texts: Vec<&str> = fields.iter().map(|f| f.text.as_str()).collect();
                     model.embed_tokens(&texts)?
                 } else {
                     let pairs: Vec<(&str, &str)> = fields
                         .iter()
-                        .map(|(c, t)| (c.as_str(), t.as_str()))
+                        .map(|f| (f.context.as_str(), f.text.as_str()))
                         .collect();
                     model.embed_tokens_in_context(&pairs)?
                 };
+                // Each row's sentence, before pooling merges rows (recall's sentence term).
+                let out: Vec<TokenVectors> = out
+                    .into_iter()
+                    .zip(&fields)
+                    .map(|(t, f)| match model.sentences(&f.text, f.shared, 0) {
+                        Some(s) if s.len() == t.len() => t.with_segments(s).unwrap_or_default(),
+                        _ => t,
+                    })
+                    .collect();
                 Ok(if factor > 1 {
                     out.iter().map(|t| pool_tokens(t, factor)).collect()
                 } else {
@@ -119,13 +150,21 @@ impl EmbedderStage {
     fn token_fields(
         &self,
         context: &str,
-        user: &str,
-        assistant: Option<&str>,
-    ) -> Vec<(String, String)> {
+        user: Field<'_>,
+        assistant: Option<Field<'_>>,
+    ) -> Vec<TokenField> {
         let words = self.context_words;
         let context = last_words(context, words);
-        let reply = assistant.map(|a| (last_words(&format!("{context} {user}"), words), a.into()));
-        let mut out = vec![(context, user.to_string())];
+        let reply = assistant.map(|a| TokenField {
+            context: last_words(&format!("{context} {}", user.text), words),
+            text: a.text.to_string(),
+            shared: a.shared,
+        });
+        let mut out = vec![TokenField {
+            context,
+            text: user.text.to_string(),
+            shared: user.shared,
+        }];
         out.extend(reply);
         out
     }
@@ -246,7 +285,13 @@ impl Stage for EmbedderStage {
                 let assistant = (!t.assistant.is_empty())
                     .then(|| field_text(t.assistant_speaker.as_deref(), &t.assistant));
                 if self.tokens.is_some() {
-                    let fields = self.token_fields(&env.body.context, &user, assistant.as_deref());
+                    let fields = self.token_fields(
+                        &env.body.context,
+                        Field::new(&user, t.user_speaker.as_deref(), &t.user),
+                        assistant
+                            .as_deref()
+                            .map(|a| Field::new(a, t.assistant_speaker.as_deref(), &t.assistant)),
+                    );
                     token_texts.extend(fields);
                 }
                 texts.push(user);
@@ -439,6 +484,14 @@ mod tests {
         assert_eq!(t0.len(), rows("turn 0"));
         let t1 = turns[1].embeddings.tokens.as_ref().unwrap();
         assert_eq!(t1.len(), rows("turn 1") + rows("a reply"));
+        // Each row's sentence rides with it: the user's field, then the reply's as a field of
+        // its own.
+        assert_eq!(t0.segments.len(), t0.len());
+        let parts: Vec<u16> = t1.segments.iter().map(|s| s.part()).collect();
+        let user_rows = rows("turn 1");
+        assert!(parts[..user_rows].iter().all(|&p| p == 0), "{parts:?}");
+        assert!(parts[user_rows..].iter().all(|&p| p == 1), "{parts:?}");
+        assert!(t1.segments.iter().any(|s| s.sentence() == 1));
         let plain = EmbedderStage::new(Arc::new(HashEmbedder::new(16)));
         let out = plain.handle(&[delivery(0, &[])]).await;
         let e: Envelope<EmbeddedTurn> = out[0].as_ref().unwrap()[0].decode().unwrap();

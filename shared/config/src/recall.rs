@@ -85,6 +85,21 @@ pub struct RecallConfig {
     /// Keywords of the scope nearest to the question's category phrase that the category term
     /// reads; a keyword further away counts as the furthest of them.
     pub category_neighbours: usize,
+    /// Weight of the sentence term (ours; 0: off): each turn late interaction re-scores also
+    /// gets this × its best sentence's MaxSim, the question's tokens matched within one
+    /// sentence of the turn (term proximity, as BERT-MaxP reads a document by its best passage;
+    /// docs/RECALL.md, departure 17). Turns stored without their rows' sentences get the
+    /// others' mean.
+    #[serde(default)]
+    pub sentence_weight: f32,
+    /// How many of the re-scored head the sentence term reads (their rows are read into the
+    /// query service, so it costs with each one).
+    #[serde(default = "sentence_depth")]
+    pub sentence_depth: usize,
+}
+
+fn sentence_depth() -> usize {
+    20
 }
 
 /// Added to the weight of each part of a turn's fused score where late interaction re-scores it:
@@ -179,6 +194,7 @@ impl RecallConfig {
             ("recall.rerank_gap", self.rerank_gap),
             ("recall.late_weight", self.late_weight),
             ("recall.category_weight", self.category_weight),
+            ("recall.sentence_weight", self.sentence_weight),
         ] {
             if !(w.is_finite() && w >= 0.0) {
                 return invalid(key, "must be a finite number >= 0");
@@ -215,6 +231,9 @@ impl RecallConfig {
         }
         if !(1..=1000).contains(&self.category_neighbours) {
             return invalid("recall.category_neighbours", "must be in 1..=1000");
+        }
+        if !(1..=1000).contains(&self.sentence_depth) {
+            return invalid("recall.sentence_depth", "must be in 1..=1000");
         }
         Ok(())
     }

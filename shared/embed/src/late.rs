@@ -11,7 +11,7 @@
 
 use std::path::Path;
 
-use recollect_model::TokenVectors;
+use recollect_model::{Segment, TokenVectors};
 
 use crate::onnx::{model_error, BertGraph};
 use crate::{l2_normalize, EmbedError};
@@ -36,6 +36,58 @@ pub trait TokenEmbedder: Send + Sync {
         let texts: Vec<&str> = pairs.iter().map(|(_, text)| *text).collect();
         self.embed_tokens(&texts)
     }
+
+    /// Which sentence of `text` each of its rows (as [`Self::embed_tokens`] gives them, before
+    /// pooling) was read in, as field `part`; the rows before byte `shared` (the speaker's
+    /// name) and the model's own markers are shared by every sentence. None where the model
+    /// cannot tell.
+    fn sentences(&self, _text: &str, _shared: usize, _part: u16) -> Option<Vec<Segment>> {
+        None
+    }
+}
+
+/// Where each sentence of `text` begins, in bytes from its start: at `from`, after each run of
+/// `.`, `!` or `?` and the spaces after it, and at an image's caption (` [image: …]`).
+pub fn sentence_starts(text: &str, from: usize) -> Vec<usize> {
+    let from = from.min(text.len());
+    let mut starts = vec![from];
+    // A stop ends a sentence only when a space follows it ("v1.5" is one word).
+    let (mut stopped, mut gap) = (false, false);
+    for (i, c) in text[from..].char_indices() {
+        let at = from + i;
+        if matches!(c, '.' | '!' | '?') {
+            (stopped, gap) = (true, false);
+        } else if c.is_whitespace() {
+            gap = true;
+        } else {
+            let caption = gap && text[at..].starts_with("[image: ");
+            if ((stopped && gap) || caption) && at > *starts.last().unwrap_or(&0) {
+                starts.push(at);
+            }
+            (stopped, gap) = (false, false);
+        }
+    }
+    starts
+}
+
+/// Each token's [`Segment`] from its byte offsets in `text` (`(0, 0)`: a marker of the model's).
+pub fn segments_of(
+    text: &str,
+    offsets: &[(usize, usize)],
+    shared: usize,
+    part: u16,
+) -> Vec<Segment> {
+    let starts = sentence_starts(text, shared);
+    offsets
+        .iter()
+        .map(|&(a, b)| {
+            if (a, b) == (0, 0) || a < shared {
+                Segment::new(part, 0)
+            } else {
+                Segment::new(part, starts.partition_point(|&s| s <= a))
+            }
+        })
+        .collect()
 }
 
 /// A late-interaction model `scripts/setup-model.sh` can install.
@@ -126,6 +178,12 @@ impl TokenEmbedder for OnnxTokenEmbedder {
         self.spec.name
     }
 
+    fn sentences(&self, text: &str, shared: usize, part: u16) -> Option<Vec<Segment>> {
+        // Tokenized as `embed_tokens` and the context path tokenize the text (cut alike).
+        let enc = self.graph.tokenizer.encode(text, true).ok()?;
+        Some(segments_of(text, enc.get_offsets(), shared, part))
+    }
+
     fn dim(&self) -> usize {
         self.spec.dim
     }
@@ -213,6 +271,9 @@ impl<T: TokenEmbedder + ?Sized> TokenEmbedder for std::sync::Arc<T> {
     ) -> Result<Vec<TokenVectors>, EmbedError> {
         (**self).embed_tokens_in_context(pairs)
     }
+    fn sentences(&self, text: &str, shared: usize, part: u16) -> Option<Vec<Segment>> {
+        (**self).sentences(text, shared, part)
+    }
 }
 
 /// A text's token vectors pooled `factor` to one (token pooling, Clavié et al. 2024): the rows
@@ -280,7 +341,47 @@ pub fn pool_tokens(tokens: &TokenVectors, factor: usize) -> TokenVectors {
     }
     // The mean's division is cancelled by the normalisation.
     values.chunks_exact_mut(dim).for_each(l2_normalize);
-    TokenVectors { dim, values }
+    let segments = pooled_segments(&tokens.segments, &group_of, roots.len());
+    TokenVectors {
+        dim,
+        values,
+        segments,
+    }
+}
+
+/// A pooled row's sentence: the one most of its rows were read in, counting only rows of a
+/// sentence (the shared rows' label where it has none of those; ties to the earliest).
+fn pooled_segments(segments: &[Segment], group_of: &[usize], groups: usize) -> Vec<Segment> {
+    if segments.len() != group_of.len() {
+        return Vec::new();
+    }
+    (0..groups)
+        .map(|g| {
+            let members = || {
+                segments
+                    .iter()
+                    .zip(group_of)
+                    .filter(|(_, &x)| x == g)
+                    .map(|(s, _)| *s)
+            };
+            let mut counts: Vec<(Segment, usize)> = Vec::new();
+            for s in members().filter(|s| s.sentence() > 0) {
+                match counts.iter_mut().find(|(x, _)| *x == s) {
+                    Some((_, n)) => *n += 1,
+                    None => counts.push((s, 1)),
+                }
+            }
+            counts
+                .iter()
+                .fold(None::<(Segment, usize)>, |best, &(s, n)| match best {
+                    Some((_, m)) if m >= n => best,
+                    _ => Some((s, n)),
+                })
+                .map(|(s, _)| s)
+                .or_else(|| members().next())
+                .unwrap_or_default()
+        })
+        .collect()
 }
 
 /// Token vectors without a model, for tests and the `hash` embedder's setups: each lower-cased
@@ -294,6 +395,26 @@ pub const HASH_TOKEN_DIM: usize = 64;
 impl TokenEmbedder for HashTokenEmbedder {
     fn model_name(&self) -> &str {
         "hash-tokens"
+    }
+
+    fn sentences(&self, text: &str, shared: usize, part: u16) -> Option<Vec<Segment>> {
+        // Its rows: the [CLS]-like one, then each word.
+        let mut offsets = vec![(0, 0)];
+        let mut start = None;
+        for (i, c) in text
+            .char_indices()
+            .chain(std::iter::once((text.len(), ' ')))
+        {
+            match (c.is_alphanumeric(), start) {
+                (true, None) => start = Some(i),
+                (false, Some(a)) => {
+                    offsets.push((a, i));
+                    start = None;
+                }
+                _ => {}
+            }
+        }
+        Some(segments_of(text, &offsets, shared, part))
     }
 
     fn dim(&self) -> usize {
@@ -331,6 +452,7 @@ impl TokenEmbedder for HashTokenEmbedder {
                 TokenVectors {
                     dim: HASH_TOKEN_DIM,
                     values,
+                    segments: Vec::new(),
                 }
             })
             .collect())
@@ -366,7 +488,63 @@ mod tests {
         for &i in pick {
             values.extend_from_slice(v.rows().nth(i).unwrap());
         }
-        TokenVectors { dim: v.dim, values }
+        TokenVectors {
+            dim: v.dim,
+            values,
+            segments: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn sentences_begin_after_their_stops_and_at_a_caption() {
+        let text = "Mel: Hi there! We went camping... It rained? [image: a tent]";
+        let starts = sentence_starts(text, 5);
+        let at = |s: &str| text.find(s).unwrap();
+        assert_eq!(starts, vec![5, at("We"), at("It"), at("[image")]);
+        // "v1.5" and a trailing stop start nothing.
+        let two = "see v1.5 now. Then";
+        assert_eq!(sentence_starts(two, 0), vec![0, two.find("Then").unwrap()]);
+        assert_eq!(sentence_starts("see v1.5 now.", 0), vec![0]);
+        assert_eq!(sentence_starts("", 0), vec![0]);
+        // Each word's sentence; the speaker's name and the model's markers are shared.
+        let e = HashTokenEmbedder;
+        let segs = e.sentences(text, 5, 0).unwrap();
+        assert_eq!(segs.len(), e.embed_tokens(&[text]).unwrap()[0].len());
+        let sentences: Vec<u16> = segs.iter().map(|s| s.sentence()).collect();
+        // [cls] Mel | Hi there | We went camping | It rained | image a tent
+        assert_eq!(sentences, vec![0, 0, 1, 1, 2, 2, 2, 3, 3, 4, 4, 4]);
+    }
+
+    #[test]
+    fn pooling_keeps_each_row_in_the_sentence_most_of_it_was_read_in() {
+        let e = HashTokenEmbedder;
+        let words = e.embed_tokens(&["camping lake tax"]).unwrap().remove(0);
+        let labels = |v: &[u16]| {
+            v.iter()
+                .map(|&k| Segment::new(0, k.into()))
+                .collect::<Vec<_>>()
+        };
+        // "camping" twice in sentence 1, "tax" twice in sentence 2, [cls] and "lake" shared.
+        let text = rows_of(&words, &[0, 1, 1, 2, 3, 3])
+            .with_segments(labels(&[0, 1, 1, 0, 2, 2]))
+            .unwrap();
+        let pooled = pool_tokens(&text, 2);
+        assert_eq!(pooled.segments.len(), pooled.len());
+        let camping = rows_of(&words, &[1]);
+        let tax = rows_of(&words, &[3]);
+        let of = |q: &TokenVectors| {
+            let (i, _) = pooled
+                .rows()
+                .enumerate()
+                .map(|(i, r)| (i, crate::cosine(r, &q.values)))
+                .fold((0, f32::MIN), |a, b| if b.1 > a.1 { b } else { a });
+            pooled.segments[i].sentence()
+        };
+        assert_eq!((of(&camping), of(&tax)), (1, 2));
+        // Without labels, none after pooling either.
+        assert!(pool_tokens(&rows_of(&words, &[0, 1, 1, 2]), 2)
+            .segments
+            .is_empty());
     }
 
     #[test]

@@ -96,6 +96,38 @@ pub mod packed_f32_shared {
 pub struct TokenVectors {
     pub dim: usize,
     pub values: Vec<f32>,
+    /// Which sentence each row was read in (see [`Segment`]), one per row; empty where unknown
+    /// (a question, or a turn stored before sentences were kept).
+    pub segments: Vec<Segment>,
+}
+
+/// Where a turn's token row stands: which field (`part`) and which of its sentences
+/// (`sentence`, from 1), or 0 for the rows every sentence of that field shares ([CLS], [SEP],
+/// the speaker's name). Packed in a u16 (part × [`Segment::PART`] + sentence) to ride on the
+/// bus and in a payload as one small integer per row.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct Segment(pub u16);
+
+impl Segment {
+    /// Sentences a field can number; later ones share the last number.
+    pub const PART: u16 = 1 << 12;
+
+    pub fn new(part: u16, sentence: usize) -> Self {
+        Self(part * Self::PART + (sentence.min(usize::from(Self::PART) - 1) as u16))
+    }
+    pub fn part(self) -> u16 {
+        self.0 / Self::PART
+    }
+    pub fn sentence(self) -> u16 {
+        self.0 % Self::PART
+    }
+    /// The same place in a later field.
+    fn shifted(self, parts: u16) -> Self {
+        Self(self.0.saturating_add(parts.saturating_mul(Self::PART)))
+    }
 }
 
 impl TokenVectors {
@@ -110,7 +142,24 @@ impl TokenVectors {
         if values.iter().any(|x| !x.is_finite()) {
             return Err("token vectors hold a non-finite value".into());
         }
-        Ok(Self { dim, values })
+        Ok(Self {
+            dim,
+            values,
+            segments: Vec::new(),
+        })
+    }
+
+    /// The same rows with each one's sentence; refuses labels that are not one per row.
+    pub fn with_segments(mut self, segments: Vec<Segment>) -> Result<Self, String> {
+        if !segments.is_empty() && segments.len() != self.len() {
+            return Err(format!(
+                "{} sentence labels for {} token rows",
+                segments.len(),
+                self.len()
+            ));
+        }
+        self.segments = segments;
+        Ok(self)
     }
 
     pub fn rows(&self) -> impl Iterator<Item = &[f32]> {
@@ -125,14 +174,26 @@ impl TokenVectors {
         self.values.is_empty()
     }
 
-    /// These rows followed by `other`'s (of the same width).
+    /// These rows followed by `other`'s (of the same width), `other`'s sentences as a field
+    /// after these. Sentences are kept only when both sides have them.
     pub fn extend(&mut self, other: &TokenVectors) {
-        if self.values.is_empty() {
+        let had_rows = !self.values.is_empty();
+        if !had_rows {
             self.dim = other.dim;
         }
-        if other.dim == self.dim {
-            self.values.extend_from_slice(&other.values);
+        if other.dim != self.dim {
+            return;
         }
+        if !had_rows {
+            self.segments = other.segments.clone();
+        } else if self.segments.is_empty() || other.segments.is_empty() {
+            self.segments.clear();
+        } else {
+            let parts = self.segments.iter().map(|s| s.part()).max().unwrap_or(0) + 1;
+            self.segments
+                .extend(other.segments.iter().map(|s| s.shifted(parts)));
+        }
+        self.values.extend_from_slice(&other.values);
     }
 
     /// ColBERT's MaxSim of a question's token vectors against these, averaged over the
@@ -151,6 +212,66 @@ impl TokenVectors {
             .sum();
         total / question.len() as f32
     }
+
+    /// MaxSim confined to one sentence: for each sentence, the question's tokens matched only
+    /// among that sentence's rows and the rows its field shares (the speaker's name, [CLS],
+    /// [SEP]); the best sentence's. None without sentence labels. A question whose words are
+    /// all in one sentence scores higher than one whose words are spread over the turn
+    /// (term proximity, as BERT-MaxP scores a document by its best passage).
+    pub fn sentence_max_sim(&self, question: &TokenVectors) -> Option<f32> {
+        if question.is_empty()
+            || self.is_empty()
+            || question.dim != self.dim
+            || self.segments.len() != self.len()
+        {
+            return None;
+        }
+        // Sentences and parts as small indexes, so one pass over the rows per question row
+        // keeps each sentence's best match and each field's shared best.
+        let mut sentences: Vec<Segment> = self
+            .segments
+            .iter()
+            .copied()
+            .filter(|s| s.sentence() > 0)
+            .collect();
+        sentences.sort_unstable_by_key(|s| s.0);
+        sentences.dedup();
+        if sentences.is_empty() {
+            return None;
+        }
+        let parts = usize::from(self.segments.iter().map(|s| s.part()).max().unwrap_or(0)) + 1;
+        let slot: Vec<Option<usize>> = self
+            .segments
+            .iter()
+            .map(|s| sentences.binary_search(s).ok())
+            .collect();
+        let mut total = vec![0f32; sentences.len()];
+        let mut best = vec![f32::NEG_INFINITY; sentences.len()];
+        let mut shared = vec![f32::NEG_INFINITY; parts];
+        // One dispatch for the whole matrix, not one a dot product: the loop is compiled for
+        // the CPU's vector unit as `dot_lanes` is.
+        SIMD.dispatch(|| {
+            for q in question.rows() {
+                best.fill(f32::NEG_INFINITY);
+                shared.fill(f32::NEG_INFINITY);
+                for ((d, seg), at) in self.rows().zip(&self.segments).zip(&slot) {
+                    let x = lanes(q, d);
+                    let b = match at {
+                        Some(i) => &mut best[*i],
+                        None => &mut shared[usize::from(seg.part())],
+                    };
+                    *b = b.max(x);
+                }
+                for ((t, b), s) in total.iter_mut().zip(&best).zip(&sentences) {
+                    *t += b.max(shared[usize::from(s.part())]);
+                }
+            }
+        });
+        total
+            .into_iter()
+            .reduce(f32::max)
+            .map(|b| b / question.len() as f32)
+    }
 }
 
 /// Token vectors on the bus: each unit-vector component as one signed byte (×127), base64;
@@ -164,12 +285,16 @@ impl Serialize for TokenVectors {
             .iter()
             .map(|x| (x.clamp(-1.0, 1.0) * 127.0).round() as i8 as u8)
             .collect();
-        let mut st = s.serialize_struct("TokenVectors", 2)?;
+        let with_segments = !self.segments.is_empty();
+        let mut st = s.serialize_struct("TokenVectors", 2 + usize::from(with_segments))?;
         st.serialize_field("dim", &self.dim)?;
         st.serialize_field(
             "i8",
             &base64::engine::general_purpose::STANDARD.encode(bytes),
         )?;
+        if with_segments {
+            st.serialize_field("segments", &self.segments)?;
+        }
         st.end()
     }
 }
@@ -181,13 +306,18 @@ impl<'de> Deserialize<'de> for TokenVectors {
         struct Wire {
             dim: usize,
             i8: String,
+            // Absent in messages from before sentences were kept.
+            #[serde(default)]
+            segments: Vec<Segment>,
         }
         let w = Wire::deserialize(d)?;
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(w.i8)
             .map_err(serde::de::Error::custom)?;
         let values = bytes.iter().map(|&b| f32::from(b as i8) / 127.0).collect();
-        TokenVectors::new(w.dim, values).map_err(serde::de::Error::custom)
+        TokenVectors::new(w.dim, values)
+            .and_then(|t| t.with_segments(w.segments))
+            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -836,6 +966,11 @@ pub struct ScoreParts {
     /// × this, less the head's median).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub category: Option<f32>,
+    /// Late interaction confined to one sentence: the best sentence's MaxSim, when the turn's
+    /// token vectors were stored with their sentences and `recall.sentence_weight` is on (its
+    /// score then has `recall.sentence_weight` × this).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sentence: Option<f32>,
 }
 
 /// One recalled memory, as the API returns it.
@@ -1249,6 +1384,52 @@ mod tests {
         joined.extend(&q);
         joined.extend(&t);
         assert_eq!((joined.dim, joined.len()), (2, 5));
+    }
+
+    /// Sentence MaxSim: the question's rows matched within one sentence and its field's shared
+    /// rows; labels ride on the wire, a message without them still reads, and a field joined
+    /// after another keeps its sentences apart.
+    #[test]
+    fn sentences_confine_max_sim_and_travel_with_the_rows() {
+        let (x, y, z) = ([1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]);
+        // [CLS] (x, shared), sentence 1 says y, sentence 2 says z.
+        let rows = |parts: &[[f32; 3]]| TokenVectors::new(3, parts.concat()).unwrap();
+        let turn = rows(&[x, y, z])
+            .with_segments(vec![
+                Segment::new(0, 0),
+                Segment::new(0, 1),
+                Segment::new(0, 2),
+            ])
+            .unwrap();
+        let q = rows(&[y, z]);
+        assert!((turn.max_sim(&q) - 1.0).abs() < 1e-6);
+        // Within sentence 1: y matches, z's best is 0 (x or y); sentence 2 the same: 0.5.
+        assert!((turn.sentence_max_sim(&q).unwrap() - 0.5).abs() < 1e-6);
+        // The shared row counts with every sentence.
+        assert!((turn.sentence_max_sim(&rows(&[x, y])).unwrap() - 1.0).abs() < 1e-6);
+        assert_eq!(rows(&[x]).sentence_max_sim(&q), None, "no labels, no score");
+        assert!(rows(&[x])
+            .with_segments(vec![Segment::new(0, 1); 2])
+            .is_err());
+        let wire = serde_json::to_value(&turn).unwrap();
+        assert_eq!(wire["segments"], serde_json::json!([0, 1, 2]));
+        let back: TokenVectors = serde_json::from_value(wire).unwrap();
+        assert_eq!(back.segments, turn.segments);
+        let old: TokenVectors =
+            serde_json::from_value(serde_json::to_value(rows(&[x])).unwrap()).unwrap();
+        assert!(old.segments.is_empty());
+        // The assistant's field after the user's: its sentences are its own, its shared rows
+        // count only with them.
+        let mut joined = turn.clone();
+        joined.extend(&turn);
+        assert_eq!(joined.segments[3], Segment::new(1, 0));
+        assert_eq!(joined.segments[5].part(), 1);
+        assert_eq!(joined.segments[5].sentence(), 2);
+        assert!((joined.sentence_max_sim(&q).unwrap() - 0.5).abs() < 1e-6);
+        // Joined with a field without labels, the turn has none.
+        let mut unlabelled = turn.clone();
+        unlabelled.extend(&rows(&[y]));
+        assert!(unlabelled.segments.is_empty());
     }
 
     #[test]

@@ -121,6 +121,7 @@ impl From<RecalledMemory> for v1::RecalledMemory {
                 rerank: p.rerank,
                 late: p.late,
                 category: p.category,
+                sentence: p.sentence,
             }),
         }
     }

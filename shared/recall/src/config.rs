@@ -50,10 +50,12 @@ pub enum Component {
     LateShift,
     /// The category term (`recall.category_weight`).
     Category,
+    /// The sentence term (`recall.sentence_weight`); late interaction's MaxSim stays.
+    Sentence,
 }
 
 impl Component {
-    pub const ALL: [Component; 11] = [
+    pub const ALL: [Component; 12] = [
         Component::PathB,
         Component::PathC,
         Component::Graph,
@@ -65,6 +67,7 @@ impl Component {
         Component::LateScan,
         Component::LateShift,
         Component::Category,
+        Component::Sentence,
     ];
 
     /// The name `recollect eval --ablate` takes.
@@ -81,6 +84,7 @@ impl Component {
             Component::LateScan => "late-scan",
             Component::LateShift => "late-shift",
             Component::Category => "category",
+            Component::Sentence => "sentence",
         }
     }
 }

@@ -119,6 +119,7 @@ pub fn fuse(
                 rerank: None,
                 late: None,
                 category: None,
+                sentence: None,
             }
         })
         .collect();

@@ -703,9 +703,10 @@ impl Recall {
     /// found (`known`, its MaxSim already read), each get `late_weight × MaxSim` of the
     /// question's token vectors against the turn's added to their score, and their score parts
     /// re-weighted by `late_shift` (MaxSim stands in for much of what the cosine and the
-    /// keyword similarity said), and are sorted again, above the rest. A turn stored without
-    /// token vectors gets the others' mean, so it is neither favoured nor buried; a vector
-    /// index that fails leaves the ranking as fused.
+    /// keyword similarity said), and are sorted again, above the rest; then the first
+    /// `sentence_depth` of them get the sentence term ([`Self::sentence_term`]). A turn stored
+    /// without token vectors gets the others' mean, so it is neither favoured nor buried; a
+    /// vector index that fails leaves the ranking as fused.
     async fn late(
         &self,
         tenant: &TenantId,
@@ -746,9 +747,42 @@ impl Recall {
             }
             // Stable: equal scores keep the fused order.
             head.sort_by(|a, b| b.score.total_cmp(&a.score));
+            if cfg.sentence_weight > 0.0 && !ablation.without(Component::Sentence) {
+                self.sentence_term(tenant, question, &mut head).await;
+            }
         }
         head.extend(rest);
         Ok(head)
+    }
+
+    /// The sentence term over the first `recall.sentence_depth` of the re-scored `head`: each
+    /// gets `sentence_weight ×` its best sentence's MaxSim (a turn stored without sentences,
+    /// the others' mean) and they are sorted again, above the rest. Left as it is where no turn
+    /// has sentences or the index cannot read them.
+    async fn sentence_term(
+        &self,
+        tenant: &TenantId,
+        question: &recollect_model::TokenVectors,
+        head: &mut [RecalledMemory],
+    ) {
+        let cfg = &self.config;
+        let n = head.len().min(cfg.sentence_depth);
+        let ids: Vec<MemoryId> = head[..n].iter().map(|m| m.memory_id).collect();
+        let scores = match self.vectors.sentence_scores(tenant, question, &ids).await {
+            Ok(s) if !s.is_empty() => s,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "sentence scores unreadable; the sentence term is left out");
+                return;
+            }
+        };
+        let mean = scores.values().sum::<f32>() / scores.len() as f32;
+        for m in &mut head[..n] {
+            let s = scores.get(&m.memory_id).copied();
+            m.score_parts.sentence = s;
+            m.score += cfg.sentence_weight * s.unwrap_or(mean);
+        }
+        head[..n].sort_by(|a, b| b.score.total_cmp(&a.score));
     }
 
     /// The MaxSim of each turn of `head` that has token vectors: `known`'s, the rest read from
@@ -1339,6 +1373,92 @@ mod tests {
         assert!(plan.is_some());
         let (q, none) = late_retrieve(Arc::new(Failing), "camping?".into(), plan).await;
         assert!(q.is_none() && none.is_empty());
+    }
+
+    /// The sentence term: of two turns with the same words (the same MaxSim) and the same
+    /// fused score, the one that says the question's words in one sentence goes first, its
+    /// `score_parts.sentence` higher; weight 0 or the ablation keeps the fused order, as does a
+    /// turn stored without sentences.
+    #[tokio::test]
+    async fn the_sentence_term_prefers_the_question_said_in_one_sentence() {
+        use recollect_embed::HashTokenEmbedder;
+        use recollect_storage::vector::TurnPoint;
+        let dir = tempfile::tempdir().unwrap();
+        let hash = HashEmbedder::default();
+        let vectors = index_with_token_vectors(dir.path(), hash.dim());
+        let tokens = HashTokenEmbedder;
+        // Turn 0 has "Caroline" and "camping" apart; turn 1 in one sentence.
+        let texts = [
+            "Caroline was out. Camping by the lake was cold.",
+            "Caroline was camping. Out by the lake was cold.",
+        ];
+        let mut points = Vec::new();
+        for (i, text) in texts.iter().enumerate() {
+            let t = crate::testing::turn("a", i as u64);
+            let rows = tokens.embed_tokens(&[text]).unwrap().remove(0);
+            let labels = tokens.sentences(text, 0, 0).unwrap();
+            points.push(TurnPoint {
+                late: Some(rows.with_segments(labels).unwrap()),
+                ..crate::testing::point(&t, hash.embed(&[text]).unwrap().remove(0), None)
+            });
+        }
+        let tenant = points[0].tenant.clone();
+        vectors.upsert_turns(points).await.unwrap();
+        let graph = Arc::new(EmbeddedGraph::open(&dir.path().join("g.redb")).unwrap());
+        let vectors = Arc::new(vectors);
+        let question = tokens
+            .embed_tokens(&["Caroline camping"])
+            .unwrap()
+            .remove(0);
+        let rescore = |weight: f32, ablation: Ablation| {
+            let recall = Recall::new(
+                graph.clone(),
+                vectors.clone(),
+                Arc::new(hash.clone()),
+                RecallConfig {
+                    sentence_weight: weight,
+                    ..RecallConfig::default()
+                },
+                RecallLimits::from(&recollect_config::Settings::defaults().server),
+            );
+            let ranked = vec![memory(0, texts[0], 1.0), memory(1, texts[1], 1.0)];
+            let (tenant, question) = (&tenant, &question);
+            async move {
+                recall
+                    .late(tenant, question, ranked, &HashMap::new(), &ablation)
+                    .await
+                    .unwrap()
+            }
+        };
+        let order = |out: &[RecalledMemory]| -> Vec<String> {
+            out.iter().map(|m| m.turn_id.clone()).collect()
+        };
+        assert!(
+            RecallConfig::default().sentence_weight > 0.0,
+            "on by default"
+        );
+        let out = rescore(2.0, Ablation::default()).await;
+        assert_eq!(order(&out), ["1", "0"]);
+        assert_eq!(out[0].score_parts.late, out[1].score_parts.late);
+        let (one, apart) = (
+            out[0].score_parts.sentence.unwrap(),
+            out[1].score_parts.sentence.unwrap(),
+        );
+        assert!(one > apart, "{one} vs {apart}");
+        assert!((out[0].score - out[1].score - 2.0 * (one - apart)).abs() < 1e-4);
+        for (weight, ablation) in [
+            (0.0, Ablation::default()),
+            (
+                2.0,
+                Ablation {
+                    off: Some(Component::Sentence),
+                },
+            ),
+        ] {
+            let out = rescore(weight, ablation).await;
+            assert_eq!(order(&out), ["0", "1"], "{weight} {ablation:?}");
+            assert!(out.iter().all(|m| m.score_parts.sentence.is_none()));
+        }
     }
 
     /// Where late interaction reads a turn, `late_shift` re-weights the parts of its fused

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use chrono::{Duration, TimeZone, Utc};
 use recollect_model::{
-    Extraction, Fragment, Keyword, KeywordVector, MemoryId, SparseVector, TenantId, TimeRef,
-    TokenVectors, Turn,
+    Extraction, Fragment, Keyword, KeywordVector, MemoryId, Segment, SparseVector, TenantId,
+    TimeRef, TokenVectors, Turn,
 };
 
 use futures::future::BoxFuture;
@@ -1643,6 +1643,53 @@ pub async fn late_contract(v: Arc<dyn VectorIndex>, dim: usize, late_dim: usize)
         .unwrap()
         .is_empty());
     assert!(v.late_scores(&a, &question, &[]).await.unwrap().is_empty());
+    // Sentences: turn 5's rows are [CLS] (shared), two rows of sentence 1, two of sentence 2.
+    // A question of one row from each sentence matches the whole turn fully, no one sentence.
+    let labels = vec![
+        Segment::new(0, 0),
+        Segment::new(0, 1),
+        Segment::new(0, 1),
+        Segment::new(0, 2),
+        Segment::new(0, 2),
+    ];
+    let split = token_rows(late_dim, 50, 5).with_segments(labels).unwrap();
+    v.upsert_turns(vec![point(&a, 5, Some(split.clone()))])
+        .await
+        .unwrap();
+    let spread = TokenVectors::new(
+        late_dim,
+        [vector(late_dim, 51), vector(late_dim, 53)].concat(),
+    )
+    .unwrap();
+    let five = MemoryId::derive(&a, "late", "5");
+    let mut with_five = ids.clone();
+    with_five.push(five);
+    let sentences = v.sentence_scores(&a, &spread, &with_five).await.unwrap();
+    let want = split.sentence_max_sim(&spread).unwrap();
+    assert!(
+        want < 0.99 && (sentences[&five] - want).abs() < 1e-2,
+        "{sentences:?} vs {want}"
+    );
+    assert!(
+        (v.late_scores(&a, &spread, &[five]).await.unwrap()[&five] - 1.0).abs() < 1e-2,
+        "the whole turn holds both rows"
+    );
+    assert_eq!(
+        sentences.len(),
+        1,
+        "turns stored without sentences are left out"
+    );
+    assert!(v
+        .sentence_scores(&b, &spread, &[five])
+        .await
+        .unwrap()
+        .is_empty());
+    v.delete_turns(&a, "late", &[five], &[]).await.unwrap();
+    assert!(v
+        .sentence_scores(&a, &spread, &[five])
+        .await
+        .unwrap()
+        .is_empty());
     // A late search ranks the scope's turns by the same MaxSim, best first, within the tenant
     // and the scope; turns without token vectors are not found.
     let late = VectorQuery::Late(question.clone());

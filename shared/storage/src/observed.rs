@@ -387,6 +387,19 @@ impl<V: VectorIndex> VectorIndex for Observed<V> {
         .await
     }
 
+    async fn sentence_scores(
+        &self,
+        tenant: &TenantId,
+        question: &TokenVectors,
+        ids: &[MemoryId],
+    ) -> Result<HashMap<MemoryId, f32>, StoreError> {
+        self.vectors(
+            StoreOp::SentenceScores,
+            self.inner.sentence_scores(tenant, question, ids),
+        )
+        .await
+    }
+
     async fn keep_versions(
         &self,
         tenant: &TenantId,

@@ -140,6 +140,11 @@ pub enum VectorCall {
         question: recollect_model::TokenVectors,
         ids: Vec<MemoryId>,
     },
+    SentenceScores {
+        tenant: TenantId,
+        question: recollect_model::TokenVectors,
+        ids: Vec<MemoryId>,
+    },
     KeepVersions {
         tenant: TenantId,
         versions: Vec<ReplacedVersion>,
@@ -348,6 +353,14 @@ pub async fn dispatch_vectors(
             ids,
         } => {
             let m = v.late_scores(&tenant, &question, &ids).await?;
+            json(m.into_iter().collect::<Vec<_>>())
+        }
+        VectorCall::SentenceScores {
+            tenant,
+            question,
+            ids,
+        } => {
+            let m = v.sentence_scores(&tenant, &question, &ids).await?;
             json(m.into_iter().collect::<Vec<_>>())
         }
         VectorCall::KeepVersions { tenant, versions } => {

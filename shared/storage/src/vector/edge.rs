@@ -32,7 +32,7 @@ use crate::vector::keyword_forms::{KeywordForms, Said};
 use crate::vector::{
     history_tenant, version_point_id, FieldVectors, Flushes, KeywordSet, ReplacedVersion,
     TokenVectorsWanted, TurnPoint, VectorIndex, VectorQuery, ASSISTANT_VECTOR, KEYWORD_VECTOR,
-    LATE_VECTOR, LEXICAL_VECTOR, USER_VECTOR,
+    LATE_SEGMENTS, LATE_VECTOR, LEXICAL_VECTOR, USER_VECTOR,
 };
 use crate::{Scope, StoreError};
 
@@ -307,6 +307,18 @@ fn field_vectors_of(
         );
     }
     out
+}
+
+/// A payload's sentence labels (`LATE_SEGMENTS`), None when absent or not small integers.
+pub(crate) fn segments_of(v: Option<&serde_json::Value>) -> Option<Vec<recollect_model::Segment>> {
+    v?.as_array()?
+        .iter()
+        .map(|x| {
+            x.as_u64()
+                .and_then(|n| u16::try_from(n).ok())
+                .map(recollect_model::Segment)
+        })
+        .collect()
 }
 
 /// Token vectors as the engine's multivector, checked against the index's width.
@@ -1112,6 +1124,9 @@ impl VectorIndex for EdgeVectorIndex {
             if !p.metadata.is_empty() {
                 payload["metadata"] = serde_json::Value::Object(p.metadata.clone());
             }
+            if let Some(late) = p.late.as_ref().filter(|l| !l.segments.is_empty()) {
+                payload[LATE_SEGMENTS] = serde_json::json!(late.segments);
+            }
             structs.push(
                 PointStruct::new(point_id(p.memory_id), Vectors::new_named(named), payload).into(),
             );
@@ -1245,6 +1260,61 @@ impl VectorIndex for EdgeVectorIndex {
                 .iter()
                 .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score * scale)))
                 .collect())
+        })
+        .await
+    }
+
+    async fn sentence_scores(
+        &self,
+        tenant: &TenantId,
+        question: &TokenVectors,
+        ids: &[MemoryId],
+    ) -> Result<HashMap<MemoryId, f32>, StoreError> {
+        if ids.is_empty() || question.is_empty() || self.late_dim.is_none() {
+            return Ok(HashMap::new());
+        }
+        let pids: Vec<PointId> = ids.iter().map(|m| point_id(*m)).collect();
+        let owner = tenant.as_str().to_string();
+        let question = question.clone();
+        Self::blocking(&self.turns, move |s| {
+            let recs = s
+                .retrieve(
+                    &pids,
+                    Some(WithPayloadInterface::Fields(vec![
+                        json_path("tenant"),
+                        json_path(LATE_SEGMENTS),
+                    ])),
+                    Some(WithVector::Selector(vec![LATE_VECTOR.into()])),
+                )
+                .map_err(err)?;
+            let mut out = HashMap::with_capacity(recs.len());
+            for r in recs {
+                let payload = r.payload.as_ref().map(|p| &p.0);
+                if payload
+                    .and_then(|p| p.get("tenant"))
+                    .and_then(|v| v.as_str())
+                    != Some(owner.as_str())
+                {
+                    continue;
+                }
+                let Some(segments) = payload.and_then(|p| segments_of(p.get(LATE_SEGMENTS))) else {
+                    continue;
+                };
+                let (Some(id), Some(VectorStructInternal::Named(mut named))) =
+                    (memory_id(&r.id), r.vector)
+                else {
+                    continue;
+                };
+                let Some(VectorInternal::MultiDense(m)) = named.remove(LATE_VECTOR) else {
+                    continue;
+                };
+                let rows = TokenVectors::new(m.dim, m.flattened_vectors)
+                    .and_then(|t| t.with_segments(segments));
+                if let Some(score) = rows.ok().and_then(|t| t.sentence_max_sim(&question)) {
+                    out.insert(id, score);
+                }
+            }
+            Ok(out)
         })
         .await
     }

@@ -64,6 +64,10 @@ pub struct TurnPoint {
     pub late: Option<TokenVectors>,
 }
 
+/// The payload key of a turn's token rows' sentences (`TokenVectors::segments`, one small
+/// integer per row): recall's sentence term reads them beside the rows.
+pub const LATE_SEGMENTS: &str = "late_segments";
+
 /// The tenant key kept versions are stored under, beside the current points: every search of
 /// the present is filtered on the tenant (the tenant index), so it passes them by at no cost.
 /// Tenant ids hold no NUL, so no tenant has this key.
@@ -235,6 +239,18 @@ pub trait VectorIndex: Send + Sync + 'static {
         question: &TokenVectors,
         ids: &[MemoryId],
     ) -> Result<HashMap<MemoryId, f32>, StoreError>;
+
+    /// Late interaction confined to a sentence: for each given current turn stored with its
+    /// token rows' sentences, [`TokenVectors::sentence_max_sim`] of `question` (tenant-checked).
+    /// Turns stored without them, and an index that cannot read them, are left out.
+    async fn sentence_scores(
+        &self,
+        _tenant: &TenantId,
+        _question: &TokenVectors,
+        _ids: &[MemoryId],
+    ) -> Result<HashMap<MemoryId, f32>, StoreError> {
+        Ok(HashMap::new())
+    }
 
     /// Dense field vectors of earlier versions, by memory id and the version's `recorded_at`
     /// (tenant-checked; versions not kept are skipped).

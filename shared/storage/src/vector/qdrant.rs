@@ -29,7 +29,7 @@ use recollect_model::{MemoryId, SparseVector, TenantId, TokenVectors};
 use crate::vector::{
     history_tenant, version_point_id, FieldVectors, KeywordSet, ReplacedVersion,
     TokenVectorsWanted, TurnPoint, VectorField, VectorIndex, VectorQuery, ASSISTANT_VECTOR,
-    KEYWORD_VECTOR, LATE_VECTOR, LEXICAL_VECTOR, USER_VECTOR,
+    KEYWORD_VECTOR, LATE_SEGMENTS, LATE_VECTOR, LEXICAL_VECTOR, USER_VECTOR,
 };
 use crate::{Scope, StoreError};
 
@@ -363,6 +363,23 @@ fn opt_text(v: &Option<String>) -> QValue {
     }
 }
 
+/// A payload's sentence labels (`LATE_SEGMENTS`), None when not a list of small integers.
+fn segment_labels(v: &QValue) -> Option<Vec<recollect_model::Segment>> {
+    let Some(Kind::ListValue(list)) = &v.kind else {
+        return None;
+    };
+    list.values
+        .iter()
+        .map(|x| match x.kind {
+            Some(Kind::IntegerValue(n)) => u16::try_from(n).ok().map(recollect_model::Segment),
+            Some(Kind::DoubleValue(f)) if f.fract() == 0.0 && (0.0..65536.0).contains(&f) => {
+                Some(recollect_model::Segment(f as u16))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
 /// JSON metadata as a payload value (the client's serde conversion is behind a feature this
 /// workspace leaves off).
 fn json_value(v: &serde_json::Value) -> QValue {
@@ -426,6 +443,10 @@ pub fn turn_point(p: &TurnPoint, late: bool) -> PointStruct {
             "metadata",
             json_value(&serde_json::Value::Object(p.metadata.clone())),
         );
+    }
+    if let Some(t) = p.late.as_ref().filter(|t| late && !t.segments.is_empty()) {
+        let labels: Vec<i64> = t.segments.iter().map(|s| i64::from(s.0)).collect();
+        payload.insert(LATE_SEGMENTS, labels);
     }
     PointStruct::new(point_id(p.memory_id), vectors, payload)
 }
@@ -958,6 +979,64 @@ impl VectorIndex for QdrantVectorIndex {
             .iter()
             .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score * scale)))
             .collect())
+    }
+
+    /// The rows come to this process (the server's MaxSim sums over the whole turn): for
+    /// `recall.late_depth` turns of a few dozen 384-wide rows, a few megabytes a recall.
+    async fn sentence_scores(
+        &self,
+        tenant: &TenantId,
+        question: &TokenVectors,
+        ids: &[MemoryId],
+    ) -> Result<HashMap<MemoryId, f32>, StoreError> {
+        if ids.is_empty() || question.is_empty() || self.late_scale(question)?.is_none() {
+            return Ok(HashMap::new());
+        }
+        let pids: Vec<PointId> = ids.iter().map(|m| point_id(*m)).collect();
+        let res = self
+            .client
+            .get_points(
+                GetPointsBuilder::new(&self.turns, pids)
+                    .with_payload(PayloadIncludeSelector::new(vec![
+                        "tenant".to_string(),
+                        LATE_SEGMENTS.to_string(),
+                    ]))
+                    .with_vectors(VectorsSelector::new(vec![LATE_VECTOR.to_string()])),
+            )
+            .await
+            .map_err(err)?;
+        let mut out = HashMap::with_capacity(res.result.len());
+        for r in res.result {
+            if text(&r.payload, "tenant").as_deref() != Some(tenant.as_str()) {
+                continue;
+            }
+            let Some(segments) = r.payload.get(LATE_SEGMENTS).and_then(segment_labels) else {
+                continue;
+            };
+            let (Some(id), Some(vectors)) =
+                (memory_id(&r.id), r.vectors.and_then(|v| v.vectors_options))
+            else {
+                continue;
+            };
+            let qdrant_client::qdrant::vectors_output::VectorsOptions::Vectors(mut named) = vectors
+            else {
+                continue;
+            };
+            let Some(vo) = named.vectors.remove(LATE_VECTOR) else {
+                continue;
+            };
+            use qdrant_client::qdrant::vector_output::Vector as V;
+            let V::MultiDense(m) = vo.into_vector() else {
+                continue;
+            };
+            let values: Vec<f32> = m.vectors.into_iter().flat_map(|d| d.data).collect();
+            let rows =
+                TokenVectors::new(question.dim, values).and_then(|t| t.with_segments(segments));
+            if let Some(score) = rows.ok().and_then(|t| t.sentence_max_sim(question)) {
+                out.insert(id, score);
+            }
+        }
+        Ok(out)
     }
 
     async fn keep_versions(

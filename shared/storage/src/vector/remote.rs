@@ -78,6 +78,22 @@ impl VectorIndex for RemoteVectorIndex {
         Ok(pairs.into_iter().collect())
     }
 
+    async fn sentence_scores(
+        &self,
+        tenant: &TenantId,
+        question: &TokenVectors,
+        ids: &[MemoryId],
+    ) -> Result<HashMap<MemoryId, f32>, StoreError> {
+        let pairs: Vec<(MemoryId, f32)> = self
+            .call(VectorCall::SentenceScores {
+                tenant: tenant.clone(),
+                question: question.clone(),
+                ids: ids.to_vec(),
+            })
+            .await?;
+        Ok(pairs.into_iter().collect())
+    }
+
     async fn keep_versions(
         &self,
         tenant: &TenantId,

@@ -175,6 +175,12 @@ class ScoreParts(BaseModel):
     and the keywords the turn's named speaker said (its score then has `recall.category_weight`
     × this, less the head's median).
     """
+    sentence: float | None = None
+    """
+    Late interaction confined to one sentence: the best sentence's MaxSim, when the turn's
+    token vectors were stored with their sentences and `recall.sentence_weight` is on (its
+    score then has `recall.sentence_weight` × this).
+    """
 
 
 class StoreResponse(BaseModel):
