@@ -696,8 +696,10 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
     // A component the configuration leaves off (Path C by default) is measured the other way
     // round: a run with it switched on.
     let run_of = |n: &str| -> anyhow::Result<(String, Ablation, RecallConfig)> {
-        let ablation = Ablation::parse(n)
-            .with_context(|| format!("--ablate {n}: one of {:?} or all", Ablation::NAMES))?;
+        let ablation = Ablation::parse(n).with_context(|| {
+            let names: Vec<&str> = Ablation::names().collect();
+            format!("--ablate {n}: one of {names:?} or all")
+        })?;
         if ablation.without(Component::PathC) && !base_cfg.path_c {
             let on = RecallConfig {
                 path_c: true,
@@ -719,7 +721,7 @@ pub async fn run(mut settings: Settings, cmd: EvalCommand) -> anyhow::Result<()>
     let runs: Vec<(String, Ablation, RecallConfig)> = match ablate.as_deref() {
         None | Some("none") => vec![full()],
         Some("all") => std::iter::once(Ok(full()))
-            .chain(Ablation::NAMES.iter().map(|n| run_of(n)))
+            .chain(Ablation::names().map(run_of))
             .collect::<anyhow::Result<_>>()?,
         Some(n) => vec![run_of(n)?],
     };

@@ -112,19 +112,9 @@ impl Ablation {
             .map(|c| Self { off: Some(c) })
     }
 
-    /// What `--ablate all` runs, one at a time (the late ones change nothing where
-    /// `embedder.late_model` is off).
-    pub const NAMES: [&'static str; 11] = [
-        "path-b",
-        "path-c",
-        "graph",
-        "scoring",
-        "dense",
-        "lexical",
-        "fields",
-        "late",
-        "late-scan",
-        "late-shift",
-        "category",
-    ];
+    /// What `--ablate all` runs, one at a time, in [`Component::ALL`]'s order (the late ones
+    /// change nothing where `embedder.late_model` is off).
+    pub fn names() -> impl Iterator<Item = &'static str> {
+        Component::ALL.into_iter().map(Component::name)
+    }
 }
