@@ -45,10 +45,9 @@ struct Field<'a> {
 }
 
 impl<'a> Field<'a> {
-    fn new(text: &'a str, speaker: Option<&str>, said: &str) -> Self {
-        // `field_text` puts "name: " in front when the field has a speaker and words.
+    /// `text` is `field_text` of what was `said`: anything in front of it is the speaker's name.
+    fn new(text: &'a str, said: &str) -> Self {
         let shared = text.len().saturating_sub(said.len());
-        debug_assert!(speaker.is_some() || shared == 0);
         Self { text, shared }
     }
 }
@@ -102,8 +101,8 @@ impl EmbedderStage {
         self
     }
 
-    /// The fields' token vectors, in order, pooled; none without a late-interaction model.
-    /// `fields` are (context, field text) pairs.
+    /// The fields' token vectors, in order, each row labelled with its sentence, pooled; none
+    /// without a late-interaction model.
     async fn embed_tokens(&self, fields: Vec<TokenField>) -> Result<Vec<TokenVectors>, StageError> {
         let Some(model) = self.tokens.clone() else {
             return Ok(Vec::new());
@@ -129,9 +128,14 @@ impl EmbedderStage {
                 let out: Vec<TokenVectors> = out
                     .into_iter()
                     .zip(&fields)
-                    .map(|(t, f)| match model.sentences(&f.text, f.shared, 0) {
-                        Some(s) if s.len() == t.len() => t.with_segments(s).unwrap_or_default(),
-                        _ => t,
+                    .map(|(mut t, f)| {
+                        // A model that labels other rows than it gives leaves them unlabelled.
+                        if let Some(s) = model.sentences(&f.text, f.shared, 0) {
+                            if s.len() == t.len() {
+                                t.segments = s;
+                            }
+                        }
+                        t
                     })
                     .collect();
                 Ok(if factor > 1 {
@@ -287,10 +291,8 @@ impl Stage for EmbedderStage {
                 if self.tokens.is_some() {
                     let fields = self.token_fields(
                         &env.body.context,
-                        Field::new(&user, t.user_speaker.as_deref(), &t.user),
-                        assistant
-                            .as_deref()
-                            .map(|a| Field::new(a, t.assistant_speaker.as_deref(), &t.assistant)),
+                        Field::new(&user, &t.user),
+                        assistant.as_deref().map(|a| Field::new(a, &t.assistant)),
                     );
                     token_texts.extend(fields);
                 }

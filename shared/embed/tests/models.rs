@@ -647,5 +647,17 @@ fn answerai_colbert_reads_a_passage_in_its_context_as_the_reference() {
         if context.is_empty() {
             assert_eq!(got, alone, "no context: the text alone");
         }
+        // Each row's sentence, one label a row, from the same tokenization: [CLS] and [SEP]
+        // shared, the first word in sentence 1.
+        let labels = model.sentences(passage, 0, 0).unwrap();
+        assert_eq!(labels.len(), got.len(), "{passage:?}");
+        assert_eq!(labels[0].sentence(), 0);
+        assert_eq!(labels[labels.len() - 1].sentence(), 0);
+        assert_eq!(labels[1].sentence(), 1);
+        let last = labels.iter().map(|l| l.sentence()).max().unwrap();
+        let stops = passage.matches(". ").count()
+            + passage.matches("! ").count()
+            + passage.matches("? ").count();
+        assert!(usize::from(last) <= stops + 1, "{passage:?}: {labels:?}");
     }
 }
