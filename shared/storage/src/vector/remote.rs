@@ -24,6 +24,11 @@ impl RemoteVectorIndex {
     async fn call<T: DeserializeOwned>(&self, c: VectorCall) -> Result<T, StoreError> {
         self.client.call(VECTORS_PATH, &c).await
     }
+    /// A call answered with a score per turn (JSON maps need string keys: pairs on the wire).
+    async fn scores(&self, c: VectorCall) -> Result<HashMap<MemoryId, f32>, StoreError> {
+        let pairs: Vec<(MemoryId, f32)> = self.call(c).await?;
+        Ok(pairs.into_iter().collect())
+    }
 }
 
 #[async_trait]
@@ -68,14 +73,12 @@ impl VectorIndex for RemoteVectorIndex {
         question: &TokenVectors,
         ids: &[MemoryId],
     ) -> Result<HashMap<MemoryId, f32>, StoreError> {
-        let pairs: Vec<(MemoryId, f32)> = self
-            .call(VectorCall::LateScores {
-                tenant: tenant.clone(),
-                question: question.clone(),
-                ids: ids.to_vec(),
-            })
-            .await?;
-        Ok(pairs.into_iter().collect())
+        self.scores(VectorCall::LateScores {
+            tenant: tenant.clone(),
+            question: question.clone(),
+            ids: ids.to_vec(),
+        })
+        .await
     }
 
     async fn sentence_scores(
@@ -84,14 +87,12 @@ impl VectorIndex for RemoteVectorIndex {
         question: &TokenVectors,
         ids: &[MemoryId],
     ) -> Result<HashMap<MemoryId, f32>, StoreError> {
-        let pairs: Vec<(MemoryId, f32)> = self
-            .call(VectorCall::SentenceScores {
-                tenant: tenant.clone(),
-                question: question.clone(),
-                ids: ids.to_vec(),
-            })
-            .await?;
-        Ok(pairs.into_iter().collect())
+        self.scores(VectorCall::SentenceScores {
+            tenant: tenant.clone(),
+            question: question.clone(),
+            ids: ids.to_vec(),
+        })
+        .await
     }
 
     async fn keep_versions(
