@@ -1377,8 +1377,9 @@ mod tests {
 
     /// The sentence term: of two turns with the same words (the same MaxSim) and the same
     /// fused score, the one that says the question's words in one sentence goes first, its
-    /// `score_parts.sentence` higher; weight 0 or the ablation keeps the fused order, as does a
-    /// turn stored without sentences.
+    /// `score_parts.sentence` higher; weight 0 or the ablation keeps the fused order. (Turns
+    /// stored without sentences change nothing: `late_shift_reweights_the_parts_of_the_turns_it_reads`
+    /// stores its turns so and sees only the shift.)
     #[tokio::test]
     async fn the_sentence_term_prefers_the_question_said_in_one_sentence() {
         use recollect_embed::HashTokenEmbedder;
