@@ -90,16 +90,10 @@ pub struct RecallConfig {
     /// sentence of the turn (term proximity, as BERT-MaxP reads a document by its best passage;
     /// docs/RECALL.md, departure 17). Turns stored without their rows' sentences get the
     /// others' mean.
-    #[serde(default)]
     pub sentence_weight: f32,
     /// How many of the re-scored head the sentence term reads (their rows are read into the
     /// query service, so it costs with each one).
-    #[serde(default = "sentence_depth")]
     pub sentence_depth: usize,
-}
-
-fn sentence_depth() -> usize {
-    20
 }
 
 /// Added to the weight of each part of a turn's fused score where late interaction re-scores it:

@@ -357,29 +357,21 @@ fn pooled_segments(segments: &[Segment], group_of: &[usize], groups: usize) -> V
     }
     (0..groups)
         .map(|g| {
-            let members = || {
-                segments
-                    .iter()
-                    .zip(group_of)
-                    .filter(|(_, &x)| x == g)
-                    .map(|(s, _)| *s)
-            };
-            let mut counts: Vec<(Segment, usize)> = Vec::new();
-            for s in members().filter(|s| s.sentence() > 0) {
-                match counts.iter_mut().find(|(x, _)| *x == s) {
-                    Some((_, n)) => *n += 1,
-                    None => counts.push((s, 1)),
+            let members: Vec<Segment> = segments
+                .iter()
+                .zip(group_of)
+                .filter(|(_, &x)| x == g)
+                .map(|(s, _)| *s)
+                .collect();
+            // A group holds a few rows: counting each label among them is cheap.
+            let (mut best, mut most) = (members.first().copied(), 0);
+            for s in members.iter().filter(|s| s.sentence() > 0) {
+                let n = members.iter().filter(|x| *x == s).count();
+                if n > most {
+                    (best, most) = (Some(*s), n);
                 }
             }
-            counts
-                .iter()
-                .fold(None::<(Segment, usize)>, |best, &(s, n)| match best {
-                    Some((_, m)) if m >= n => best,
-                    _ => Some((s, n)),
-                })
-                .map(|(s, _)| s)
-                .or_else(|| members().next())
-                .unwrap_or_default()
+            best.unwrap_or_default()
         })
         .collect()
 }

@@ -116,7 +116,8 @@ impl Segment {
     pub const PART: u16 = 1 << 12;
 
     pub fn new(part: u16, sentence: usize) -> Self {
-        Self(part * Self::PART + (sentence.min(usize::from(Self::PART) - 1) as u16))
+        let sentence = sentence.min(usize::from(Self::PART) - 1) as u16;
+        Self(part.saturating_mul(Self::PART).saturating_add(sentence))
     }
     pub fn part(self) -> u16 {
         self.0 / Self::PART

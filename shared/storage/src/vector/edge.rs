@@ -310,7 +310,7 @@ fn field_vectors_of(
 }
 
 /// A payload's sentence labels (`LATE_SEGMENTS`), None when absent or not small integers.
-pub(crate) fn segments_of(v: Option<&serde_json::Value>) -> Option<Vec<recollect_model::Segment>> {
+fn segment_labels(v: Option<&serde_json::Value>) -> Option<Vec<recollect_model::Segment>> {
     v?.as_array()?
         .iter()
         .map(|x| {
@@ -1297,7 +1297,8 @@ impl VectorIndex for EdgeVectorIndex {
                 {
                     continue;
                 }
-                let Some(segments) = payload.and_then(|p| segments_of(p.get(LATE_SEGMENTS))) else {
+                let Some(segments) = payload.and_then(|p| segment_labels(p.get(LATE_SEGMENTS)))
+                else {
                     continue;
                 };
                 let (Some(id), Some(VectorStructInternal::Named(mut named))) =

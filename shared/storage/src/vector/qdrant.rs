@@ -982,7 +982,8 @@ impl VectorIndex for QdrantVectorIndex {
     }
 
     /// The rows come to this process (the server's MaxSim sums over the whole turn): for
-    /// `recall.late_depth` turns of a few dozen 384-wide rows, a few megabytes a recall.
+    /// `recall.sentence_depth` (20) turns of a few dozen 384-wide rows, about a megabyte a
+    /// recall.
     async fn sentence_scores(
         &self,
         tenant: &TenantId,
