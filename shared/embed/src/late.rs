@@ -360,7 +360,7 @@ pub fn pool_tokens(tokens: &TokenVectors, factor: usize) -> TokenVectors {
     }
     // The mean's division is cancelled by the normalisation.
     values.chunks_exact_mut(dim).for_each(l2_normalize);
-    let segments = pooled_segments(&tokens.segments, &group_of, roots.len());
+    let segments = pooled_segments(&tokens.segments, &members);
     TokenVectors {
         dim,
         values,
@@ -370,22 +370,19 @@ pub fn pool_tokens(tokens: &TokenVectors, factor: usize) -> TokenVectors {
 
 /// A pooled row's sentence: the one most of its rows were read in, counting only rows of a
 /// sentence (the shared rows' label where it has none of those; ties to the earliest).
-fn pooled_segments(segments: &[Segment], group_of: &[usize], groups: usize) -> Vec<Segment> {
-    if segments.len() != group_of.len() {
+/// `members` holds each group's rows, in row order.
+fn pooled_segments(segments: &[Segment], members: &[Vec<usize>]) -> Vec<Segment> {
+    if segments.len() != members.iter().map(Vec::len).sum::<usize>() {
         return Vec::new();
     }
-    (0..groups)
-        .map(|g| {
-            let members: Vec<Segment> = segments
-                .iter()
-                .zip(group_of)
-                .filter(|(_, &x)| x == g)
-                .map(|(s, _)| *s)
-                .collect();
+    members
+        .iter()
+        .map(|rows| {
+            let labels: Vec<Segment> = rows.iter().map(|&i| segments[i]).collect();
             // A group holds a few rows: counting each label among them is cheap.
-            let (mut best, mut most) = (members.first().copied(), 0);
-            for s in members.iter().filter(|s| s.sentence() > 0) {
-                let n = members.iter().filter(|x| *x == s).count();
+            let (mut best, mut most) = (labels.first().copied(), 0);
+            for s in labels.iter().filter(|s| s.sentence() > 0) {
+                let n = labels.iter().filter(|x| *x == s).count();
                 if n > most {
                     (best, most) = (Some(*s), n);
                 }
