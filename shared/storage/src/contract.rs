@@ -486,10 +486,13 @@ async fn graph_turn_erasure(g: Arc<dyn Graph>) {
         ..Default::default()
     };
     state.derived_from(pairs[0].0.recorded_at);
+    // Words enough that a store which compresses long states does so here too.
+    let story = "and then the kayak trip along the river before the storm came in ".repeat(3);
     for (turn, _) in &pairs[..3] {
-        let said = format!("words of {}", turn.turn_id);
-        state.remember_text(turn.position, turn.timestamp, &said, 10);
+        let said = format!("words of {} {story}", turn.turn_id);
+        state.remember_text(turn.position, turn.timestamp, &said, 40);
     }
+    assert!(serde_json::to_vec(&state).unwrap().len() > 512);
     assert!(g.save_conversation_state(&t, conv, &state).await.unwrap());
 
     let at = Utc::now();

@@ -12,7 +12,7 @@
 use std::borrow::Cow;
 use std::cell::RefCell;
 
-use recollect_model::{Fragment, MemoryId, Turn};
+use recollect_model::{ConversationState, Fragment, MemoryId, Turn};
 use serde::de::DeserializeOwned;
 #[cfg(test)]
 use serde::Serialize;
@@ -107,6 +107,11 @@ fn pack(what: &'static str, bytes: &[u8]) -> Result<Vec<u8>, StoreError> {
 
 /// `bytes` as stored: `layout`, then a zstd frame of them.
 fn pack_as(layout: u8, what: &'static str, bytes: &[u8]) -> Result<Vec<u8>, StoreError> {
+    compressed(&[layout], what, bytes)
+}
+
+/// `head`, then a zstd frame of `bytes`.
+fn compressed(head: &[u8], what: &'static str, bytes: &[u8]) -> Result<Vec<u8>, StoreError> {
     let failed = |e| StoreError::backend(what, e);
     COMPRESSOR.with(|cell| {
         let mut slot = cell.borrow_mut();
@@ -114,8 +119,8 @@ fn pack_as(layout: u8, what: &'static str, bytes: &[u8]) -> Result<Vec<u8>, Stor
             Some(c) => c,
             empty => empty.insert(zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(failed)?),
         };
-        let mut out = Vec::with_capacity(1 + zstd::zstd_safe::compress_bound(bytes.len()));
-        out.push(layout);
+        let mut out = Vec::with_capacity(head.len() + zstd::zstd_safe::compress_bound(bytes.len()));
+        out.extend_from_slice(head);
         out.extend(compressor.compress(bytes).map_err(failed)?);
         Ok(out)
     })
@@ -372,6 +377,28 @@ pub fn fragment_of(
     json_value("fragment", b)
 }
 
+/// States smaller than this are kept as plain JSON: a frame would not pay for itself.
+const STATE_PLAIN_MAX: usize = 256;
+
+/// A conversation's state as the graph stores it: its JSON in a zstd frame (with its magic
+/// number), or plain JSON when short. The late model's context words make a state of a long
+/// conversation ~10 KB of text, which zstd takes to about a third: at 100k turns, 165 B a turn
+/// on disk before, the largest thing beyond the vectors a turn's extraction does not need.
+pub fn state_bytes(s: &ConversationState) -> Result<Vec<u8>, StoreError> {
+    let json = serde_json::to_vec(s)?;
+    if json.len() <= STATE_PLAIN_MAX {
+        return Ok(json);
+    }
+    // No layout byte: a state's frame is told from JSON by zstd's magic number.
+    compressed(&[], "conversation state", &json)
+}
+
+/// Reads a stored conversation state: a zstd frame of its JSON, or the plain JSON every store
+/// wrote before.
+pub fn state_of(b: &[u8]) -> Result<ConversationState, StoreError> {
+    json_value("conversation state", b)
+}
+
 #[cfg(test)]
 mod tests {
     use recollect_model::{Extraction, Keyword, TenantId};
@@ -396,6 +423,38 @@ mod tests {
             history: vec![],
             rederiving: false,
         }
+    }
+
+    /// A long state (the late model's context words) is kept as a zstd frame, a short one as
+    /// JSON; both, and the plain JSON of earlier stores, read back as the same state.
+    #[test]
+    fn conversation_states_are_compressed_when_long_and_read_in_every_layout() {
+        use chrono::TimeZone;
+        let at = chrono::Utc.with_ymd_and_hms(2023, 5, 8, 13, 0, 0).unwrap();
+        let short = ConversationState {
+            consolidated_until: 3,
+            ..ConversationState::default()
+        };
+        let b = state_bytes(&short).unwrap();
+        assert_eq!(b.first(), Some(&b'{'));
+        assert_eq!(state_of(&b).unwrap(), short);
+
+        let mut long = short.clone();
+        for p in 0..ConversationState::RECENT_TEXTS as u64 {
+            let text = format!("Caroline: turn {p} went to the pride parade with friends and then painted a sunset by the lake");
+            assert!(long.remember_text(p, at, &text, 50));
+        }
+        let json = serde_json::to_vec(&long).unwrap();
+        let b = state_bytes(&long).unwrap();
+        assert_eq!(b.get(..4), Some(&ZSTD_MAGIC[..]));
+        assert!(b.len() * 3 < json.len(), "{} of {}", b.len(), json.len());
+        assert_eq!(state_of(&b).unwrap(), long);
+        // What stores wrote before: plain JSON, however long.
+        assert_eq!(state_of(&json).unwrap(), long);
+        // The erasure scan reads the words inside the frame.
+        let content = content_of("conversation state", &b).unwrap();
+        assert!(content.windows(11).any(|w| w == b"pride parad"));
+        assert!(state_of(&b[..b.len() / 2]).is_err());
     }
 
     /// A store written by any earlier version opens without a migration: each layout it may

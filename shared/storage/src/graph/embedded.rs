@@ -498,14 +498,14 @@ impl EmbeddedGraph {
         until: u64,
     ) -> Result<(), StoreError> {
         let mut state: ConversationState = match t.get(key)? {
-            Some(v) => serde_json::from_slice(v.value())?,
+            Some(v) => codec::state_of(v.value())?,
             None => ConversationState::default(),
         };
         if state.consolidated_until >= until {
             return Ok(());
         }
         state.consolidated_until = until;
-        let v = serde_json::to_vec(&state)?;
+        let v = codec::state_bytes(&state)?;
         t.insert(key, v.as_slice())?;
         Ok(())
     }
@@ -1085,7 +1085,7 @@ impl Graph for EmbeddedGraph {
             let r = db.begin_read()?;
             let t = r.open_table(CONV_STATE)?;
             match t.get(k.as_slice())? {
-                Some(v) => Ok(serde_json::from_slice(v.value())?),
+                Some(v) => codec::state_of(v.value()),
                 None => Ok(ConversationState::default()),
             }
         })
@@ -1132,14 +1132,11 @@ impl Graph for EmbeddedGraph {
                     // The caller's copy may predate the consolidator's latest advance.
                     let until = table
                         .get(k.as_slice())?
-                        .map(|v| {
-                            serde_json::from_slice::<ConversationState>(v.value())
-                                .map(|s| s.consolidated_until)
-                        })
+                        .map(|v| codec::state_of(v.value()).map(|s| s.consolidated_until))
                         .transpose()?
                         .unwrap_or(0);
                     st.consolidated_until = st.consolidated_until.max(until);
-                    let v = serde_json::to_vec(&st)?;
+                    let v = codec::state_bytes(&st)?;
                     table.insert(k.as_slice(), v.as_slice())?;
                     saved.push(true);
                 }
@@ -1163,12 +1160,12 @@ impl Graph for EmbeddedGraph {
             {
                 let mut states = w.open_table(CONV_STATE)?;
                 let state: Option<ConversationState> = match states.get(cp.as_slice())? {
-                    Some(v) => Some(serde_json::from_slice(v.value())?),
+                    Some(v) => Some(codec::state_of(v.value())?),
                     None => None,
                 };
                 if let Some(state) = state {
                     let fresh = state.restarted();
-                    states.insert(cp.as_slice(), serde_json::to_vec(&fresh)?.as_slice())?;
+                    states.insert(cp.as_slice(), codec::state_bytes(&fresh)?.as_slice())?;
                 }
                 let mut cf = w.open_table(CONV_FRAGMENTS)?;
                 let mut ft = w.open_table(FRAGMENTS)?;
@@ -1489,9 +1486,7 @@ impl EmbeddedGraph {
         // Only a conversation or tenant marker reaches the state; a single turn's erasure
         // leaves the rest of the conversation's state as it is.
         let covered = match (states.get(cp.as_slice())?, marker) {
-            (Some(v), Some(marker)) => {
-                serde_json::from_slice::<ConversationState>(v.value())?.covered_by(marker)
-            }
+            (Some(v), Some(marker)) => codec::state_of(v.value())?.covered_by(marker),
             _ => false,
         };
         if covered {
@@ -1499,14 +1494,14 @@ impl EmbeddedGraph {
         } else if !erased.is_empty() {
             // A turn erased on its own: out of the state goes what it put there.
             let state: Option<ConversationState> = match states.get(cp.as_slice())? {
-                Some(v) => Some(serde_json::from_slice(v.value())?),
+                Some(v) => Some(codec::state_of(v.value())?),
                 None => None,
             };
             if let Some(mut state) = state {
                 for rec in &erased {
                     crate::graph::forget_record(&mut state, rec);
                 }
-                states.insert(cp.as_slice(), serde_json::to_vec(&state)?.as_slice())?;
+                states.insert(cp.as_slice(), codec::state_bytes(&state)?.as_slice())?;
             }
         }
         Ok(removed.len() as u64)
@@ -1708,7 +1703,9 @@ impl EmbeddedGraph {
         scan!(CONV_FRAGMENTS);
         for e in r.open_table(CONV_STATE)?.iter()? {
             let (k, v) = e?;
-            n += u64::from(has(k.value()) || has(v.value()));
+            n += u64::from(
+                has(k.value()) || has(&codec::content_of("conversation state", v.value())?),
+            );
         }
         for e in r.open_table(FRAGMENTS)?.iter()? {
             let (k, v) = e?;
