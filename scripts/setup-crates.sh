@@ -17,6 +17,9 @@
 # And scripts/qdrant-edge/multi-vector-rows.patch: a point's token vectors split into rows by
 # slices, not itertools' lazy `chunks` (an element at a time through a shared buffer): ~7 % of
 # ingest's CPU with late interaction, measured (docs/SPEED.md).
+# And scripts/qdrant-edge/segment-close-keeps-cache.patch: closing a segment no longer pages its
+# vectors out of the page cache, which walked every token vector at each close and evicted the
+# in-RAM vectors the next open reads back: restart of a 1M-turn store, docs/SPEED.md.
 #
 # The .crate is sha256-checked against the checksum crates.io recorded for it (as Cargo.lock
 # has it). Idempotent: quick when vendor/ holds the release with these patches.
@@ -27,7 +30,7 @@ NAME=qdrant-edge
 VERSION=0.7.2
 SHA256=b2e5e480105a06c8f1703082758d74a13c98fb7a94df06e12d914460786e55ea
 # Applied in this order.
-PATCHES=(scripts/qdrant-edge/sparse-append.patch scripts/qdrant-edge/unlogged-updates.patch scripts/qdrant-edge/max-sim-half.patch scripts/qdrant-edge/multi-vector-rows.patch)
+PATCHES=(scripts/qdrant-edge/sparse-append.patch scripts/qdrant-edge/unlogged-updates.patch scripts/qdrant-edge/max-sim-half.patch scripts/qdrant-edge/multi-vector-rows.patch scripts/qdrant-edge/segment-close-keeps-cache.patch)
 DEST="vendor/$NAME-$VERSION"
 # The release's and the patches' checksums name what vendor/ holds: a changed patch re-vendors.
 STAMP="$SHA256 $(sha256sum "${PATCHES[@]}" | cut -d' ' -f1 | paste -sd' ')"
