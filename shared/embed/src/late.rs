@@ -329,25 +329,24 @@ pub fn pool_tokens(tokens: &TokenVectors, factor: usize) -> TokenVectors {
         parent[a] = made;
         parent[b] = made;
     }
-    // Groups in the order of their first row, so the output is deterministic.
-    let mut group_of: Vec<usize> = Vec::with_capacity(n);
+    // Each group's rows, in row order; groups in the order of their first row, so the output
+    // is deterministic.
     let mut roots: Vec<usize> = Vec::with_capacity(clusters);
+    let mut members: Vec<Vec<usize>> = Vec::with_capacity(clusters);
     for i in 0..n {
         let r = root(&mut parent, i);
-        let g = roots.iter().position(|&x| x == r).unwrap_or_else(|| {
-            roots.push(r);
-            roots.len() - 1
-        });
-        group_of.push(g);
+        match roots.iter().position(|&x| x == r) {
+            Some(g) => members[g].push(i),
+            None => {
+                roots.push(r);
+                members.push(vec![i]);
+            }
+        }
     }
     // Each group's rows summed in row order, its first row copied rather than added to zeros
     // (the same sums): a zeroed buffer this size is a fresh mapping from the allocator, and
     // faulting its pages in cost more than the clustering.
-    let mut members: Vec<Vec<usize>> = vec![Vec::new(); roots.len()];
-    for (i, &g) in group_of.iter().enumerate() {
-        members[g].push(i);
-    }
-    let mut values = Vec::with_capacity(roots.len() * dim);
+    let mut values = Vec::with_capacity(members.len() * dim);
     for rows_of_group in &members {
         let start = values.len();
         values.extend_from_slice(rows[rows_of_group[0]]);

@@ -1485,24 +1485,27 @@ impl EmbeddedGraph {
         let mut states = w.open_table(CONV_STATE)?;
         // Only a conversation or tenant marker reaches the state; a single turn's erasure
         // leaves the rest of the conversation's state as it is.
-        let covered = match (states.get(cp.as_slice())?, marker) {
-            (Some(v), Some(marker)) => codec::state_of(v.value())?.covered_by(marker),
-            _ => false,
+        // Read (and inflated) once, and only where something may change it.
+        let state = if marker.is_some() || !erased.is_empty() {
+            states
+                .get(cp.as_slice())?
+                .map(|v| codec::state_of(v.value()))
+                .transpose()?
+        } else {
+            None
         };
-        if covered {
-            states.remove(cp.as_slice())?;
-        } else if !erased.is_empty() {
+        match (state, marker) {
+            (Some(state), Some(marker)) if state.covered_by(marker) => {
+                states.remove(cp.as_slice())?;
+            }
             // A turn erased on its own: out of the state goes what it put there.
-            let state: Option<ConversationState> = match states.get(cp.as_slice())? {
-                Some(v) => Some(codec::state_of(v.value())?),
-                None => None,
-            };
-            if let Some(mut state) = state {
+            (Some(mut state), _) if !erased.is_empty() => {
                 for rec in &erased {
                     crate::graph::forget_record(&mut state, rec);
                 }
                 states.insert(cp.as_slice(), codec::state_bytes(&state)?.as_slice())?;
             }
+            _ => {}
         }
         Ok(removed.len() as u64)
     }
