@@ -126,16 +126,25 @@ impl GraphWriterStage {
                 .await
                 .map_err(StageError::classified)?;
         }
-        // (tenant, conversation) → keyword → its vector, shared with the turns that carry it.
-        type Said = BTreeMap<(String, String), BTreeMap<String, Arc<[f32]>>>;
+        // (tenant, conversation) → keyword → its vectors, shared with the turns that carry them:
+        // every form of the keyword (the surface texts its turns said, "games" and "game"), not
+        // the batch's first, which made what a conversation says depend on how its turns fell
+        // into batches, and two ingests of the same turns rank differently (docs/EVALUATION.md,
+        // session 22).
+        type Said = BTreeMap<(String, String), BTreeMap<String, Vec<Arc<[f32]>>>>;
         let mut keywords: Said = BTreeMap::new();
         for e in turns {
             let slot = keywords
                 .entry((e.turn.tenant.0.clone(), e.turn.conversation_id.clone()))
                 .or_default();
             for k in &e.embeddings.keywords {
-                slot.entry(k.keyword.clone())
-                    .or_insert_with(|| Arc::clone(&k.vector));
+                let forms = slot.entry(k.keyword.clone()).or_default();
+                if !forms
+                    .iter()
+                    .any(|v| Arc::ptr_eq(v, &k.vector) || **v == *k.vector)
+                {
+                    forms.push(Arc::clone(&k.vector));
+                }
             }
         }
         // One call for the batch: the index writes (and flushes) once, not once per conversation.
@@ -146,7 +155,12 @@ impl GraphWriterStage {
                 conversation,
                 keywords: kws
                     .into_iter()
-                    .map(|(keyword, vector)| KeywordVector { keyword, vector })
+                    .flat_map(|(keyword, forms)| {
+                        forms.into_iter().map(move |vector| KeywordVector {
+                            keyword: keyword.clone(),
+                            vector,
+                        })
+                    })
                     .collect(),
             })
             .collect();
@@ -622,6 +636,11 @@ mod tests {
     }
 
     fn delivery(i: usize, recorded_at: &str) -> Delivery {
+        delivery_saying(i, recorded_at, [0.0, 1.0, 0.0, 0.0])
+    }
+
+    /// Turn `i`, saying the keyword "secret" in a form whose vector is `form`.
+    fn delivery_saying(i: usize, recorded_at: &str, form: [f32; 4]) -> Delivery {
         let body = json!({"turn": {"tenant": "acme", "conversation_id": "c", "turn_id": i.to_string(),
                      "memory_id": MemoryId::derive(&TenantId("acme".into()), "c", &i.to_string()),
                      "position": i, "user": format!("secret {i}"), "timestamp": "2024-05-01T10:00:00Z",
@@ -631,7 +650,7 @@ mod tests {
                      "event_time": null, "extractor": "rules"},
                  "embeddings": {"user": [1.0, 0.0, 0.0, 0.0], "assistant": [],
                      "lexical": {"indices": [7], "values": [1.0]},
-                     "keywords": [{"keyword": "secret", "vector": [0.0, 1.0, 0.0, 0.0]}], "model": "m"}});
+                     "keywords": [{"keyword": "secret", "vector": form}], "model": "m"}});
         Delivery {
             message: Message::from_bytes(
                 topics::EMBEDDED,
@@ -745,5 +764,42 @@ mod tests {
         drop(inner);
         drop(vectors);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// What a conversation says does not depend on how its turns fell into batches: every form
+    /// of a keyword its turns said is kept, not the first of each batch (two ingests of the same
+    /// turns ranked differently when the machine was busy).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_form_of_a_keyword_is_said_however_the_turns_are_batched() {
+        let forms = [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]];
+        let turns: Vec<Delivery> = forms
+            .iter()
+            .enumerate()
+            .map(|(i, f)| delivery_saying(i, "2024-12-31T00:00:00Z", *f))
+            .collect();
+        let tenant = TenantId("acme".into());
+        for batches in [vec![&turns[..]], vec![&turns[..1], &turns[1..]]] {
+            let dir = scratch(&format!("forms-{}", batches.len()));
+            let (stage, inner, vectors) = writer(&dir, Race::Never);
+            for b in &batches {
+                assert!(stage.handle(b).await.iter().all(|r| r.is_ok()));
+            }
+            for f in &forms {
+                let hits = vectors
+                    .search_keywords(&tenant, &Scope::of(&["c"]), f, 10, -2.0)
+                    .await
+                    .unwrap();
+                assert_eq!(hits.len(), 1, "{hits:?}");
+                assert!(
+                    (hits[0].1 - 1.0).abs() < 1e-5,
+                    "{} batch(es): the form {f:?} is found as itself: {hits:?}",
+                    batches.len()
+                );
+            }
+            drop(stage);
+            drop(inner);
+            drop(vectors);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 }

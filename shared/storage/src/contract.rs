@@ -1458,6 +1458,74 @@ async fn vector_lexical_pruning(v: Arc<dyn VectorIndex>, dim: usize) {
     v.delete_conversation(&t, "p").await.unwrap();
 }
 
+/// Ties are settled by memory id, smaller first, at the limit too, whatever order the engine
+/// meets the tied points in (it follows how they were written and merged, so an ingest's
+/// timing): the same turns give the same answer.
+async fn vector_ties(v: Arc<dyn VectorIndex>, dim: usize) {
+    let t = TenantId("tenant-ties".into());
+    const TERM: u32 = 700_101;
+    let at = Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap();
+    let point = |i: usize, weight: f32, seed: usize| TurnPoint {
+        memory_id: MemoryId::derive(&t, "ties", &i.to_string()),
+        tenant: t.clone(),
+        conversation_id: "ties".into(),
+        turn_id: i.to_string(),
+        position: i as u64,
+        timestamp: at,
+        recorded_at: at,
+        user_speaker: None,
+        assistant_speaker: None,
+        user: vector(dim, seed),
+        assistant: None,
+        lexical: SparseVector {
+            indices: vec![TERM],
+            values: vec![weight],
+        },
+        user_id: None,
+        agent_id: None,
+        metadata: Default::default(),
+        late: None,
+    };
+    // Eight tied turns and one above them on BM25 (below them on the dense vector).
+    let mut tied: Vec<TurnPoint> = (0..8).map(|i| point(i, 1.0, 1)).collect();
+    let best = point(8, 3.0, 5);
+    // Written one at a time, the largest id first: the order the engine meets them in.
+    tied.sort_by_key(|p| std::cmp::Reverse(p.memory_id));
+    v.upsert_turns(vec![best.clone()]).await.unwrap();
+    for p in &tied {
+        v.upsert_turns(vec![p.clone()]).await.unwrap();
+    }
+    let mut by_id: Vec<MemoryId> = tied.iter().map(|p| p.memory_id).collect();
+    by_id.sort();
+    let scope = Scope::of(&["ties"]);
+    let ids = |hits: Vec<(MemoryId, f32)>| hits.into_iter().map(|h| h.0).collect::<Vec<_>>();
+    let lexical = VectorQuery::Lexical(SparseVector {
+        indices: vec![TERM],
+        values: vec![1.0],
+    });
+    let dense = VectorQuery::Dense {
+        field: VectorField::User,
+        vector: vector(dim, 1),
+    };
+    for limit in [1, 3, 7, 8, 20] {
+        let hits = ids(v.search(&t, &scope, &lexical, limit).await.unwrap());
+        let want: Vec<MemoryId> = std::iter::once(best.memory_id)
+            .chain(by_id.iter().copied())
+            .take(limit)
+            .collect();
+        assert_eq!(hits, want, "lexical, limit {limit}");
+        let hits = ids(v.search(&t, &scope, &dense, limit).await.unwrap());
+        let want: Vec<MemoryId> = by_id
+            .iter()
+            .copied()
+            .chain(std::iter::once(best.memory_id))
+            .take(limit)
+            .collect();
+        assert_eq!(hits, want, "dense, limit {limit}");
+    }
+    v.delete_conversation(&t, "ties").await.unwrap();
+}
+
 /// VectorIndex contract: idempotent upserts, field search, lexical search, tenant isolation,
 /// keyword neighbours, erasure, batch sizes.
 /// Turn filters inside the search: every condition, and `limit` matching turns whenever that
@@ -1787,6 +1855,7 @@ pub async fn vector_contract(v: Arc<dyn VectorIndex>, dim: usize) {
     vector_filters(v.clone(), dim).await;
     vector_versions(v.clone(), dim).await;
     vector_lexical_pruning(v.clone(), dim).await;
+    vector_ties(v.clone(), dim).await;
     let a = TenantId("tenant-a".into());
     let b = TenantId("tenant-b".into());
     let point = |t: &TenantId, conv: &str, i: usize| TurnPoint {

@@ -1191,27 +1191,42 @@ impl VectorIndex for EdgeVectorIndex {
             score_threshold: None,
         });
         Self::blocking(&self.turns, move |s| {
-            let pts = s.search(req).map_err(err)?;
-            let mut out: Vec<(MemoryId, f32)> = pts
-                .iter()
-                .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score * scale)))
-                .collect();
-            if let Some(req) = history {
-                for p in s.search(req).map_err(err)? {
-                    let m = p
-                        .payload
-                        .as_ref()
-                        .and_then(|pl| pl.0.get("memory_id"))
-                        .and_then(|v| v.as_str())
-                        .and_then(MemoryId::parse);
-                    if let Some(m) = m {
-                        out.push((m, p.score * scale));
+            let mut asked = super::first_ask(limit);
+            loop {
+                let mut ends = Vec::new();
+                let mut req = req.clone();
+                req.limit = asked;
+                let pts = s.search(req).map_err(err)?;
+                if pts.len() >= asked {
+                    ends.extend(pts.last().map(|p| p.score * scale));
+                }
+                let mut out: Vec<(MemoryId, f32)> = pts
+                    .iter()
+                    .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score * scale)))
+                    .collect();
+                if let Some(mut req) = history.clone() {
+                    req.limit = asked;
+                    let pts = s.search(req).map_err(err)?;
+                    if pts.len() >= asked {
+                        ends.extend(pts.last().map(|p| p.score * scale));
+                    }
+                    for p in pts {
+                        let m = p
+                            .payload
+                            .as_ref()
+                            .and_then(|pl| pl.0.get("memory_id"))
+                            .and_then(|v| v.as_str())
+                            .and_then(MemoryId::parse);
+                        if let Some(m) = m {
+                            out.push((m, p.score * scale));
+                        }
                     }
                 }
-                out.sort_by(|a, b| b.1.total_cmp(&a.1));
-                out.truncate(limit);
+                match super::settle_ties(out, limit, ends) {
+                    Some(out) => return Ok(out),
+                    None => asked = asked.saturating_mul(2),
+                }
             }
-            Ok(out)
         })
         .await
     }

@@ -1,6 +1,7 @@
 //! The `VectorIndex` seam: per turn one dense vector per field (user, assistant; never their
 //! concatenation) and a sparse lexical vector scored as BM25 by the engine's IDF modifier; per
-//! conversation one vector per distinct keyword, for KeyMem's keyword-neighbour search.
+//! conversation the vectors of its keywords, for KeyMem's keyword-neighbour search (the embedded
+//! index every form a keyword was said in, "games" and "game"; Qdrant the first one written).
 
 #[cfg(feature = "embedded")]
 pub mod edge;
@@ -94,6 +95,36 @@ pub(crate) fn another_width(index: &str, held: u64, wants: usize, way_out: &str)
         "the vector index {index} holds {held}-dimension vectors and embedder.model gives \
          {wants}: run with the model that wrote it, or {way_out} and run `recollect reindex`"
     ))
+}
+
+/// How many results a search first asks the engine for: one beyond `limit`, to see whether a
+/// point tied with the last one kept was left out ([`settle_ties`]).
+pub(crate) fn first_ask(limit: usize) -> usize {
+    limit.saturating_add(1)
+}
+
+/// The best `limit` of what the engine returned (one or more searches, each asked for the same
+/// number of results), highest score first with ties settled by memory id, smaller first; or
+/// None when a point tied with the last one kept may be missing: a search came back full and
+/// ends on that score (`full_ends`: the last score of each search that did), so the caller asks
+/// again for twice as many.
+///
+/// An engine keeps whichever tied points it meets first, and that follows how its points sit in
+/// segments, so the optimiser's timing: two ingests of the same turns ranked differently when
+/// the machine was busy (a BM25 tie at the lexical retriever's depth, docs/EVALUATION.md).
+pub(crate) fn settle_ties(
+    mut found: Vec<(MemoryId, f32)>,
+    limit: usize,
+    full_ends: impl IntoIterator<Item = f32>,
+) -> Option<Vec<(MemoryId, f32)>> {
+    found.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    if let Some(cut) = limit.checked_sub(1).and_then(|i| found.get(i)).map(|h| h.1) {
+        if full_ends.into_iter().any(|end| end.total_cmp(&cut).is_eq()) {
+            return None;
+        }
+    }
+    found.truncate(limit);
+    Some(found)
 }
 
 /// The token vectors (late interaction) an index is opened for.
@@ -204,7 +235,8 @@ pub trait VectorIndex: Send + Sync + 'static {
 
     /// Best `limit` turns in scope (its conversations and its turn filter) for the query,
     /// highest score first: the filter applies inside the search, so `limit` matching turns
-    /// come back whenever that many exist.
+    /// come back whenever that many exist. Ties are settled by memory id, smaller first, at the
+    /// limit too, so the same turns give the same answer however the engine holds them.
     async fn search(
         &self,
         tenant: &TenantId,
@@ -349,5 +381,37 @@ pub trait VectorIndex: Send + Sync + 'static {
     /// Background maintenance (index building); never required for correctness.
     async fn optimize(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u8) -> MemoryId {
+        MemoryId([n; 16])
+    }
+
+    #[test]
+    fn ties_are_settled_by_id_and_a_full_search_ending_on_the_cut_asks_again() {
+        let found = vec![(id(9), 2.0), (id(7), 1.0), (id(3), 1.0), (id(5), 1.0)];
+        // Asked for 4, given 4, the last tied with the second kept: more may tie.
+        assert_eq!(settle_ties(found.clone(), 2, [1.0]), None);
+        // Everything there was (no search came back full): the smaller ids win the tie.
+        assert_eq!(
+            settle_ties(found.clone(), 2, []),
+            Some(vec![(id(9), 2.0), (id(3), 1.0)])
+        );
+        // A full search ending below the cut left nothing out that ties with it.
+        assert_eq!(
+            settle_ties(found.clone(), 1, [1.0]),
+            Some(vec![(id(9), 2.0)])
+        );
+        // Fewer found than the limit: all of them, in order.
+        assert_eq!(
+            settle_ties(found, 9, []),
+            Some(vec![(id(9), 2.0), (id(3), 1.0), (id(5), 1.0), (id(7), 1.0)])
+        );
+        assert_eq!(first_ask(usize::MAX), usize::MAX);
     }
 }

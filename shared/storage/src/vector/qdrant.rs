@@ -925,24 +925,38 @@ impl VectorIndex for QdrantVectorIndex {
             );
             h
         });
-        let res = self.client.query(req).await.map_err(err)?;
-        let mut out: Vec<(MemoryId, f32)> = res
-            .result
-            .iter()
-            .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score * scale)))
-            .collect();
-        // As of an earlier time, the versions current then that edits have since replaced.
-        if let Some(h) = history {
-            let res = self.client.query(h).await.map_err(err)?;
-            out.extend(res.result.iter().filter_map(|p| {
-                text(&p.payload, "memory_id")
-                    .and_then(|m| MemoryId::parse(&m))
-                    .map(|m| (m, p.score * scale))
-            }));
-            out.sort_by(|a, b| b.1.total_cmp(&a.1));
-            out.truncate(limit);
+        let mut asked = super::first_ask(limit);
+        loop {
+            let mut ends = Vec::new();
+            let mut req = req.clone();
+            req.limit = Some(asked as u64);
+            let res = self.client.query(req).await.map_err(err)?;
+            if res.result.len() >= asked {
+                ends.extend(res.result.last().map(|p| p.score * scale));
+            }
+            let mut out: Vec<(MemoryId, f32)> = res
+                .result
+                .iter()
+                .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score * scale)))
+                .collect();
+            // As of an earlier time, the versions current then that edits have since replaced.
+            if let Some(mut h) = history.clone() {
+                h.limit = Some(asked as u64);
+                let res = self.client.query(h).await.map_err(err)?;
+                if res.result.len() >= asked {
+                    ends.extend(res.result.last().map(|p| p.score * scale));
+                }
+                out.extend(res.result.iter().filter_map(|p| {
+                    text(&p.payload, "memory_id")
+                        .and_then(|m| MemoryId::parse(&m))
+                        .map(|m| (m, p.score * scale))
+                }));
+            }
+            match super::settle_ties(out, limit, ends) {
+                Some(out) => return Ok(out),
+                None => asked = asked.saturating_mul(2),
+            }
         }
-        Ok(out)
     }
 
     async fn field_vectors(
@@ -1143,10 +1157,17 @@ impl VectorIndex for QdrantVectorIndex {
     /// still costs Qdrant a copy out of its indexed segment.
     async fn upsert_keyword_sets(&self, sets: Vec<KeywordSet>) -> Result<(), StoreError> {
         let mut points: Vec<(MemoryId, PointStruct)> = Vec::new();
+        // One point per (conversation, keyword) here: a keyword's first form written (its
+        // conversation's earliest turn saying it, as turns arrive in order), the later ones of a
+        // batch skipped like those of later batches.
+        let mut seen = std::collections::HashSet::new();
         for set in &sets {
             for k in &set.keywords {
                 self.check_dim(&k.vector)?;
                 let id = keyword_id(&set.tenant, &set.conversation, &k.keyword);
+                if !seen.insert(id) {
+                    continue;
+                }
                 let mut payload = Payload::new();
                 payload.insert("tenant", set.tenant.as_str());
                 payload.insert("conversation", set.conversation.as_str());
