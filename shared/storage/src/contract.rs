@@ -1360,6 +1360,35 @@ async fn vector_versions(v: Arc<dyn VectorIndex>, dim: usize) {
     assert!(v.version_vectors(&t, &[(id, t1)]).await.unwrap().is_empty());
 }
 
+/// A turn point of `conversation` with a user field, a lexical vector and nothing else.
+fn bare_point(
+    t: &TenantId,
+    conversation: &str,
+    i: usize,
+    user: Vec<f32>,
+    lexical: SparseVector,
+) -> TurnPoint {
+    let at = Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap();
+    TurnPoint {
+        memory_id: MemoryId::derive(t, conversation, &i.to_string()),
+        tenant: t.clone(),
+        conversation_id: conversation.into(),
+        turn_id: i.to_string(),
+        position: i as u64,
+        timestamp: at,
+        recorded_at: at,
+        user_speaker: None,
+        assistant_speaker: None,
+        user,
+        assistant: None,
+        lexical,
+        user_id: None,
+        agent_id: None,
+        metadata: Default::default(),
+        late: None,
+    }
+}
+
 /// Lexical search where the engine prunes: a scope past its sparse full-scan threshold (5,000
 /// points) and a query of two terms, past the engine's first batch of 10,000 ids. The engine
 /// skips the rest of the longer posting list when the bound on its weights (kept per element,
@@ -1377,28 +1406,13 @@ async fn vector_lexical_pruning(v: Arc<dyn VectorIndex>, dim: usize) {
     const FILLER: u32 = 700_003;
     const N: usize = 12_001;
     const HEAVY: usize = 11_000;
-    let at = Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap();
     let id = |i: usize| MemoryId::derive(&t, "p", &i.to_string());
-    let point = |i: usize, terms: Vec<(u32, f32)>| TurnPoint {
-        memory_id: id(i),
-        tenant: t.clone(),
-        conversation_id: "p".into(),
-        turn_id: i.to_string(),
-        position: i as u64,
-        timestamp: at,
-        recorded_at: at,
-        user_speaker: None,
-        assistant_speaker: None,
-        user: vector(dim, i),
-        assistant: None,
-        lexical: SparseVector {
+    let point = |i: usize, terms: Vec<(u32, f32)>| {
+        let lexical = SparseVector {
             indices: terms.iter().map(|(d, _)| *d).collect(),
             values: terms.iter().map(|(_, w)| *w).collect(),
-        },
-        user_id: None,
-        agent_id: None,
-        metadata: Default::default(),
-        late: None,
+        };
+        bare_point(&t, "p", i, vector(dim, i), lexical)
     };
     // Turns written one at a time with FILLER alone, between the first 10,000 and the rest: the
     // engine numbers a batch's points in hash order, single ones in order, so the last of them
@@ -1464,27 +1478,12 @@ async fn vector_lexical_pruning(v: Arc<dyn VectorIndex>, dim: usize) {
 async fn vector_ties(v: Arc<dyn VectorIndex>, dim: usize) {
     let t = TenantId("tenant-ties".into());
     const TERM: u32 = 700_101;
-    let at = Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap();
-    let point = |i: usize, weight: f32, seed: usize| TurnPoint {
-        memory_id: MemoryId::derive(&t, "ties", &i.to_string()),
-        tenant: t.clone(),
-        conversation_id: "ties".into(),
-        turn_id: i.to_string(),
-        position: i as u64,
-        timestamp: at,
-        recorded_at: at,
-        user_speaker: None,
-        assistant_speaker: None,
-        user: vector(dim, seed),
-        assistant: None,
-        lexical: SparseVector {
+    let point = |i: usize, weight: f32, seed: usize| {
+        let lexical = SparseVector {
             indices: vec![TERM],
             values: vec![weight],
-        },
-        user_id: None,
-        agent_id: None,
-        metadata: Default::default(),
-        late: None,
+        };
+        bare_point(&t, "ties", i, vector(dim, seed), lexical)
     };
     // Eight tied turns and one above them on BM25 (below them on the dense vector).
     let mut tied: Vec<TurnPoint> = (0..8).map(|i| point(i, 1.0, 1)).collect();
