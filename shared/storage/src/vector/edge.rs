@@ -1190,43 +1190,30 @@ impl VectorIndex for EdgeVectorIndex {
             with_vector: None,
             score_threshold: None,
         });
-        Self::blocking(&self.turns, move |s| {
-            let mut asked = super::first_ask(limit);
-            loop {
-                let mut ends = Vec::new();
-                let mut req = req.clone();
+        // Each ask is its own blocking call: a second one is rare (a tie across the limit).
+        super::search_settling_ties(limit, |asked| {
+            let (mut req, history) = (req.clone(), history.clone());
+            Self::blocking(&self.turns, move |s| {
                 req.limit = asked;
                 let pts = s.search(req).map_err(err)?;
-                if pts.len() >= asked {
-                    ends.extend(pts.last().map(|p| p.score * scale));
-                }
-                let mut out: Vec<(MemoryId, f32)> = pts
-                    .iter()
-                    .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score * scale)))
-                    .collect();
-                if let Some(mut req) = history.clone() {
+                let current = pts.iter().map(|p| (memory_id(&p.id), p.score * scale));
+                let mut searches: Vec<super::EngineHits> = vec![current.collect()];
+                if let Some(mut req) = history {
                     req.limit = asked;
                     let pts = s.search(req).map_err(err)?;
-                    if pts.len() >= asked {
-                        ends.extend(pts.last().map(|p| p.score * scale));
-                    }
-                    for p in pts {
+                    let replaced = pts.iter().map(|p| {
                         let m = p
                             .payload
                             .as_ref()
                             .and_then(|pl| pl.0.get("memory_id"))
                             .and_then(|v| v.as_str())
                             .and_then(MemoryId::parse);
-                        if let Some(m) = m {
-                            out.push((m, p.score * scale));
-                        }
-                    }
+                        (m, p.score * scale)
+                    });
+                    searches.push(replaced.collect());
                 }
-                match super::settle_ties(out, limit, ends) {
-                    Some(out) => return Ok(out),
-                    None => asked = asked.saturating_mul(2),
-                }
-            }
+                Ok(searches)
+            })
         })
         .await
     }

@@ -97,22 +97,50 @@ pub(crate) fn another_width(index: &str, held: u64, wants: usize, way_out: &str)
     ))
 }
 
-/// How many results a search first asks the engine for: one beyond `limit`, to see whether a
-/// point tied with the last one kept was left out ([`settle_ties`]).
-pub(crate) fn first_ask(limit: usize) -> usize {
-    limit.saturating_add(1)
-}
+/// One engine search's points in the engine's order, each with its memory id where it names one
+/// and its final score.
+pub(crate) type EngineHits = Vec<(Option<MemoryId>, f32)>;
 
-/// The best `limit` of what the engine returned (one or more searches, each asked for the same
-/// number of results), highest score first with ties settled by memory id, smaller first; or
-/// None when a point tied with the last one kept may be missing: a search came back full and
-/// ends on that score (`full_ends`: the last score of each search that did), so the caller asks
-/// again for twice as many.
+/// The best `limit` results of a search, highest score first with ties settled by memory id,
+/// smaller first. `search(asked)` makes the engine's searches (the current versions, and the
+/// replaced ones for an `as_of` scope), each asked for `asked` results, and returns each one's
+/// points. The first ask is one beyond `limit`; while a search came back full and ends on the
+/// score of the last point kept, a tied point may be missing, so it asks again for twice as many.
 ///
 /// An engine keeps whichever tied points it meets first, and that follows how its points sit in
 /// segments, so the optimiser's timing: two ingests of the same turns ranked differently when
 /// the machine was busy (a BM25 tie at the lexical retriever's depth, docs/EVALUATION.md).
-pub(crate) fn settle_ties(
+pub(crate) async fn search_settling_ties<F, Fut>(
+    limit: usize,
+    mut search: F,
+) -> Result<Vec<(MemoryId, f32)>, StoreError>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<EngineHits>, StoreError>>,
+{
+    let mut asked = limit.saturating_add(1);
+    loop {
+        let searches = search(asked).await?;
+        let full_ends: Vec<f32> = searches
+            .iter()
+            .filter(|hits| hits.len() >= asked)
+            .filter_map(|hits| hits.last().map(|h| h.1))
+            .collect();
+        let found = searches
+            .into_iter()
+            .flatten()
+            .filter_map(|(m, score)| m.map(|m| (m, score)))
+            .collect();
+        match settle_ties(found, limit, full_ends) {
+            Some(best) => return Ok(best),
+            None => asked = asked.saturating_mul(2),
+        }
+    }
+}
+
+/// The best `limit` of `found`, or None when a point tied with the last one kept may be missing
+/// (`full_ends`: the last score of each search that came back full).
+fn settle_ties(
     mut found: Vec<(MemoryId, f32)>,
     limit: usize,
     full_ends: impl IntoIterator<Item = f32>,
@@ -412,6 +440,59 @@ mod tests {
             settle_ties(found, 9, []),
             Some(vec![(id(9), 2.0), (id(3), 1.0), (id(5), 1.0), (id(7), 1.0)])
         );
-        assert_eq!(first_ask(usize::MAX), usize::MAX);
+    }
+
+    /// An engine holding eight points tied at 1.0 below one at 2.0, meeting the tied ones
+    /// largest id first: asked for `n`, it returns its first `n` in that order.
+    async fn engine(
+        asks: &std::sync::Mutex<Vec<usize>>,
+        n: usize,
+    ) -> Result<Vec<EngineHits>, StoreError> {
+        asks.lock().unwrap().push(n);
+        let points = std::iter::once((Some(id(99)), 2.0))
+            .chain((1..=8).rev().map(|i| (Some(id(i)), 1.0)))
+            .take(n)
+            .collect();
+        Ok(vec![points])
+    }
+
+    #[tokio::test]
+    async fn a_search_asks_again_until_no_tie_crosses_its_limit() {
+        let asks = std::sync::Mutex::new(vec![]);
+        let best = search_settling_ties(3, |n| engine(&asks, n)).await.unwrap();
+        assert_eq!(best, vec![(id(99), 2.0), (id(1), 1.0), (id(2), 1.0)]);
+        // 4 and 8 come back full and end on the tie; 16 finds all nine points.
+        assert_eq!(*asks.lock().unwrap(), vec![4, 8, 16]);
+
+        let asks = std::sync::Mutex::new(vec![]);
+        let best = search_settling_ties(1, |n| engine(&asks, n)).await.unwrap();
+        assert_eq!(best, vec![(id(99), 2.0)]);
+        assert_eq!(*asks.lock().unwrap(), vec![2], "the cut is above every tie");
+
+        // A limit the engine cannot be asked beyond still ends.
+        let asks = std::sync::Mutex::new(vec![]);
+        let best = search_settling_ties(usize::MAX, |n| engine(&asks, n))
+            .await
+            .unwrap();
+        assert_eq!(best.len(), 9);
+    }
+
+    #[tokio::test]
+    async fn a_point_naming_no_memory_still_counts_toward_a_full_search() {
+        // Asked for 3, the engine gives 3, the last naming no memory but tied with the cut:
+        // the search is full, so it asks again.
+        let asks = std::sync::Mutex::new(vec![]);
+        let best = search_settling_ties(2, |n| {
+            asks.lock().unwrap().push(n);
+            let points: EngineHits = vec![(Some(id(9)), 2.0), (Some(id(7)), 1.0), (None, 1.0)];
+            let mut points = points;
+            points.extend((0..n.saturating_sub(3)).map(|_| (None, 0.5)));
+            points.truncate(n);
+            std::future::ready(Ok(vec![points]))
+        })
+        .await
+        .unwrap();
+        assert_eq!(best, vec![(id(9), 2.0), (id(7), 1.0)]);
+        assert_eq!(*asks.lock().unwrap(), vec![3, 6]);
     }
 }

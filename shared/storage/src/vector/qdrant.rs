@@ -925,38 +925,33 @@ impl VectorIndex for QdrantVectorIndex {
             );
             h
         });
-        let mut asked = super::first_ask(limit);
-        loop {
-            let mut ends = Vec::new();
+        let (req, history) = (&req, &history);
+        super::search_settling_ties(limit, |asked| async move {
             let mut req = req.clone();
             req.limit = Some(asked as u64);
             let res = self.client.query(req).await.map_err(err)?;
-            if res.result.len() >= asked {
-                ends.extend(res.result.last().map(|p| p.score * scale));
-            }
-            let mut out: Vec<(MemoryId, f32)> = res
-                .result
-                .iter()
-                .filter_map(|p| memory_id(&p.id).map(|m| (m, p.score * scale)))
-                .collect();
+            let current = res.result.iter();
+            let mut searches = vec![current
+                .map(|p| (memory_id(&p.id), p.score * scale))
+                .collect()];
             // As of an earlier time, the versions current then that edits have since replaced.
-            if let Some(mut h) = history.clone() {
+            if let Some(h) = history {
+                let mut h = h.clone();
                 h.limit = Some(asked as u64);
                 let res = self.client.query(h).await.map_err(err)?;
-                if res.result.len() >= asked {
-                    ends.extend(res.result.last().map(|p| p.score * scale));
-                }
-                out.extend(res.result.iter().filter_map(|p| {
-                    text(&p.payload, "memory_id")
-                        .and_then(|m| MemoryId::parse(&m))
-                        .map(|m| (m, p.score * scale))
-                }));
+                searches.push(
+                    res.result
+                        .iter()
+                        .map(|p| {
+                            let m = text(&p.payload, "memory_id").and_then(|m| MemoryId::parse(&m));
+                            (m, p.score * scale)
+                        })
+                        .collect(),
+                );
             }
-            match super::settle_ties(out, limit, ends) {
-                Some(out) => return Ok(out),
-                None => asked = asked.saturating_mul(2),
-            }
-        }
+            Ok(searches)
+        })
+        .await
     }
 
     async fn field_vectors(
