@@ -1525,6 +1525,48 @@ async fn vector_ties(v: Arc<dyn VectorIndex>, dim: usize) {
     v.delete_conversation(&t, "ties").await.unwrap();
 }
 
+/// Every form of a keyword a conversation said is kept, whichever came first and however the
+/// writer batched them: a question's "games" meets the turn's "games" at cosine 1, not only a
+/// "game" written earlier. An erasure of the keyword takes every form.
+async fn vector_keyword_forms(v: Arc<dyn VectorIndex>, dim: usize) {
+    let t = TenantId("tenant-forms".into());
+    let form = |seed: usize| KeywordVector {
+        keyword: "game".into(),
+        vector: vector(dim, seed).into(),
+    };
+    let set = |keywords: Vec<KeywordVector>| KeywordSet {
+        tenant: t.clone(),
+        conversation: "forms".into(),
+        keywords,
+    };
+    // One batch says two forms (one of them twice), a later batch a third.
+    v.upsert_keyword_sets(vec![set(vec![form(31), form(32), form(31)])])
+        .await
+        .unwrap();
+    v.upsert_keyword_sets(vec![set(vec![form(33)])])
+        .await
+        .unwrap();
+    let scope = Scope::of(&["forms"]);
+    for seed in [31, 32, 33] {
+        let near = v
+            .search_keywords(&t, &scope, &vector(dim, seed), 30, -1.0)
+            .await
+            .unwrap();
+        assert_eq!(near.len(), 1, "the keyword is named once: {near:?}");
+        assert_eq!(near[0].0, "game");
+        assert!(near[0].1 > 0.999, "form {seed} is kept: {near:?}");
+    }
+    v.delete_turns(&t, "forms", &[], &["game".into()])
+        .await
+        .unwrap();
+    assert!(v
+        .search_keywords(&t, &scope, &vector(dim, 32), 30, -1.0)
+        .await
+        .unwrap()
+        .is_empty());
+    v.delete_conversation(&t, "forms").await.unwrap();
+}
+
 /// VectorIndex contract: idempotent upserts, field search, lexical search, tenant isolation,
 /// keyword neighbours, erasure, batch sizes.
 /// Turn filters inside the search: every condition, and `limit` matching turns whenever that
@@ -1855,6 +1897,7 @@ pub async fn vector_contract(v: Arc<dyn VectorIndex>, dim: usize) {
     vector_versions(v.clone(), dim).await;
     vector_lexical_pruning(v.clone(), dim).await;
     vector_ties(v.clone(), dim).await;
+    vector_keyword_forms(v.clone(), dim).await;
     let a = TenantId("tenant-a".into());
     let b = TenantId("tenant-b".into());
     let point = |t: &TenantId, conv: &str, i: usize| TurnPoint {

@@ -255,16 +255,9 @@ fn memory_id(p: &PointId) -> Option<MemoryId> {
     }
 }
 
-/// The point of a keyword form: its stem and its vector (the embedding of the surface text the
-/// extractor kept), within the tenant. FNV-1a over the vector's bits tells forms apart.
+/// The point of a keyword form: its stem and its vector, within the tenant.
 fn keyword_form_point(tenant: &TenantId, stem: &str, vector: &[f32]) -> [u8; 16] {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for x in vector {
-        for b in x.to_bits().to_le_bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
+    let h = super::form_hash(vector);
     MemoryId::derive(tenant, "", &format!("keyword:{stem}:{h:016x}")).0
 }
 

@@ -97,6 +97,19 @@ pub(crate) fn another_width(index: &str, held: u64, wants: usize, way_out: &str)
     ))
 }
 
+/// What tells a keyword's forms apart: FNV-1a over its vector's bits (the embedding of the
+/// surface text the extractor kept, "games" or "game" for the stem `game`).
+pub(crate) fn form_hash(vector: &[f32]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for x in vector {
+        for b in x.to_bits().to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
 /// One engine search's points in the engine's order, each with its memory id where it names one
 /// and its final score.
 pub(crate) type EngineHits = Vec<(Option<MemoryId>, f32)>;

@@ -99,12 +99,18 @@ fn memory_id(p: &Option<PointId>) -> Option<MemoryId> {
     }
 }
 
-fn keyword_id(tenant: &TenantId, conversation: &str, keyword: &str) -> MemoryId {
-    MemoryId::derive(tenant, conversation, &format!("keyword:{keyword}"))
-}
-
-fn keyword_point(tenant: &TenantId, conversation: &str, keyword: &str) -> PointId {
-    point_id(keyword_id(tenant, conversation, keyword))
+/// A keyword form's point in a conversation: every form the conversation said is kept, as the
+/// embedded index keeps them, so a question's "games" meets the "games" a turn said whichever
+/// form came first. (Stores written before kept one point per keyword, the first form, under
+/// `keyword:{keyword}`; those stay beside the new ones, and erasure matches both by payload.)
+fn keyword_form_id(
+    tenant: &TenantId,
+    conversation: &str,
+    keyword: &str,
+    vector: &[f32],
+) -> MemoryId {
+    let h = super::form_hash(vector);
+    MemoryId::derive(tenant, conversation, &format!("keyword:{keyword}:{h:016x}"))
 }
 
 fn text(payload: &HashMap<String, QValue>, key: &str) -> Option<String> {
@@ -1152,14 +1158,12 @@ impl VectorIndex for QdrantVectorIndex {
     /// still costs Qdrant a copy out of its indexed segment.
     async fn upsert_keyword_sets(&self, sets: Vec<KeywordSet>) -> Result<(), StoreError> {
         let mut points: Vec<(MemoryId, PointStruct)> = Vec::new();
-        // One point per (conversation, keyword) here: a keyword's first form written (its
-        // conversation's earliest turn saying it, as turns arrive in order), the later ones of a
-        // batch skipped like those of later batches.
+        // One point per (conversation, keyword form); a form said twice in a batch is one point.
         let mut seen = std::collections::HashSet::new();
         for set in &sets {
             for k in &set.keywords {
                 self.check_dim(&k.vector)?;
-                let id = keyword_id(&set.tenant, &set.conversation, &k.keyword);
+                let id = keyword_form_id(&set.tenant, &set.conversation, &k.keyword, &k.vector);
                 if !seen.insert(id) {
                     continue;
                 }
@@ -1244,10 +1248,6 @@ impl VectorIndex for QdrantVectorIndex {
         keywords: &[String],
     ) -> Result<(), StoreError> {
         let turn_ids: Vec<PointId> = ids.iter().map(|m| point_id(*m)).collect();
-        let keyword_ids: Vec<PointId> = keywords
-            .iter()
-            .map(|k| keyword_point(tenant, conversation, k))
-            .collect();
         if !ids.is_empty() {
             let kept = Filter::must([
                 Condition::matches("tenant", MatchValue::Keyword(history_tenant(tenant))),
@@ -1264,15 +1264,26 @@ impl VectorIndex for QdrantVectorIndex {
                 )
                 .await
                 .map_err(err)?;
-        }
-        for (coll, ids) in [(&self.turns, turn_ids), (&self.keywords, keyword_ids)] {
-            if ids.is_empty() {
-                continue;
-            }
             self.client
                 .delete_points(
-                    DeletePointsBuilder::new(coll.as_str())
-                        .points(qdrant_client::qdrant::PointsIdsList { ids })
+                    DeletePointsBuilder::new(self.turns.as_str())
+                        .points(qdrant_client::qdrant::PointsIdsList { ids: turn_ids })
+                        .wait(true),
+                )
+                .await
+                .map_err(err)?;
+        }
+        // Every form of each keyword the conversation no longer says, by payload: the ids hash
+        // the forms' vectors, which an erasure does not have.
+        if !keywords.is_empty() {
+            let mut forms = filter_on(tenant.as_str(), &Scope::of(&[conversation]));
+            forms
+                .must
+                .push(Condition::matches("keyword", keywords.to_vec()));
+            self.client
+                .delete_points(
+                    DeletePointsBuilder::new(self.keywords.as_str())
+                        .points(forms)
                         .wait(true),
                 )
                 .await
