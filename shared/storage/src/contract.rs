@@ -1556,6 +1556,34 @@ async fn vector_keyword_forms(v: Arc<dyn VectorIndex>, dim: usize) {
         assert_eq!(near[0].0, "game");
         assert!(near[0].1 > 0.999, "form {seed} is kept: {near:?}");
     }
+    // A tenant-wide search names `limit` keywords however many conversations share the best.
+    let shared = |c: usize| KeywordSet {
+        tenant: t.clone(),
+        conversation: format!("shared-{c}"),
+        keywords: vec![
+            form(31),
+            KeywordVector {
+                keyword: format!("own-{c}"),
+                // Never the game form's vector (the pattern repeats every 23 seeds).
+                vector: vector(dim, 32 + c % 20).into(),
+            },
+        ],
+    };
+    v.upsert_keyword_sets((0..40).map(shared).collect())
+        .await
+        .unwrap();
+    let near = v
+        .search_keywords(&t, &Scope::all(), &vector(dim, 31), 5, -1.0)
+        .await
+        .unwrap();
+    let names: std::collections::HashSet<&str> = near.iter().map(|h| h.0.as_str()).collect();
+    assert_eq!(names.len(), 5, "five distinct names: {near:?}");
+    assert_eq!(near[0].0, "game");
+    for c in 0..40 {
+        v.delete_conversation(&t, &format!("shared-{c}"))
+            .await
+            .unwrap();
+    }
     v.delete_turns(&t, "forms", &[], &["game".into()])
         .await
         .unwrap();

@@ -19,9 +19,10 @@ use qdrant_client::qdrant::{
     DeletePointsBuilder, Distance, FieldType, Filter, Fusion, GetPointsBuilder,
     HnswConfigDiffBuilder, IntegerIndexParamsBuilder, KeywordIndexParamsBuilder, Modifier,
     MultiVectorComparator, MultiVectorConfigBuilder, PayloadIncludeSelector, PointId, PointStruct,
-    PrefetchQueryBuilder, Query, QueryBatchPointsBuilder, QueryPoints, QueryPointsBuilder, Range,
-    ScoredPoint, SparseVectorParamsBuilder, SparseVectorsConfigBuilder, Timestamp, Value as QValue,
-    Vector, VectorInput, VectorParamsBuilder, VectorsConfigBuilder, VectorsSelector,
+    PrefetchQueryBuilder, Query, QueryBatchPointsBuilder, QueryPointGroupsBuilder, QueryPoints,
+    QueryPointsBuilder, Range, ScoredPoint, SparseVectorParamsBuilder, SparseVectorsConfigBuilder,
+    Timestamp, Value as QValue, Vector, VectorInput, VectorParamsBuilder, VectorsConfigBuilder,
+    VectorsSelector,
 };
 use qdrant_client::{Payload, Qdrant};
 use recollect_model::{MemoryId, SparseVector, TenantId, TokenVectors};
@@ -1216,27 +1217,32 @@ impl VectorIndex for QdrantVectorIndex {
         min_score: f32,
     ) -> Result<Vec<(String, f32)>, StoreError> {
         self.check_dim(vector)?;
-        // Keywords are stored per conversation: ask for more, keep each name once.
-        let req = QueryPointsBuilder::new(&self.keywords)
+        // A keyword has a point per conversation and form: grouped by name, the best form of
+        // each, so `limit` names however many conversations of the scope share them.
+        let req = QueryPointGroupsBuilder::new(&self.keywords, "keyword")
             .query(Query::new_nearest(VectorInput::new_dense(vector.to_vec())))
             .using(KEYWORD_VECTOR)
             .filter(scope_filter(tenant, &scope.conversations_only()))
-            .limit((limit * 4) as u64)
+            .limit(limit as u64)
+            .group_size(1u64)
             .score_threshold(min_score)
-            .with_payload(PayloadIncludeSelector::new(vec!["keyword".to_string()]));
-        let res = self.client.query(req).await.map_err(err)?;
-        let mut out: Vec<(String, f32)> = Vec::new();
-        for p in res.result {
-            let Some(k) = text(&p.payload, "keyword") else {
-                continue;
-            };
-            if !out.iter().any(|(name, _)| *name == k) {
-                out.push((k, p.score));
-            }
-            if out.len() == limit {
-                break;
-            }
-        }
+            .with_payload(false);
+        let res = self.client.query_groups(req).await.map_err(err)?;
+        let mut out: Vec<(String, f32)> = res
+            .result
+            .map(|r| r.groups)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|g| {
+                let name = match g.id?.kind? {
+                    qdrant_client::qdrant::group_id::Kind::StringValue(s) => s,
+                    _ => return None,
+                };
+                Some((name, g.hits.first()?.score))
+            })
+            .collect();
+        // As the embedded index orders them: ties by name.
+        out.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         Ok(out)
     }
 
