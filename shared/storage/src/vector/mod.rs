@@ -1,7 +1,7 @@
 //! The `VectorIndex` seam: per turn one dense vector per field (user, assistant; never their
 //! concatenation) and a sparse lexical vector scored as BM25 by the engine's IDF modifier; per
-//! conversation the vectors of its keywords, for KeyMem's keyword-neighbour search (the embedded
-//! index every form a keyword was said in, "games" and "game"; Qdrant the first one written).
+//! conversation the vectors of its keywords, for KeyMem's keyword-neighbour search (every form
+//! a keyword was said in, "games" and "game", in both engines).
 
 #[cfg(feature = "embedded")]
 pub mod edge;
@@ -497,8 +497,7 @@ mod tests {
         let asks = std::sync::Mutex::new(vec![]);
         let best = search_settling_ties(2, |n| {
             asks.lock().unwrap().push(n);
-            let points: EngineHits = vec![(Some(id(9)), 2.0), (Some(id(7)), 1.0), (None, 1.0)];
-            let mut points = points;
+            let mut points: EngineHits = vec![(Some(id(9)), 2.0), (Some(id(7)), 1.0), (None, 1.0)];
             points.extend((0..n.saturating_sub(3)).map(|_| (None, 0.5)));
             points.truncate(n);
             std::future::ready(Ok(vec![points]))

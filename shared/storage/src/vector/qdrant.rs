@@ -1259,7 +1259,6 @@ impl VectorIndex for QdrantVectorIndex {
         ids: &[MemoryId],
         keywords: &[String],
     ) -> Result<(), StoreError> {
-        let turn_ids: Vec<PointId> = ids.iter().map(|m| point_id(*m)).collect();
         if !ids.is_empty() {
             let kept = Filter::must([
                 Condition::matches("tenant", MatchValue::Keyword(history_tenant(tenant))),
@@ -1279,7 +1278,9 @@ impl VectorIndex for QdrantVectorIndex {
             self.client
                 .delete_points(
                     DeletePointsBuilder::new(self.turns.as_str())
-                        .points(qdrant_client::qdrant::PointsIdsList { ids: turn_ids })
+                        .points(qdrant_client::qdrant::PointsIdsList {
+                            ids: ids.iter().map(|m| point_id(*m)).collect(),
+                        })
                         .wait(true),
                 )
                 .await
