@@ -1499,41 +1499,38 @@ impl VectorIndex for EdgeVectorIndex {
                 .await?;
             return Ok(out.pop().unwrap_or_default());
         }
-        let filter = filter_on(tenant.as_str(), &Scope::all());
-        // A stem may have several forms: ask for more than `limit` names.
         let req = SearchRequest {
             query: QueryEnum::Nearest(NamedQuery::new(
                 VectorInternal::from(Vector::new_dense(vector.to_vec())),
                 KEYWORD_VECTOR,
             )),
-            filter: Some(filter),
+            filter: Some(filter_on(tenant.as_str(), &Scope::all())),
             params: None,
-            limit: limit * 2,
+            limit,
             offset: 0,
             with_payload: Some(WithPayloadInterface::Fields(vec![json_path("keyword")])),
             with_vector: None,
             score_threshold: Some(min_score),
         };
-        Self::blocking(&self.keywords, move |s| {
-            let pts = s.search(req).map_err(err)?;
-            let mut out: Vec<(String, f32)> = Vec::new();
-            for p in pts {
-                let Some(k) = p
-                    .payload
-                    .as_ref()
-                    .and_then(|pl| pl.0.get("keyword"))
-                    .and_then(|v| v.as_str())
-                else {
-                    continue;
-                };
-                if !out.iter().any(|(name, _)| name == k) {
-                    out.push((k.to_string(), p.score));
-                }
-                if out.len() == limit {
-                    break;
-                }
-            }
-            Ok(out)
+        // A stem may have several forms: one blocking call per ask.
+        super::search_keyword_names(limit, |asked| {
+            let mut req = req.clone();
+            Self::blocking(&self.keywords, move |s| {
+                req.limit = asked;
+                let pts = s.search(req).map_err(err)?;
+                Ok(pts
+                    .into_iter()
+                    .map(|p| {
+                        let name = p
+                            .payload
+                            .as_ref()
+                            .and_then(|pl| pl.0.get("keyword"))
+                            .and_then(|v| v.as_str())
+                            .map(str::to_string);
+                        (name, p.score)
+                    })
+                    .collect())
+            })
         })
         .await
     }

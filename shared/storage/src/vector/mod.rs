@@ -151,6 +151,53 @@ where
     }
 }
 
+/// One engine search's keyword points in the engine's order: each one's keyword, where its
+/// payload names one, and its score.
+pub(crate) type KeywordPoints = Vec<(Option<String>, f32)>;
+
+/// The best `limit` distinct keywords of a search whose points repeat a keyword (one point per
+/// form, and per conversation where the engine keeps them so), highest score first with ties
+/// settled by name. `search(asked)` returns the engine's best `asked` points. It is asked for
+/// four points a name, and four times as many again while the points came back full and either
+/// named fewer than `limit` keywords or ended on the score of the last name kept (a tied name
+/// may be missing): a tenant-wide search over conversations that share a keyword meets it in
+/// every one of them (docs/EVALUATION.md session 23).
+pub(crate) async fn search_keyword_names<F, Fut>(
+    limit: usize,
+    mut search: F,
+) -> Result<Vec<(String, f32)>, StoreError>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<KeywordPoints, StoreError>>,
+{
+    if limit == 0 {
+        return Ok(vec![]);
+    }
+    let mut asked = limit.saturating_mul(4);
+    loop {
+        let points = search(asked).await?;
+        let (full, end) = (points.len() >= asked, points.last().map(|p| p.1));
+        let mut best: HashMap<String, f32> = HashMap::with_capacity(points.len());
+        for (name, score) in points {
+            if let Some(name) = name {
+                // A name's best form is its score.
+                let s = best.entry(name).or_insert(score);
+                *s = s.max(score);
+            }
+        }
+        let mut names: Vec<(String, f32)> = best.into_iter().collect();
+        names.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let may_miss = names
+            .get(limit - 1)
+            .is_none_or(|cut| end.is_some_and(|e| e.total_cmp(&cut.1).is_eq()));
+        if !full || !may_miss || asked == usize::MAX {
+            names.truncate(limit);
+            return Ok(names);
+        }
+        asked = asked.saturating_mul(4);
+    }
+}
+
 /// The best `limit` of `found`, or None when a point tied with the last one kept may be missing
 /// (`full_ends`: the last score of each search that came back full).
 fn settle_ties(
@@ -506,5 +553,65 @@ mod tests {
         .unwrap();
         assert_eq!(best, vec![(id(9), 2.0), (id(7), 1.0)]);
         assert_eq!(*asks.lock().unwrap(), vec![3, 6]);
+    }
+
+    /// An engine meeting `game` in 41 conversations at 0.9 before the other keywords, then
+    /// `a`..`h` tied at 0.5: asked for `n`, its first `n` points.
+    fn keyword_engine(asks: &std::sync::Mutex<Vec<usize>>, n: usize) -> KeywordPoints {
+        asks.lock().unwrap().push(n);
+        std::iter::repeat_n((Some("game".to_string()), 0.9), 41)
+            .chain([(None, 0.8), (Some("sport".to_string()), 0.7)])
+            .chain(('a'..='h').rev().map(|c| (Some(c.to_string()), 0.5)))
+            .take(n)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn keyword_names_ask_again_past_a_keyword_repeated_across_conversations() {
+        let asks = std::sync::Mutex::new(vec![]);
+        let names = search_keyword_names(2, |n| std::future::ready(Ok(keyword_engine(&asks, n))))
+            .await
+            .unwrap();
+        assert_eq!(names, vec![("game".into(), 0.9), ("sport".into(), 0.7)]);
+        // 8 and 32 points name only `game`; 128 holds everything.
+        assert_eq!(*asks.lock().unwrap(), vec![8, 32, 128]);
+    }
+
+    #[tokio::test]
+    async fn keyword_names_settle_a_tie_across_the_limit_by_name() {
+        // Asked for 3 names: 12 points name only `game`.
+        let asks = std::sync::Mutex::new(vec![]);
+        let names = search_keyword_names(3, |n| std::future::ready(Ok(keyword_engine(&asks, n))))
+            .await
+            .unwrap();
+        assert_eq!(
+            names,
+            vec![
+                ("game".into(), 0.9),
+                ("sport".into(), 0.7),
+                ("a".into(), 0.5)
+            ]
+        );
+        // 48 points reach `h` to `d`, and `d` is kept at the score they end on, so `a` to `c`
+        // may be missing; 192 hold all 51.
+        assert_eq!(*asks.lock().unwrap(), vec![12, 48, 192]);
+    }
+
+    #[tokio::test]
+    async fn keyword_names_keep_a_name_at_its_best_form_and_stop_when_not_full() {
+        let names = search_keyword_names(5, |_| {
+            std::future::ready(Ok(vec![
+                (Some("game".to_string()), 0.9),
+                (Some("game".to_string()), 0.95),
+                (Some("cat".to_string()), 0.2),
+            ]))
+        })
+        .await
+        .unwrap();
+        assert_eq!(names, vec![("game".into(), 0.95), ("cat".into(), 0.2)]);
+        let none = search_keyword_names(0, |_| async { unreachable!("a limit of 0 asks nothing") })
+            .await
+            .unwrap();
+        assert!(none.is_empty());
     }
 }

@@ -1217,39 +1217,27 @@ impl VectorIndex for QdrantVectorIndex {
     ) -> Result<Vec<(String, f32)>, StoreError> {
         self.check_dim(vector)?;
         // A keyword has a point per conversation and form, so `limit` names may take more
-        // points: ask for four a name, and four times as many again while the points came back
-        // full with fewer names (a tenant-wide search over conversations that share keywords).
-        // Qdrant's group-by gives the same names but took 14 ms a keyword where this took 2.2
-        // (conv-47, 60 keywords, docs/EVALUATION.md session 23).
-        let mut asked = limit.saturating_mul(4).max(1);
-        loop {
+        // points. Qdrant's group-by gives the same names but took 14 ms a keyword where points
+        // took 2.2 (conv-47, 60 keywords, docs/EVALUATION.md session 23).
+        let filter = scope_filter(tenant, &scope.conversations_only());
+        super::search_keyword_names(limit, |asked| {
             let req = QueryPointsBuilder::new(&self.keywords)
                 .query(Query::new_nearest(VectorInput::new_dense(vector.to_vec())))
                 .using(KEYWORD_VECTOR)
-                .filter(scope_filter(tenant, &scope.conversations_only()))
+                .filter(filter.clone())
                 .limit(asked as u64)
                 .score_threshold(min_score)
                 .with_payload(PayloadIncludeSelector::new(vec!["keyword".to_string()]));
-            let res = self.client.query(req).await.map_err(err)?;
-            let full = res.result.len() >= asked;
-            let mut out: Vec<(String, f32)> = Vec::new();
-            for p in res.result {
-                let Some(k) = text(&p.payload, "keyword") else {
-                    continue;
-                };
-                // The first point of a name is its best form.
-                if !out.iter().any(|(name, _)| *name == k) {
-                    out.push((k, p.score));
-                }
+            async move {
+                let res = self.client.query(req).await.map_err(err)?;
+                Ok(res
+                    .result
+                    .into_iter()
+                    .map(|p| (text(&p.payload, "keyword"), p.score))
+                    .collect())
             }
-            if out.len() >= limit || !full || asked == usize::MAX {
-                // As the embedded index orders them: ties by name.
-                out.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-                out.truncate(limit);
-                return Ok(out);
-            }
-            asked = asked.saturating_mul(4);
-        }
+        })
+        .await
     }
 
     async fn delete_turns(
