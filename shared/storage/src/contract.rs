@@ -1595,6 +1595,47 @@ async fn vector_keyword_forms(v: Arc<dyn VectorIndex>, dim: usize) {
     v.delete_conversation(&t, "forms").await.unwrap();
 }
 
+/// VectorIndex contract: a keyword whose many forms are all nearer the query than any other
+/// keyword still leaves room for `limit` names, in a conversation and across the tenant.
+async fn vector_keyword_many_forms(v: Arc<dyn VectorIndex>, dim: usize) {
+    assert!(dim >= 16, "the forms take 16 axes");
+    let t = TenantId("tenant-many-forms".into());
+    // The first axis, leaning `lean` towards another.
+    let near = |axis: usize, lean: f32| {
+        let mut x = vec![0.0; dim];
+        x[0] = 1.0;
+        x[axis] = lean;
+        unit(&mut x);
+        x
+    };
+    let kw = |keyword: &str, vector: Vec<f32>| KeywordVector {
+        keyword: keyword.into(),
+        vector: vector.into(),
+    };
+    // Twelve forms of `play` at cosine 0.995, then `ball` at 0.894 and `rest` at 0.857.
+    let mut keywords: Vec<KeywordVector> = (1..=12).map(|a| kw("play", near(a, 0.1))).collect();
+    keywords.push(kw("ball", near(13, 0.5)));
+    keywords.push(kw("rest", near(14, 0.6)));
+    v.upsert_keyword_sets(vec![KeywordSet {
+        tenant: t.clone(),
+        conversation: "many-forms".into(),
+        keywords,
+    }])
+    .await
+    .unwrap();
+    let query = near(15, 0.0);
+    for scope in [Scope::of(&["many-forms"]), Scope::all()] {
+        let found = v
+            .search_keywords(&t, &scope, &query, 2, -1.0)
+            .await
+            .unwrap();
+        let names: Vec<&str> = found.iter().map(|h| h.0.as_str()).collect();
+        assert_eq!(names, ["play", "ball"], "{scope:?}: {found:?}");
+        assert!((found[0].1 - 0.995).abs() < 1e-3, "{found:?}");
+    }
+    v.delete_conversation(&t, "many-forms").await.unwrap();
+}
+
 /// VectorIndex contract: idempotent upserts, field search, lexical search, tenant isolation,
 /// keyword neighbours, erasure, batch sizes.
 /// Turn filters inside the search: every condition, and `limit` matching turns whenever that
@@ -1926,6 +1967,7 @@ pub async fn vector_contract(v: Arc<dyn VectorIndex>, dim: usize) {
     vector_lexical_pruning(v.clone(), dim).await;
     vector_ties(v.clone(), dim).await;
     vector_keyword_forms(v.clone(), dim).await;
+    vector_keyword_many_forms(v.clone(), dim).await;
     let a = TenantId("tenant-a".into());
     let b = TenantId("tenant-b".into());
     let point = |t: &TenantId, conv: &str, i: usize| TurnPoint {
