@@ -32,8 +32,6 @@ const ADAPTER: &str = "neo4j";
 /// Rows per UNWIND statement: large enough to amortise a round trip, small enough that one
 /// server transaction stays short.
 const BATCH: usize = 1000;
-/// Turn keys per stored-turn lookup: 128 ids of 36 characters stay under 8 KiB.
-const STORED_LOOKUP: usize = 128;
 
 /// Connection settings (graph.uri, graph.user, graph.password, graph.database, graph.ca_file).
 #[derive(Clone)]
@@ -332,10 +330,9 @@ impl Neo4jGraph {
     async fn try_write_turn_batch(&self, turns: &[(Turn, Extraction)]) -> Result<(), StoreError> {
         let ids: Vec<String> = turns.iter().map(|(t, _)| t.memory_id.to_string()).collect();
         let mut stored: HashMap<String, TurnRecord> = HashMap::new();
-        // neo4rs sends a request in one TCP segment while it fits its 8 KiB write buffer; a
-        // larger one ends with a segment Nagle's algorithm holds until the server's delayed ACK
-        // (~40 ms: neo4rs does not set TCP_NODELAY). Small lookups stay under it.
-        for chunk in ids.chunks(STORED_LOOKUP) {
+        // One lookup a batch: neo4rs is built with TCP_NODELAY (scripts/neo4rs), so a request
+        // over its 8 KiB write buffer no longer waits ~40 ms for the server's delayed ACK.
+        for chunk in ids.chunks(BATCH) {
             let rows = self
                 .rows(
                     query(concat!(
