@@ -778,9 +778,9 @@ impl GraphRead for Neo4jGraph {
             Some(_) => format!("{edge}|{}", expired_edge(kind)),
             None => edge.to_string(),
         };
-        // Each name's node through the (tenant, name) index, then its turns: ArcadeDB planned
-        // `n.name IN $names` in one pattern as a scan, 5.5× slower for 80 keywords and 20×
-        // for 5 (docs/SPEED.md, session 24); Neo4j seeks the index either way.
+        // Each name's node through the (tenant, name) index, then its turns. Written as one
+        // pattern with `n.name IN $names`, ArcadeDB started from the turns: 5.5× slower for 80
+        // keywords, 20× for 5 (docs/OPERATIONS.md, timings; Neo4j itself has not run here).
         let mut q = query(&format!(
             "UNWIND $names AS wanted \
              MATCH (n:{label} {{tenant: $tenant, name: wanted}}){} \
