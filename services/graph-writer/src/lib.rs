@@ -505,6 +505,13 @@ mod tests {
         async fn conversations(&self, t: &TenantId) -> Result<Vec<String>, StoreError> {
             self.inner.conversations(t).await
         }
+        async fn known_conversations(
+            &self,
+            t: &TenantId,
+            c: &[String],
+        ) -> Result<Vec<String>, StoreError> {
+            self.inner.known_conversations(t, c).await
+        }
         async fn vocabulary(
             &self,
             t: &TenantId,

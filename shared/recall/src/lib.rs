@@ -436,7 +436,7 @@ impl Recall {
             }
             let known: HashSet<String> = self
                 .graph
-                .conversations(tenant)
+                .known_conversations(tenant, convs)
                 .await?
                 .into_iter()
                 .collect();

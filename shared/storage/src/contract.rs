@@ -1071,6 +1071,15 @@ async fn graph_semantics(g: Arc<dyn Graph>, residue: Residue) {
     )])
     .await
     .unwrap();
+    // A scope's conversations checked without listing the tenant's: once each, as asked.
+    let known = |t: &TenantId, asked: &[&str]| {
+        let (g, t) = (g.clone(), t.clone());
+        let asked: Vec<String> = asked.iter().map(|c| c.to_string()).collect();
+        async move { g.known_conversations(&t, &asked).await.unwrap() }
+    };
+    assert_eq!(known(&a, &["c2", "nope", "c1", "c2"]).await, ["c2", "c1"]);
+    assert_eq!(known(&b, &["c2", "c1"]).await, ["c1"]);
+    assert!(known(&a, &[]).await.is_empty());
     let dogs = |scope: Scope| {
         let g = g.clone();
         let a = a.clone();
@@ -1242,6 +1251,7 @@ async fn graph_semantics(g: Arc<dyn Graph>, residue: Residue) {
         .await
         .unwrap()
         .contains(&"c1".to_string()));
+    assert_eq!(known(&a, &["c1", "c2"]).await, ["c2"]);
     assert_eq!(dogs(Scope::all()).await, 1);
     assert_eq!(
         g.linked_turns(

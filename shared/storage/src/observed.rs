@@ -118,6 +118,18 @@ impl<G: Graph> GraphRead for Observed<G> {
             .await
     }
 
+    async fn known_conversations(
+        &self,
+        tenant: &TenantId,
+        conversations: &[String],
+    ) -> Result<Vec<String>, StoreError> {
+        self.graph(
+            StoreOp::KnownConversations,
+            self.inner.known_conversations(tenant, conversations),
+        )
+        .await
+    }
+
     async fn conversations_of(
         &self,
         tenant: &TenantId,

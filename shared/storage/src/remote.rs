@@ -48,6 +48,10 @@ pub enum GraphCall {
     Conversations {
         tenant: TenantId,
     },
+    KnownConversations {
+        tenant: TenantId,
+        conversations: Vec<String>,
+    },
     ConversationsOf {
         tenant: TenantId,
         user_ids: Vec<String>,
@@ -242,6 +246,10 @@ pub async fn dispatch_graph(
                 .await?,
         ),
         GraphCall::Conversations { tenant } => json(g.conversations(&tenant).await?),
+        GraphCall::KnownConversations {
+            tenant,
+            conversations,
+        } => json(g.known_conversations(&tenant, &conversations).await?),
         GraphCall::ConversationsOf {
             tenant,
             user_ids,

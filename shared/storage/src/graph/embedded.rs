@@ -832,6 +832,27 @@ impl GraphRead for EmbeddedGraph {
             .await
     }
 
+    async fn known_conversations(
+        &self,
+        tenant: &TenantId,
+        conversations: &[String],
+    ) -> Result<Vec<String>, StoreError> {
+        let (tenant, asked) = (tenant.clone(), conversations.to_vec());
+        self.blocking(move |db| {
+            let r = db.begin_read()?;
+            let counts = r.open_table(CONV_COUNT)?;
+            let mut out: Vec<String> = Vec::new();
+            for c in asked {
+                let key = keys::join(&[tenant.as_str(), &c]);
+                if !out.contains(&c) && counts.get(key.as_slice())?.is_some() {
+                    out.push(c);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     async fn conversations_of(
         &self,
         tenant: &TenantId,

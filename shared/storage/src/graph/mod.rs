@@ -429,6 +429,15 @@ pub trait GraphRead: Send + Sync + 'static {
     /// Conversation ids of a tenant that have stored turns.
     async fn conversations(&self, tenant: &TenantId) -> Result<Vec<String>, StoreError>;
 
+    /// Which of `conversations` the tenant has turns in, once each, in the order asked: a
+    /// recall checks its scope with this rather than [`GraphRead::conversations`], which a
+    /// server graph answers by reading every turn of the tenant.
+    async fn known_conversations(
+        &self,
+        tenant: &TenantId,
+        conversations: &[String],
+    ) -> Result<Vec<String>, StoreError>;
+
     /// Conversations of a tenant with a turn of one of `user_ids` and (when both are given) one
     /// of `agent_ids`, sorted; empty when neither is given. A superset is allowed (a
     /// conversation whose last turn of that user was erased): recall filters turns again.

@@ -692,6 +692,35 @@ impl GraphRead for Neo4jGraph {
         Ok(out)
     }
 
+    async fn known_conversations(
+        &self,
+        tenant: &TenantId,
+        conversations: &[String],
+    ) -> Result<Vec<String>, StoreError> {
+        let asked = distinct(conversations);
+        if asked.is_empty() {
+            return Ok(vec![]);
+        }
+        // One turn of each through the (tenant, conversation) index, not every turn of the
+        // tenant as `conversations` reads them.
+        let rows = self
+            .rows(
+                query(
+                    "UNWIND $convs AS c WITH c \
+                     WHERE EXISTS { MATCH (t:Turn {tenant: $tenant, conversation: c}) } \
+                     RETURN c AS conversation",
+                )
+                .param("tenant", tenant.as_str())
+                .param("convs", asked.clone()),
+            )
+            .await?;
+        let found: HashSet<String> = rows
+            .iter()
+            .map(|r| get::<String>(r, "conversation"))
+            .collect::<Result<_, _>>()?;
+        Ok(asked.into_iter().filter(|c| found.contains(c)).collect())
+    }
+
     async fn conversations_of(
         &self,
         tenant: &TenantId,

@@ -62,6 +62,17 @@ impl GraphRead for RemoteGraph {
         })
         .await
     }
+    async fn known_conversations(
+        &self,
+        tenant: &TenantId,
+        conversations: &[String],
+    ) -> Result<Vec<String>, StoreError> {
+        self.call(GraphCall::KnownConversations {
+            tenant: tenant.clone(),
+            conversations: conversations.to_vec(),
+        })
+        .await
+    }
     async fn conversations_of(
         &self,
         tenant: &TenantId,
