@@ -9,7 +9,8 @@
 //! compare the same on every server). Writes MERGE on a `key` under unique constraints, in UNWIND
 //! batches, each statement idempotent, so a retried statement cannot duplicate anything.
 //!
-//! The Cypher stays in what Neo4j 5 and ArcadeDB share: no APOC, no CALL subqueries, no COUNT {}.
+//! The Cypher stays in what Neo4j 5 and ArcadeDB share: no APOC, no CALL subqueries, no COUNT {};
+//! an EXISTS {} subquery (known_conversations) runs on both.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
