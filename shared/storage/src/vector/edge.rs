@@ -22,9 +22,9 @@ use qdrant_edge::{
     FieldCondition, Filter, HasIdCondition, HnswIndexConfig, IsEmptyCondition, JsonPath,
     KeywordIndexParams, Match, Modifier, MultiVectorComparator, MultiVectorConfig, NamedQuery,
     PayloadFieldSchema, PayloadSchemaParams, PointId, PointInsertOperations, PointOperations,
-    PointStruct, QueryEnum, Range, SearchRequest, UpdateOperation, ValueVariants, Vector,
-    VectorInternal, VectorStorageDatatype, VectorStructInternal, Vectors, WithPayloadInterface,
-    WithVector,
+    PointStruct, QueryEnum, Range, ScoredPoint, SearchRequest, UpdateOperation, ValueVariants,
+    Vector, VectorInternal, VectorStorageDatatype, VectorStructInternal, Vectors,
+    WithPayloadInterface, WithVector,
 };
 use recollect_model::{MemoryId, SparseVector, TenantId, TokenVectors};
 
@@ -246,6 +246,14 @@ fn err(e: impl std::fmt::Display) -> StoreError {
 
 fn point_id(id: MemoryId) -> PointId {
     PointId::Uuid(Uuid::from_bytes(id.0))
+}
+
+/// A point's payload field as text, where it has one.
+fn payload_text<'a>(p: &'a ScoredPoint, key: &str) -> Option<&'a str> {
+    p.payload
+        .as_ref()
+        .and_then(|pl| pl.0.get(key))
+        .and_then(|v| v.as_str())
 }
 
 fn memory_id(p: &PointId) -> Option<MemoryId> {
@@ -1195,12 +1203,7 @@ impl VectorIndex for EdgeVectorIndex {
                     req.limit = asked;
                     let pts = s.search(req).map_err(err)?;
                     let replaced = pts.iter().map(|p| {
-                        let m = p
-                            .payload
-                            .as_ref()
-                            .and_then(|pl| pl.0.get("memory_id"))
-                            .and_then(|v| v.as_str())
-                            .and_then(MemoryId::parse);
+                        let m = payload_text(p, "memory_id").and_then(MemoryId::parse);
                         (m, p.score * scale)
                     });
                     searches.push(replaced.collect());
@@ -1520,15 +1523,7 @@ impl VectorIndex for EdgeVectorIndex {
                 let pts = s.search(req).map_err(err)?;
                 Ok(pts
                     .into_iter()
-                    .map(|p| {
-                        let name = p
-                            .payload
-                            .as_ref()
-                            .and_then(|pl| pl.0.get("keyword"))
-                            .and_then(|v| v.as_str())
-                            .map(str::to_string);
-                        (name, p.score)
-                    })
+                    .map(|p| (payload_text(&p, "keyword").map(str::to_string), p.score))
                     .collect())
             })
         })
