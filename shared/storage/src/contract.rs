@@ -1091,6 +1091,19 @@ async fn graph_semantics(g: Arc<dyn Graph>, residue: Residue) {
         }
     };
     assert_eq!(dogs(Scope::all()).await, 26);
+    // A name asked twice links its turns once.
+    let twice = g
+        .linked_turns(
+            &a,
+            &Scope::all(),
+            NodeKind::Keyword,
+            &["dog".into(), "dog".into()],
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(twice.len(), 26);
     assert_eq!(dogs(Scope::of(&["c2"])).await, 1);
     assert_eq!(dogs(Scope::of(&["c1", "c2"])).await, 26);
     let ents = g

@@ -939,7 +939,10 @@ impl GraphRead for EmbeddedGraph {
     ) -> Result<Vec<LinkedTurn>, StoreError> {
         let tenant = tenant.clone();
         let scope = scope.clone();
-        let names = names.to_vec();
+        // Each name once, as a server graph matches `IN`/`UNWIND` over distinct names.
+        let mut names = names.to_vec();
+        let mut seen = std::collections::HashSet::new();
+        names.retain(|n| seen.insert(n.clone()));
         self.blocking(move |db| {
             let convs = Self::scope_conversations(db, tenant.as_str(), &scope)?;
             let r = db.begin_read()?;

@@ -456,7 +456,8 @@ pub trait GraphRead: Send + Sync + 'static {
         kind: NodeKind,
     ) -> Result<Vec<String>, StoreError>;
 
-    /// Turns in scope linked to any of `names`, with edges visible as of the given times.
+    /// Turns in scope linked to any of `names` (a name asked twice links its turns once), with
+    /// edges visible as of the given times.
     async fn linked_turns(
         &self,
         tenant: &TenantId,
