@@ -32,6 +32,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CARGO_HOME="${CARGO_HOME:-$HOME/.cargo}"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/recollect-crates.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
 
 # vendor NAME VERSION SHA256 PATCH...: the release in vendor/NAME-VERSION with the patches
 # applied in order.
@@ -46,8 +48,8 @@ vendor() {
   if [[ -f "$dest/.recollect-vendored" && "$(cat "$dest/.recollect-vendored")" == "$stamp" ]]; then
     return 0
   fi
-  local work crate
-  work=$(mktemp -d "${TMPDIR:-/tmp}/recollect-crates.XXXXXX")
+  local work="$WORK/$name" crate
+  mkdir -p "$work"
   crate=$(ls "$CARGO_HOME"/registry/cache/*/"$name-$version.crate" 2>/dev/null | head -1 || true)
   if [[ -z "$crate" ]]; then
     crate="$work/$name-$version.crate"
@@ -55,7 +57,6 @@ vendor() {
   fi
   if [[ "$(sha256sum "$crate" | cut -d' ' -f1)" != "$sha256" ]]; then
     echo "setup-crates: $crate does not match the sha256 crates.io recorded for $name $version" >&2
-    rm -rf "$work"
     exit 1
   fi
   tar -xzf "$crate" -C "$work"
@@ -66,7 +67,6 @@ vendor() {
   mkdir -p vendor
   rm -rf "$dest"
   mv "$work/$name-$version" "$dest"
-  rm -rf "$work"
   echo "setup-crates: vendored $name $version with ${patches[*]}" >&2
 }
 

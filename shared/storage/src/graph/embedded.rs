@@ -13,8 +13,8 @@ use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition, Writ
 use crate::codec;
 use crate::graph::postings::{self, Posting};
 use crate::graph::{
-    ConversationState, EdgeTimes, Erasures, Graph, GraphRead, LinkedTurn, NodeKind, Scope,
-    TurnErasure, TurnRecord, VersionWrite,
+    distinct, ConversationState, EdgeTimes, Erasures, Graph, GraphRead, LinkedTurn, NodeKind,
+    Scope, TurnErasure, TurnRecord, VersionWrite,
 };
 use crate::keys;
 use crate::numbering::{self, turn_key, turn_range};
@@ -837,14 +837,16 @@ impl GraphRead for EmbeddedGraph {
         tenant: &TenantId,
         conversations: &[String],
     ) -> Result<Vec<String>, StoreError> {
-        let (tenant, asked) = (tenant.clone(), conversations.to_vec());
+        let (tenant, asked) = (tenant.clone(), distinct(conversations));
         self.blocking(move |db| {
             let r = db.begin_read()?;
             let counts = r.open_table(CONV_COUNT)?;
-            let mut out: Vec<String> = Vec::new();
+            let mut out: Vec<String> = Vec::with_capacity(asked.len());
             for c in asked {
-                let key = keys::join(&[tenant.as_str(), &c]);
-                if !out.contains(&c) && counts.get(key.as_slice())?.is_some() {
+                if counts
+                    .get(keys::join(&[tenant.as_str(), &c]).as_slice())?
+                    .is_some()
+                {
                     out.push(c);
                 }
             }
@@ -939,10 +941,7 @@ impl GraphRead for EmbeddedGraph {
     ) -> Result<Vec<LinkedTurn>, StoreError> {
         let tenant = tenant.clone();
         let scope = scope.clone();
-        // Each name once, as a server graph matches `IN`/`UNWIND` over distinct names.
-        let mut names = names.to_vec();
-        let mut seen = std::collections::HashSet::new();
-        names.retain(|n| seen.insert(n.clone()));
+        let names = distinct(names);
         self.blocking(move |db| {
             let convs = Self::scope_conversations(db, tenant.as_str(), &scope)?;
             let r = db.begin_read()?;

@@ -224,6 +224,17 @@ pub fn forget_record(state: &mut ConversationState, rec: &TurnRecord) {
     }
 }
 
+/// `names` once each, in the order first asked: a name asked twice is looked up once (an
+/// UNWIND over the list would otherwise repeat its rows).
+pub(crate) fn distinct(names: &[String]) -> Vec<String> {
+    let mut seen = std::collections::HashSet::with_capacity(names.len());
+    names
+        .iter()
+        .filter(|n| seen.insert(n.as_str()))
+        .cloned()
+        .collect()
+}
+
 /// `items` cut into runs of at most `max` in which no key repeats, in order: a batch that
 /// holds a memory twice (a turn and its edit) is written run by run.
 pub fn distinct_runs<T, K: Eq + std::hash::Hash>(

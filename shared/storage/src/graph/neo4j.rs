@@ -23,8 +23,8 @@ use recollect_model::{Extraction, Fragment, MemoryId, TenantId, Turn};
 use serde_json::{json, Value};
 
 use crate::graph::{
-    distinct_runs, forget_record, ConversationState, ErasureMap, Erasures, Graph, GraphRead,
-    LinkedTurn, NodeKind, Scope, TurnErasure, TurnRecord, TurnVersion, VersionWrite,
+    distinct, distinct_runs, forget_record, ConversationState, ErasureMap, Erasures, Graph,
+    GraphRead, LinkedTurn, NodeKind, Scope, TurnErasure, TurnRecord, TurnVersion, VersionWrite,
 };
 use crate::keys;
 use crate::StoreError;
@@ -161,16 +161,6 @@ fn where_of(clause: &str) -> String {
         .strip_prefix(" AND ")
         .map(|c| format!(" WHERE {c}"))
         .unwrap_or_default()
-}
-
-/// `names` once each, as an UNWIND would otherwise repeat a name's rows.
-fn distinct(names: &[String]) -> Vec<String> {
-    let mut seen = HashSet::with_capacity(names.len());
-    names
-        .iter()
-        .filter(|n| seen.insert(n.as_str()))
-        .cloned()
-        .collect()
 }
 
 fn scope_param(q: Query, scope: &Scope) -> Query {
