@@ -249,6 +249,31 @@ log_level = "warn"
 
     // Recall through the query service finds turns by their content.
     assert_recall_finds_t042(&query, KEY, (0..CONVERSATIONS).step_by(2));
+    // The conversation listing, four at a time, reads the graph's pages.
+    let (mut listed, mut cursor, mut pages) = (Vec::new(), None::<String>, 0);
+    loop {
+        let path = match &cursor {
+            None => "/v1/conversations?limit=4".to_string(),
+            Some(c) => format!("/v1/conversations?limit=4&cursor={c}"),
+        };
+        let (status, body) = query.get(&path, Some(KEY));
+        assert_eq!(status, 200, "{body}");
+        listed.extend(
+            body["conversations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c.as_str().unwrap().to_string()),
+        );
+        pages += 1;
+        match body["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+        assert!(pages < 10, "paging does not end");
+    }
+    let want: Vec<String> = (0..CONVERSATIONS).map(|c| format!("conv-{c:02}")).collect();
+    assert_eq!((listed, pages), (want, CONVERSATIONS.div_ceil(4)));
     assert!(
         stages[2].instances[0].metric_sum("recollect_pipeline_messages_total", "outcome=\"ok\"")
             > 0.0,

@@ -505,6 +505,14 @@ mod tests {
         async fn conversations(&self, t: &TenantId) -> Result<Vec<String>, StoreError> {
             self.inner.conversations(t).await
         }
+        async fn conversations_after(
+            &self,
+            t: &TenantId,
+            after: Option<&str>,
+            limit: usize,
+        ) -> Result<Vec<String>, StoreError> {
+            self.inner.conversations_after(t, after, limit).await
+        }
         async fn known_conversations(
             &self,
             t: &TenantId,

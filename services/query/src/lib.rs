@@ -132,7 +132,8 @@ impl QueryState {
             }
         }
         // Embedded, the raw store holds every conversation the graph has and those not
-        // enriched yet; distributed, the graph is what the query service can see.
+        // enriched yet; distributed, the graph is what the query service can see. Either reads
+        // one page.
         let mut ids = match self.raw.clone() {
             _ if !users.is_empty() || !agents.is_empty() => self
                 .recall
@@ -141,16 +142,18 @@ impl QueryState {
                 .await
                 .map_err(RecollectError::from_classified)?,
             Some(raw) => {
-                let t = tenant.clone();
-                tokio::task::spawn_blocking(move || raw.conversations(&t))
-                    .await
-                    .map_err(RecollectError::internal)?
-                    .map_err(RecollectError::from_classified)?
+                let (t, after) = (tenant.clone(), after.clone());
+                tokio::task::spawn_blocking(move || {
+                    raw.conversations_after(&t, after.as_deref(), limit + 1)
+                })
+                .await
+                .map_err(RecollectError::internal)?
+                .map_err(RecollectError::from_classified)?
             }
             None => self
                 .recall
                 .graph()
-                .conversations(tenant)
+                .conversations_after(tenant, after.as_deref(), limit + 1)
                 .await
                 .map_err(RecollectError::from_classified)?,
         };

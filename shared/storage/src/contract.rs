@@ -111,11 +111,58 @@ pub async fn graph_contract(g: Arc<dyn Graph>, residue: Residue) {
     graph_unicode(g.clone(), residue.clone()).await;
     graph_erasure(g.clone(), residue.clone()).await;
     graph_participants(g.clone()).await;
+    graph_listing_pages(g.clone()).await;
     graph_turn_erasure(g.clone()).await;
     graph_versions(g.clone(), residue.clone()).await;
     graph_restart(g.clone(), residue.clone()).await;
     graph_consolidation(g.clone(), residue.clone()).await;
     graph_batch_sizes(g, residue).await;
+}
+
+/// The conversation listing a page at a time: ids in byte order (a prefix before what extends
+/// it), strictly after the cursor, at most `limit`, the tenant's own only.
+async fn graph_listing_pages(g: Arc<dyn Graph>) {
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let t = TenantId(format!("tenant-pages-{run}"));
+    let other = TenantId(format!("tenant-pages-other-{run}"));
+    for (tenant, c) in [
+        (&t, "b"),
+        (&t, "ab"),
+        (&t, "a"),
+        (&t, "c"),
+        (&t, "Z"),
+        (&t, "é"),
+        (&t, "😀"),
+        (&t, "！"),
+        (&other, "aa"),
+    ] {
+        g.write_turns(&[(turn(tenant, c, 0, "hello"), extraction(&["hi"], "Zoë", 1))])
+            .await
+            .unwrap();
+    }
+    let page = |after: Option<&'static str>, limit: usize| {
+        let (g, t) = (g.clone(), t.clone());
+        async move { g.conversations_after(&t, after, limit).await.unwrap() }
+    };
+    let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(page(None, 2).await, ids(&["Z", "a"]));
+    assert_eq!(page(Some("a"), 2).await, ids(&["ab", "b"]));
+    assert_eq!(
+        page(Some("aa"), 10).await,
+        ids(&["ab", "b", "c", "é", "！", "😀"]),
+        "a cursor need not exist"
+    );
+    // Code point order past ASCII too (UTF-16's would put the emoji before the fullwidth "！").
+    assert_eq!(page(Some("c"), 10).await, ids(&["é", "！", "😀"]));
+    assert_eq!(page(Some("！"), 10).await, ids(&["😀"]));
+    assert_eq!(page(Some("😀"), 10).await, ids(&[]));
+    assert_eq!(page(None, 0).await, ids(&[]));
+    assert_eq!(page(None, 100).await, g.conversations(&t).await.unwrap());
+    for c in ["a", "ab", "b", "c", "Z", "é", "😀", "！"] {
+        g.delete_conversation(&t, c).await.unwrap();
+    }
+    g.delete_conversation(&other, "aa").await.unwrap();
+    assert!(page(None, 10).await.is_empty());
 }
 
 /// A consolidation pass of several conversations in one call: every fragment is written and
@@ -522,6 +569,11 @@ async fn graph_turn_erasure(g: Arc<dyn Graph>) {
     assert!(g.turns(&t, &[id(1)]).await.unwrap().is_empty());
     let left = g.turns(&t, &[id(0), id(2), id(3), id(4)]).await.unwrap();
     assert_eq!(left.len(), 4, "the rest of the conversation stays");
+    assert!(g
+        .conversations(&t)
+        .await
+        .unwrap()
+        .contains(&conv.to_string()));
     let vocab = g
         .vocabulary(&t, &Scope::of(&[conv]), NodeKind::Keyword)
         .await
@@ -680,6 +732,13 @@ async fn graph_erasure(g: Arc<dyn Graph>, residue: Residue) {
         })
         .collect();
     g.write_turns(&before).await.unwrap();
+    // Both listings, whole and paged, agree through every step of an erasure.
+    let listed = || async {
+        let all = g.conversations(&t).await.unwrap();
+        assert_eq!(g.conversations_after(&t, None, 100).await.unwrap(), all);
+        all
+    };
+    assert_eq!(listed().await, convs(&["e1"]));
     let frag = |id: &str, members: Vec<MemoryId>| Fragment {
         id: id.into(),
         tenant: t.clone(),
@@ -783,6 +842,10 @@ async fn graph_erasure(g: Arc<dyn Graph>, residue: Residue) {
         0,
         "purge leaves nothing"
     );
+    assert!(
+        listed().await.is_empty(),
+        "a conversation without turns is not listed"
+    );
     assert!(g
         .fragments(&t, std::slice::from_ref(&f.id))
         .await
@@ -807,6 +870,11 @@ async fn graph_erasure(g: Arc<dyn Graph>, residue: Residue) {
     );
     g.write_turns(std::slice::from_ref(&after)).await.unwrap();
     assert_eq!(g.turns(&t, &[after.0.memory_id]).await.unwrap().len(), 1);
+    assert_eq!(
+        listed().await,
+        convs(&["e1"]),
+        "listed again once it has turns"
+    );
     let mut st2 = crate::graph::ConversationState::default();
     st2.derived_from(after.0.recorded_at);
     st2.next_position = 1;
@@ -837,6 +905,7 @@ async fn graph_erasure(g: Arc<dyn Graph>, residue: Residue) {
     )])
     .await
     .unwrap();
+    assert_eq!(listed().await, convs(&["e1", "e3"]));
     let tat = at + Duration::seconds(2);
     assert_eq!(
         g.record_erasure(&t, None, tat).await.unwrap(),
@@ -863,6 +932,7 @@ async fn graph_erasure(g: Arc<dyn Graph>, residue: Residue) {
     for c in ["e1", "e3", "e4"] {
         assert_eq!(residue(t.clone(), c.into()).await, 0, "{c}");
     }
+    assert!(listed().await.is_empty());
     // Another tenant's turns of the same time are untouched.
     let kept = (
         recorded(turn(&other, "e1", 0, "other tenant"), at),
@@ -871,6 +941,12 @@ async fn graph_erasure(g: Arc<dyn Graph>, residue: Residue) {
     g.write_turns(std::slice::from_ref(&kept)).await.unwrap();
     assert_eq!(g.purge_erased(&other, "e1").await.unwrap(), 0);
     assert_eq!(g.turns(&other, &[kept.0.memory_id]).await.unwrap().len(), 1);
+    assert_eq!(g.conversations(&other).await.unwrap(), convs(&["e1"]));
+    assert_eq!(g.delete_conversation(&other, "e1").await.unwrap(), 1);
+    assert!(g.conversations(&other).await.unwrap().is_empty());
+    // A conversation deleted whole is listed again once a turn of it is written.
+    g.write_turns(std::slice::from_ref(&kept)).await.unwrap();
+    assert_eq!(g.conversations(&other).await.unwrap(), convs(&["e1"]));
     assert_eq!(g.delete_conversation(&other, "e1").await.unwrap(), 1);
 }
 
@@ -2303,6 +2379,33 @@ mod tests {
         graph_contract(g, residue).await;
     }
 
+    /// A graph written before Conversation nodes existed: a service of this version connecting
+    /// to it writes them once, and the listing holds every conversation again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn neo4j_conversations_written_before_their_nodes_are_listed() {
+        use crate::graph::GraphRead;
+        let Some(settings) = bolt_settings() else {
+            return;
+        };
+        let g = crate::Neo4jGraph::connect(&settings).await.unwrap();
+        let t = TenantId(format!("tenant-listed-{}", uuid::Uuid::new_v4().simple()));
+        for c in ["b", "a"] {
+            g.write_turns(&[(turn(&t, c, 0, "hello"), extraction(&["hi"], "Zoë", 1))])
+                .await
+                .unwrap();
+        }
+        g.forget_conversation_nodes(&t).await.unwrap();
+        assert!(
+            g.conversations(&t).await.unwrap().is_empty(),
+            "an older graph"
+        );
+        let upgraded = crate::Neo4jGraph::connect(&settings).await.unwrap();
+        assert_eq!(
+            upgraded.conversations(&t).await.unwrap(),
+            vec!["a".to_string(), "b".to_string()]
+        );
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn qdrant_vectors_pass_the_contract() {
         // QDRANT_URL is set by scripts/test.sh after it starts Qdrant. Missing: a failure when
@@ -2525,18 +2628,27 @@ mod tests {
         assert_eq!(v.count(&t, &Scope::all()).await.unwrap(), 0);
     }
 
-    /// Writes/s per graph adapter: 10,000 turns in batches of 256 (the graph writer's batch),
-    /// each with the contract's extraction (3 keywords max, entity, location, time).
+    /// Writes/s per graph adapter: 10,000 turns (`GRAPH_BENCH_TURNS`) in batches of 256 (the
+    /// graph writer's batch), 100 a conversation (`GRAPH_BENCH_PER_CONVERSATION`), each with the contract's extraction (3
+    /// keywords max, entity, location, time); then the tenant's conversation listing, timed.
     /// `cargo test --workspace -- --ignored graph_write_throughput --nocapture`
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "a measurement, not a check: prints writes/s per adapter"]
     async fn graph_write_throughput() {
         async fn measure(g: Arc<dyn Graph>) -> f64 {
             let t = TenantId(format!("bench-{}", uuid::Uuid::new_v4().simple()));
-            let turns: Vec<(Turn, Extraction)> = (0..10_000u64)
+            let n: u64 = std::env::var("GRAPH_BENCH_TURNS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(10_000);
+            let per: u64 = std::env::var("GRAPH_BENCH_PER_CONVERSATION")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(100);
+            let turns: Vec<(Turn, Extraction)> = (0..n)
                 .map(|i| {
                     (
-                        turn(&t, &format!("c{}", i / 100), i, "bench turn"),
+                        turn(&t, &format!("c{}", i / per), i, "bench turn"),
                         extraction(&["alpha", "beta", "gamma"], "Zoë", 1 + (i % 28) as u32),
                     )
                 })
@@ -2547,9 +2659,40 @@ mod tests {
             }
             let rate = turns.len() as f64 / started.elapsed().as_secs_f64();
             println!(
-                "graph adapter {}: {rate:.0} turns/s (10,000 turns, batches of 256)",
+                "graph adapter {}: {rate:.0} turns/s ({n} turns, batches of 256)",
                 g.kind()
             );
+            let mut took = Vec::new();
+            for _ in 0..5 {
+                let started = std::time::Instant::now();
+                let listed = g.conversations(&t).await.unwrap();
+                took.push(started.elapsed());
+                assert_eq!(listed.len() as u64, n.div_ceil(per));
+            }
+            took.sort();
+            println!(
+                "graph adapter {}: conversations() of {} conversations in {:.1} ms (median of 5)",
+                g.kind(),
+                n.div_ceil(per),
+                took[2].as_secs_f64() * 1e3
+            );
+            // A listing's page of 100 (it asks for one more), from the start and the middle.
+            let middle = format!("c{}", n.div_ceil(per) / 2);
+            for after in [None, Some(middle.as_str())] {
+                let mut took = Vec::new();
+                for _ in 0..5 {
+                    let started = std::time::Instant::now();
+                    let page = g.conversations_after(&t, after, 101).await.unwrap();
+                    took.push(started.elapsed());
+                    assert!(!page.is_empty());
+                }
+                took.sort();
+                println!(
+                    "graph adapter {}: conversations_after({after:?}, 101) in {:.1} ms (median of 5)",
+                    g.kind(),
+                    took[2].as_secs_f64() * 1e3
+                );
+            }
             rate
         }
         let dir = tempfile::tempdir().unwrap();

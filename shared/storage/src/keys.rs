@@ -24,6 +24,33 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0xff; prefix.len() + 1]
 }
 
+/// Up to `limit` of a tenant's conversation ids greater than `after`, from a table keyed
+/// `tenant\0conversation\0` (so byte order is the ids' order): one listing page.
+pub fn conversations_after(
+    table: &impl redb::ReadableTable<&'static [u8], u64>,
+    tenant: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<String>, redb::StorageError> {
+    let prefix = join(&[tenant]);
+    let start = after.map_or_else(|| prefix.clone(), |a| join(&[tenant, a]));
+    let end = prefix_end(&prefix);
+    let mut out = Vec::with_capacity(limit.min(1024));
+    for e in table.range(start.as_slice()..end.as_slice())? {
+        if out.len() == limit {
+            break;
+        }
+        let (k, _) = e?;
+        if let Some(c) = split(k.value()).get(1) {
+            let c = String::from_utf8_lossy(c).into_owned();
+            if after != Some(c.as_str()) {
+                out.push(c);
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Splits a key made by [`join`] back into its parts (the last part may be binary).
 pub fn split(key: &[u8]) -> Vec<&[u8]> {
     let mut parts: Vec<&[u8]> = key.split(|b| *b == 0).collect();

@@ -118,6 +118,19 @@ impl<G: Graph> GraphRead for Observed<G> {
             .await
     }
 
+    async fn conversations_after(
+        &self,
+        tenant: &TenantId,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        self.graph(
+            StoreOp::ConversationsAfter,
+            self.inner.conversations_after(tenant, after, limit),
+        )
+        .await
+    }
+
     async fn known_conversations(
         &self,
         tenant: &TenantId,

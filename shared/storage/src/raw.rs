@@ -463,6 +463,24 @@ impl RawStore {
         Ok(out)
     }
 
+    /// One page of [`RawStore::conversations`]: up to `limit` ids greater than `after`, in
+    /// order.
+    pub fn conversations_after(
+        &self,
+        tenant: &TenantId,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(CONV_NEXT)?;
+        Ok(keys::conversations_after(
+            &t,
+            tenant.as_str(),
+            after,
+            limit,
+        )?)
+    }
+
     /// Every turn of a conversation, in order.
     pub fn conversation_turns(
         &self,
@@ -678,6 +696,30 @@ mod tests {
             user_id: None,
             agent_id: None,
         }
+    }
+
+    /// Pages of the listing: byte (code point) order, strictly after the cursor, at most
+    /// `limit`, one tenant's, what a deleted conversation leaves out.
+    #[test]
+    fn conversations_come_a_page_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = RawStore::open(&dir.path().join("raw.redb")).unwrap();
+        let (t, u) = (TenantId("t".into()), TenantId("u".into()));
+        for c in ["b", "ab", "a", "Z", "😀", "！"] {
+            s.append(&t, c, &[input(None, "hi")]).unwrap();
+        }
+        s.append(&u, "aa", &[input(None, "hi")]).unwrap();
+        let page =
+            |after: Option<&str>, limit: usize| s.conversations_after(&t, after, limit).unwrap();
+        let ids = |v: &[&str]| v.iter().map(|c| c.to_string()).collect::<Vec<_>>();
+        assert_eq!(page(None, 2), ids(&["Z", "a"]));
+        assert_eq!(page(Some("a"), 2), ids(&["ab", "b"]));
+        assert_eq!(page(Some("aa"), 10), ids(&["ab", "b", "！", "😀"]));
+        assert_eq!(page(Some("😀"), 10), ids(&[]));
+        assert_eq!(page(None, 0), ids(&[]));
+        assert_eq!(page(None, 100), s.conversations(&t).unwrap());
+        s.delete_conversation(&t, "ab").unwrap();
+        assert_eq!(page(Some("a"), 10), ids(&["b", "！", "😀"]));
     }
 
     #[test]

@@ -48,6 +48,11 @@ pub enum GraphCall {
     Conversations {
         tenant: TenantId,
     },
+    ConversationsAfter {
+        tenant: TenantId,
+        after: Option<String>,
+        limit: usize,
+    },
     KnownConversations {
         tenant: TenantId,
         conversations: Vec<String>,
@@ -246,6 +251,14 @@ pub async fn dispatch_graph(
                 .await?,
         ),
         GraphCall::Conversations { tenant } => json(g.conversations(&tenant).await?),
+        GraphCall::ConversationsAfter {
+            tenant,
+            after,
+            limit,
+        } => json(
+            g.conversations_after(&tenant, after.as_deref(), limit)
+                .await?,
+        ),
         GraphCall::KnownConversations {
             tenant,
             conversations,

@@ -832,6 +832,26 @@ impl GraphRead for EmbeddedGraph {
             .await
     }
 
+    async fn conversations_after(
+        &self,
+        tenant: &TenantId,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let (tenant, after) = (tenant.clone(), after.map(str::to_string));
+        self.blocking(move |db| {
+            let r = db.begin_read()?;
+            let t = r.open_table(CONV_COUNT)?;
+            Ok(keys::conversations_after(
+                &t,
+                tenant.as_str(),
+                after.as_deref(),
+                limit,
+            )?)
+        })
+        .await
+    }
+
     async fn known_conversations(
         &self,
         tenant: &TenantId,

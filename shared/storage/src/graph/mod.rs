@@ -440,6 +440,16 @@ pub trait GraphRead: Send + Sync + 'static {
     /// Conversation ids of a tenant that have stored turns.
     async fn conversations(&self, tenant: &TenantId) -> Result<Vec<String>, StoreError>;
 
+    /// One page of [`GraphRead::conversations`]: up to `limit` ids greater than `after`, in
+    /// code point order (Rust's `str` order; the contract checks it past ASCII). A listing reads
+    /// a page, not the tenant's every conversation.
+    async fn conversations_after(
+        &self,
+        tenant: &TenantId,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError>;
+
     /// Which of `conversations` the tenant has turns in, once each, in the order asked: a
     /// recall checks its scope with this rather than [`GraphRead::conversations`], which a
     /// server graph answers by reading every turn of the tenant.

@@ -3,8 +3,9 @@
 //!
 //! Same schema and behaviour as the embedded graph: Turn nodes; Keyword, Entity, Location,
 //! TimePoint and Reference nodes per tenant and conversation (as the embedded vocabulary is), so
-//! scoped lookups and erasure touch one conversation's nodes only; Fragment and
-//! ConversationState nodes. Every node carries `tenant` (and `conversation`); every edge carries
+//! scoped lookups and erasure touch one conversation's nodes only; Fragment,
+//! ConversationState and Conversation nodes (one per conversation ever written, the listing's
+//! index). Every node carries `tenant` (and `conversation`); every edge carries
 //! `valid_from`/`valid_to`/`recorded_at`/`expired_at` as microseconds since the epoch (integers
 //! compare the same on every server). Writes MERGE on a `key` under unique constraints, in UNWIND
 //! batches, each statement idempotent, so a retried statement cannot duplicate anything.
@@ -108,6 +109,22 @@ fn state_key(tenant: &str, conversation: &str) -> String {
     node_key(&["ConversationState", tenant, conversation])
 }
 
+fn conversation_key(tenant: &str, conversation: &str) -> String {
+    node_key(&["Conversation", tenant, conversation])
+}
+
+/// The marker of the one-time backfill of Conversation nodes for turns written before them.
+const CONVERSATION_NODES: &str = "conversation-nodes";
+
+/// The tenant's listed Conversation nodes `c`: only one an erasure touched may have no turn
+/// left, so only those are looked up (an index probe each, ~0.13 ms on ArcadeDB).
+macro_rules! listed_conversations {
+    () => {
+        "MATCH (c:Conversation) WHERE c.tenant = $tenant AND (c.erased IS NULL \
+         OR EXISTS { MATCH (t:Turn {tenant: $tenant, conversation: c.conversation}) })"
+    };
+}
+
 fn micros(t: DateTime<Utc>) -> i64 {
     t.timestamp_micros()
 }
@@ -182,6 +199,7 @@ impl Neo4jGraph {
         let g = Self { graph };
         g.ensure_schema().await?;
         g.ensure_erasure_schema().await?;
+        g.ensure_conversation_nodes().await?;
         Ok(g)
     }
 
@@ -190,9 +208,12 @@ impl Neo4jGraph {
     /// duplicates nodes); range indexes serve the tenant/conversation/name lookups. No full-text
     /// or vector index: text search and vectors live in the vector store.
     async fn ensure_schema(&self) -> Result<(), StoreError> {
-        let mut labels: Vec<&str> = vec!["Turn", "Fragment", "ConversationState"];
+        let mut labels: Vec<&str> = vec!["Turn", "Fragment", "ConversationState", "Conversation"];
         labels.extend(NodeKind::ALL.iter().map(|k| k.label()));
-        let mut statements = Vec::new();
+        let mut statements = vec![
+            "CREATE CONSTRAINT migration_key IF NOT EXISTS FOR (n:Migration) REQUIRE n.key IS UNIQUE"
+                .to_string(),
+        ];
         for l in &labels {
             let low = l.to_lowercase();
             statements.push(format!(
@@ -217,6 +238,52 @@ impl Neo4jGraph {
         for s in statements {
             self.run(query(&s)).await?;
         }
+        Ok(())
+    }
+
+    /// A graph written before Conversation nodes existed gets one per conversation its turns
+    /// hold, once (a marker node records it). Every service runs this at connect; MERGE makes
+    /// concurrent runs harmless. Turns an older graph writer writes after it have no node, so
+    /// graph writers are upgraded first (docs/OPERATIONS.md).
+    async fn ensure_conversation_nodes(&self) -> Result<(), StoreError> {
+        let done = self
+            .count(
+                query("MATCH (m:Migration {key: $key}) RETURN count(m) AS n")
+                    .param("key", CONVERSATION_NODES),
+            )
+            .await?;
+        if done > 0 {
+            return Ok(());
+        }
+        let rows = self
+            .rows(query(
+                "MATCH (t:Turn) RETURN DISTINCT t.tenant AS tenant, t.conversation AS conversation",
+            ))
+            .await?;
+        let pairs = rows
+            .iter()
+            .map(|r| {
+                Ok((
+                    get::<String>(r, "tenant")?,
+                    get::<String>(r, "conversation")?,
+                ))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        for chunk in
+            conversation_rows(pairs.iter().map(|(t, c)| (t.as_str(), c.as_str()))).chunks(BATCH)
+        {
+            self.run(conversations_statement(chunk.to_vec())?).await?;
+        }
+        self.run(
+            query("MERGE (m:Migration {key: $key}) ON CREATE SET m.at = $at")
+                .param("key", CONVERSATION_NODES)
+                .param("at", micros(Utc::now())),
+        )
+        .await?;
+        tracing::info!(
+            conversations = pairs.len(),
+            "conversation nodes written for the turns stored before them"
+        );
         Ok(())
     }
 
@@ -406,6 +473,16 @@ impl Neo4jGraph {
                 );
             }
         }
+        // Each conversation of the batch keeps its Conversation node, in the same transaction
+        // as its turns: the listing never misses a conversation whose turns are stored.
+        let conversations = conversation_rows(
+            writes
+                .iter()
+                .map(|(t, _)| (t.tenant.as_str(), t.conversation_id.as_str())),
+        );
+        if !conversations.is_empty() {
+            statements.push(conversations_statement(conversations)?);
+        }
         let now = micros(Utc::now());
         let (stored_rows, new_rows): (Vec<Value>, Vec<Value>) = rows
             .into_iter()
@@ -426,6 +503,22 @@ impl Neo4jGraph {
             return Ok(());
         }
         self.run_in_transaction(&statements).await
+    }
+
+    /// Makes the tenant's part of the graph look written before Conversation nodes existed
+    /// (their backfill's marker goes too).
+    #[cfg(test)]
+    pub(crate) async fn forget_conversation_nodes(
+        &self,
+        tenant: &TenantId,
+    ) -> Result<(), StoreError> {
+        self.run(
+            query("MATCH (c:Conversation) WHERE c.tenant = $tenant DELETE c")
+                .param("tenant", tenant.as_str()),
+        )
+        .await?;
+        self.run(query("MATCH (m:Migration {key: $key}) DELETE m").param("key", CONVERSATION_NODES))
+            .await
     }
 
     /// Nodes of a tenant's conversation left in the server, by label (erasure checks).
@@ -597,6 +690,27 @@ fn stale_rows(rows: &[Value], stored: &HashMap<String, String>) -> Vec<Value> {
         .collect()
 }
 
+/// One row per distinct (tenant, conversation), in first-seen order.
+fn conversation_rows<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<Value> {
+    let mut seen = HashSet::new();
+    pairs
+        .filter(|p| seen.insert(*p))
+        .map(|(t, c)| json!({"key": conversation_key(t, c), "tenant": t, "conversation": c}))
+        .collect()
+}
+
+/// MERGEs the rows' Conversation nodes. Never deleted (an erased conversation's node keeps its
+/// id, as its erasure marker does), so no race between a writer and an eraser can leave stored
+/// turns without their node; an eraser flags the node `erased` before deleting any turn, and
+/// the listing then asks the turns.
+fn conversations_statement(rows: Vec<Value>) -> Result<Query, StoreError> {
+    Ok(query(
+        "UNWIND $rows AS r MERGE (c:Conversation {key: r.key}) \
+         ON CREATE SET c.tenant = r.tenant, c.conversation = r.conversation",
+    )
+    .param("rows", bolt(Value::Array(rows))?))
+}
+
 fn retry_policy() -> ExponentialBuilder {
     ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(20))
@@ -666,12 +780,14 @@ impl GraphRead for Neo4jGraph {
     }
 
     async fn conversations(&self, tenant: &TenantId) -> Result<Vec<String>, StoreError> {
+        // Conversation nodes, where reading every turn of the tenant took time in proportion to
+        // its turns.
         let rows = self
             .rows(
-                query(
-                    "MATCH (t:Turn) WHERE t.tenant = $tenant \
-                     RETURN DISTINCT t.conversation AS conversation",
-                )
+                query(concat!(
+                    listed_conversations!(),
+                    " RETURN c.conversation AS conversation"
+                ))
                 .param("tenant", tenant.as_str()),
             )
             .await?;
@@ -681,6 +797,33 @@ impl GraphRead for Neo4jGraph {
             .collect::<Result<Vec<_>, _>>()?;
         out.sort();
         Ok(out)
+    }
+
+    async fn conversations_after(
+        &self,
+        tenant: &TenantId,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        if limit == 0 {
+            return Ok(vec![]);
+        }
+        // Conversation ids are never empty, so "" stands for the first page.
+        let rows = self
+            .rows(
+                query(concat!(
+                    listed_conversations!(),
+                    " AND c.conversation > $after RETURN c.conversation AS conversation \
+                     ORDER BY c.conversation LIMIT $limit"
+                ))
+                .param("tenant", tenant.as_str())
+                .param("after", after.unwrap_or_default())
+                .param("limit", i64::try_from(limit).unwrap_or(i64::MAX)),
+            )
+            .await?;
+        rows.iter()
+            .map(|r| get::<String>(r, "conversation"))
+            .collect()
     }
 
     async fn known_conversations(
@@ -1337,6 +1480,7 @@ impl Graph for Neo4jGraph {
                 .param("conv", conversation),
             )
             .await?;
+        self.flag_erased(tenant, conversation).await?;
         // TurnErasure too: the conversation's marker, recorded before this delete, covers
         // every turn a single-turn erasure named.
         let mut labels: Vec<&str> = vec!["Turn", "Fragment", "ConversationState", "TurnErasure"];
@@ -1381,6 +1525,16 @@ fn micros_up(t: DateTime<Utc>) -> i64 {
 /// callers follow: erasers commit the marker before deleting anything, and writers re-read the
 /// markers after writing and call `purge_erased` for whatever became covered.
 impl Neo4jGraph {
+    /// Before a turn of the conversation is deleted: from now on the listing checks that the
+    /// conversation still has turns.
+    async fn flag_erased(&self, tenant: &TenantId, conversation: &str) -> Result<(), StoreError> {
+        self.run(
+            query("MATCH (c:Conversation {key: $key}) SET c.erased = true")
+                .param("key", conversation_key(tenant.as_str(), conversation)),
+        )
+        .await
+    }
+
     async fn ensure_erasure_schema(&self) -> Result<(), StoreError> {
         self.run(query(
             "CREATE CONSTRAINT erasure_key IF NOT EXISTS FOR (n:Erasure) REQUIRE n.key IS UNIQUE",
@@ -1476,6 +1630,7 @@ impl Neo4jGraph {
                 .param("conv", conversation)
         };
         if !ids.is_empty() {
+            self.flag_erased(tenant, conversation).await?;
             // Fragments with an erased member first, while the PART_OF edges still lead to them.
             for chunk in ids.chunks(BATCH) {
                 self.run(

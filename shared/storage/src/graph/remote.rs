@@ -62,6 +62,19 @@ impl GraphRead for RemoteGraph {
         })
         .await
     }
+    async fn conversations_after(
+        &self,
+        tenant: &TenantId,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        self.call(GraphCall::ConversationsAfter {
+            tenant: tenant.clone(),
+            after: after.map(str::to_string),
+            limit,
+        })
+        .await
+    }
     async fn known_conversations(
         &self,
         tenant: &TenantId,
