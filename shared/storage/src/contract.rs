@@ -2630,7 +2630,8 @@ mod tests {
 
     /// Writes/s per graph adapter: 10,000 turns (`GRAPH_BENCH_TURNS`) in batches of 256 (the
     /// graph writer's batch), 100 a conversation (`GRAPH_BENCH_PER_CONVERSATION`), each with the contract's extraction (3
-    /// keywords max, entity, location, time); then the tenant's conversation listing, timed.
+    /// keywords max, entity, location, time); then the tenant's conversation listing and the
+    /// erasure of one conversation, timed.
     /// `cargo test --workspace -- --ignored graph_write_throughput --nocapture`
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "a measurement, not a check: prints writes/s per adapter"]
@@ -2684,7 +2685,9 @@ mod tests {
                     let started = std::time::Instant::now();
                     let page = g.conversations_after(&t, after, 101).await.unwrap();
                     took.push(started.elapsed());
-                    assert!(!page.is_empty());
+                    let conversations = n.div_ceil(per) as usize;
+                    let before = after.map_or(0, |_| conversations / 2 + 1);
+                    assert_eq!(page.len(), conversations.saturating_sub(before).min(101));
                 }
                 took.sort();
                 println!(
@@ -2693,6 +2696,15 @@ mod tests {
                     took[2].as_secs_f64() * 1e3
                 );
             }
+            // Erasing the first conversation whole.
+            let started = std::time::Instant::now();
+            let erased = g.delete_conversation(&t, "c0").await.unwrap();
+            println!(
+                "graph adapter {}: delete_conversation of {erased} turns in {:.2} s",
+                g.kind(),
+                started.elapsed().as_secs_f64()
+            );
+            assert_eq!(erased, per.min(n));
             rate
         }
         let dir = tempfile::tempdir().unwrap();

@@ -1481,20 +1481,31 @@ impl Graph for Neo4jGraph {
             )
             .await?;
         self.flag_erased(tenant, conversation).await?;
-        // TurnErasure too: the conversation's marker, recorded before this delete, covers
-        // every turn a single-turn erasure named.
-        let mut labels: Vec<&str> = vec!["Turn", "Fragment", "ConversationState", "TurnErasure"];
-        labels.extend(NodeKind::ALL.iter().map(|k| k.label()));
+        // The conversation's own structural nodes first: each is linked from many of its
+        // turns, and deleting one takes those edges together, where deleting the turns first
+        // unlinks them one by one (ArcadeDB, 20,000 turns: 24.2 s against 34.0 s). Then the
+        // rest, BATCH nodes a statement: Neo4j holds a transaction's changes in memory, and a
+        // long conversation's turns and edges in one would be bounded by nothing. TurnErasure
+        // too: the conversation's marker, recorded before this delete, covers every turn a
+        // single-turn erasure named.
+        let mut labels: Vec<&str> = NodeKind::ALL.iter().map(|k| k.label()).collect();
+        labels.extend(["Fragment", "Turn", "ConversationState", "TurnErasure"]);
         for l in labels {
-            self.run(
-                query(&format!(
-                    "MATCH (n:{l}) WHERE n.tenant = $tenant AND n.conversation = $conv \
-                     DETACH DELETE n"
-                ))
-                .param("tenant", tenant.as_str())
-                .param("conv", conversation),
-            )
-            .await?;
+            loop {
+                let deleted = self
+                    .count(
+                        query(&format!(
+                            "MATCH (n:{l}) WHERE n.tenant = $tenant AND n.conversation = $conv \
+                             WITH n LIMIT {BATCH} DETACH DELETE n RETURN count(*) AS n"
+                        ))
+                        .param("tenant", tenant.as_str())
+                        .param("conv", conversation),
+                    )
+                    .await?;
+                if deleted < BATCH as u64 {
+                    break;
+                }
+            }
         }
         Ok(n)
     }
