@@ -449,18 +449,7 @@ impl RawStore {
 
     /// Conversation ids of a tenant.
     pub fn conversations(&self, tenant: &TenantId) -> Result<Vec<String>, StoreError> {
-        let r = self.db.begin_read()?;
-        let t = r.open_table(CONV_NEXT)?;
-        let prefix = keys::join(&[tenant.as_str()]);
-        let end = keys::prefix_end(&prefix);
-        let mut out = Vec::new();
-        for e in t.range(prefix.as_slice()..end.as_slice())? {
-            let (k, _) = e?;
-            if let Some(c) = keys::split(k.value()).get(1) {
-                out.push(String::from_utf8_lossy(c).into_owned());
-            }
-        }
-        Ok(out)
+        self.conversations_after(tenant, None, usize::MAX)
     }
 
     /// One page of [`RawStore::conversations`]: up to `limit` ids greater than `after`, in

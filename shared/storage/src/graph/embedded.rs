@@ -600,16 +600,7 @@ impl EmbeddedGraph {
         }
         let r = db.begin_read()?;
         let t = r.open_table(CONV_COUNT)?;
-        let prefix = keys::join(&[tenant]);
-        let end = keys::prefix_end(&prefix);
-        let mut out = Vec::new();
-        for e in t.range(prefix.as_slice()..end.as_slice())? {
-            let (k, _) = e?;
-            if let Some(c) = keys::split(k.value()).get(1) {
-                out.push(String::from_utf8_lossy(c).into_owned());
-            }
-        }
-        Ok(out)
+        Ok(keys::conversations_after(&t, tenant, None, usize::MAX)?)
     }
 
     fn write_turns_sync(db: &Database, turns: &[(Turn, Extraction)]) -> Result<(), StoreError> {

@@ -116,15 +116,6 @@ fn conversation_key(tenant: &str, conversation: &str) -> String {
 /// The marker of the one-time backfill of Conversation nodes for turns written before them.
 const CONVERSATION_NODES: &str = "conversation-nodes";
 
-/// The tenant's listed Conversation nodes `c`: only one an erasure touched may have no turn
-/// left, so only those are looked up (an index probe each, ~0.13 ms on ArcadeDB).
-macro_rules! listed_conversations {
-    () => {
-        "MATCH (c:Conversation) WHERE c.tenant = $tenant AND (c.erased IS NULL \
-         OR EXISTS { MATCH (t:Turn {tenant: $tenant, conversation: c.conversation}) })"
-    };
-}
-
 fn micros(t: DateTime<Utc>) -> i64 {
     t.timestamp_micros()
 }
@@ -521,6 +512,40 @@ impl Neo4jGraph {
             .await
     }
 
+    /// The tenant's conversations after `after`, in order, `limit` of them or all (a LIMIT as
+    /// large as i64::MAX overflows on ArcadeDB). Read from the Conversation nodes, where reading
+    /// every turn of the tenant took time in proportion to its turns; only a node an erasure
+    /// touched may have no turn left, so only those are looked up (an index probe each, ~0.13
+    /// ms on ArcadeDB). Conversation ids are never empty, so "" stands for the first page.
+    async fn listed_conversations(
+        &self,
+        tenant: &TenantId,
+        after: Option<&str>,
+        limit: Option<usize>,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut q = String::from(
+            "MATCH (c:Conversation) WHERE c.tenant = $tenant AND c.conversation > $after \
+             AND (c.erased IS NULL \
+             OR EXISTS { MATCH (t:Turn {tenant: $tenant, conversation: c.conversation}) }) \
+             RETURN c.conversation AS conversation ORDER BY c.conversation",
+        );
+        if limit.is_some() {
+            q.push_str(" LIMIT $limit");
+        }
+        let q = query(&q)
+            .param("tenant", tenant.as_str())
+            .param("after", after.unwrap_or_default());
+        let q = match limit {
+            Some(n) => q.param("limit", i64::try_from(n).unwrap_or(i64::MAX)),
+            None => q,
+        };
+        self.rows(q)
+            .await?
+            .iter()
+            .map(|r| get::<String>(r, "conversation"))
+            .collect()
+    }
+
     /// Nodes of a tenant's conversation left in the server, by label (erasure checks).
     pub async fn residue(
         &self,
@@ -780,23 +805,7 @@ impl GraphRead for Neo4jGraph {
     }
 
     async fn conversations(&self, tenant: &TenantId) -> Result<Vec<String>, StoreError> {
-        // Conversation nodes, where reading every turn of the tenant took time in proportion to
-        // its turns.
-        let rows = self
-            .rows(
-                query(concat!(
-                    listed_conversations!(),
-                    " RETURN c.conversation AS conversation"
-                ))
-                .param("tenant", tenant.as_str()),
-            )
-            .await?;
-        let mut out = rows
-            .iter()
-            .map(|r| get::<String>(r, "conversation"))
-            .collect::<Result<Vec<_>, _>>()?;
-        out.sort();
-        Ok(out)
+        self.listed_conversations(tenant, None, None).await
     }
 
     async fn conversations_after(
@@ -808,22 +817,7 @@ impl GraphRead for Neo4jGraph {
         if limit == 0 {
             return Ok(vec![]);
         }
-        // Conversation ids are never empty, so "" stands for the first page.
-        let rows = self
-            .rows(
-                query(concat!(
-                    listed_conversations!(),
-                    " AND c.conversation > $after RETURN c.conversation AS conversation \
-                     ORDER BY c.conversation LIMIT $limit"
-                ))
-                .param("tenant", tenant.as_str())
-                .param("after", after.unwrap_or_default())
-                .param("limit", i64::try_from(limit).unwrap_or(i64::MAX)),
-            )
-            .await?;
-        rows.iter()
-            .map(|r| get::<String>(r, "conversation"))
-            .collect()
+        self.listed_conversations(tenant, after, Some(limit)).await
     }
 
     async fn known_conversations(
