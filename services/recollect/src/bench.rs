@@ -330,7 +330,7 @@ fn file_bytes_on_disk(file: &Path) -> u64 {
 /// first, and what its file holds beyond them (free pages, page slack).
 /// Blocks on disk of the vector engine's write-ahead logs (one per shard).
 fn vector_log_bytes(dir: &Path) -> u64 {
-    ["turns", "keywords"]
+    ["turns", "keywords", "tokens"]
         .iter()
         .map(|shard| dir_bytes(&dir.join("vectors").join(shard).join("wal")))
         .sum()

@@ -3,7 +3,9 @@
 //! `keywords`, each with keyword payload indexes on tenant (a tenant index) and conversation.
 //! A keyword point is stored once per tenant and form (stem + vector), not once per
 //! conversation; `keyword_forms.redb` says which forms each conversation said
-//! ([`super::keyword_forms`]).
+//! ([`super::keyword_forms`]). The turns' token vectors (late interaction) live in a third
+//! shard, `tokens`, that the optimiser never rewrites; stores made before it keep them in
+//! their turn points.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -39,6 +41,9 @@ use crate::{Scope, StoreError};
 pub struct EdgeVectorIndex {
     turns: Arc<EdgeShard>,
     keywords: Arc<EdgeShard>,
+    /// The turns' token vectors, when they are not in the turn points (see [`tokens_config`]).
+    /// Open whenever the store has it, so an erasure reaches it with late interaction off.
+    tokens: Option<Arc<EdgeShard>>,
     /// Which keyword points each conversation says.
     forms: Arc<KeywordForms>,
     /// Held across every change of keyword points and their sayers (and by a backup), so a
@@ -68,6 +73,7 @@ pub struct EdgeVectorIndex {
 struct Unflushed {
     turns: AtomicBool,
     keywords: AtomicBool,
+    tokens: AtomicBool,
 }
 
 /// Points written before the background optimiser runs (merging small segments, building the
@@ -137,7 +143,29 @@ fn late_params(dim: usize) -> qdrant_edge::EdgeVectorParams {
         .build()
 }
 
-/// The width of the token vectors a turns shard already holds, if it was made with them.
+/// The token vectors' own shard: the optimiser never rebuilds it (no index to build, so no
+/// indexing threshold), so a turn's ~28 KB of token vectors are written once, where in the
+/// turns shard every segment the optimiser built for the dense vectors' per-tenant graphs
+/// copied and synced them again (a quarter of a 100k ingest's CPU; docs/SPEED.md, session 27).
+/// It keeps one appendable segment; the optimiser only vacuums it after erasures.
+fn tokens_config(width: usize) -> qdrant_edge::EdgeConfig {
+    EdgeConfigBuilder::new()
+        .vector(LATE_VECTOR, late_params(width))
+        .hnsw_config(HnswIndexConfig {
+            m: 0,
+            payload_m: Some(0),
+            ..graph_config()
+        })
+        .optimizers(EdgeOptimizersConfig {
+            // 0: never index (the engine reads it as "disabled").
+            indexing_threshold: Some(0),
+            ..optimizer_config()
+        })
+        .wal_options(log_options())
+        .build()
+}
+
+/// The width of the token vectors a shard already holds, if it was made with them.
 fn stored_late_dim(path: &Path) -> Result<Option<usize>, StoreError> {
     let file = path.join("edge_config.json");
     if !file.exists() {
@@ -159,7 +187,7 @@ struct Optimizer {
 }
 
 impl Optimizer {
-    fn spawn(shards: [Weak<EdgeShard>; 2], files: Arc<parking_lot::Mutex<()>>) -> Self {
+    fn spawn(shards: Vec<Weak<EdgeShard>>, files: Arc<parking_lot::Mutex<()>>) -> Self {
         // 1: the store may have been closed with unoptimised segments; look once after opening.
         let written = Arc::new(AtomicU64::new(1));
         let last_write = Arc::new(parking_lot::Mutex::new(Instant::now()));
@@ -695,6 +723,35 @@ fn refuse_another_width(path: &Path, config: &qdrant_edge::EdgeConfig) -> Result
     Ok(())
 }
 
+/// The turns shard: both fields' dense vectors and the lexical sparse vector, and the token
+/// vectors where a store made before the `tokens` shard holds them there.
+fn turns_config(dim: usize, late_in_turns: Option<usize>) -> qdrant_edge::EdgeConfig {
+    let mut turns_cfg = EdgeConfigBuilder::new()
+        .vector(
+            USER_VECTOR,
+            EdgeVectorParamsBuilder::new(dim, Distance::Cosine).build(),
+        )
+        .vector(
+            ASSISTANT_VECTOR,
+            EdgeVectorParamsBuilder::new(dim, Distance::Cosine).build(),
+        );
+    // A shard made with token vectors keeps them in its configuration, read or not.
+    if let Some(late) = late_in_turns {
+        turns_cfg = turns_cfg.vector(LATE_VECTOR, late_params(late));
+    }
+    turns_cfg
+        .sparse_vector(
+            LEXICAL_VECTOR,
+            EdgeSparseVectorParamsBuilder::new()
+                .modifier(Modifier::Idf)
+                .build(),
+        )
+        .hnsw_config(graph_config())
+        .optimizers(optimizer_config())
+        .wal_options(log_options())
+        .build()
+}
+
 fn open_shard(
     path: &Path,
     config: qdrant_edge::EdgeConfig,
@@ -768,8 +825,11 @@ impl EdgeVectorIndex {
         flushes: Flushes,
     ) -> Result<Self, StoreError> {
         let late = late.into();
-        let turns_dir = dir.join("turns");
-        let stored_late = stored_late_dim(&turns_dir)?;
+        let (turns_dir, tokens_dir) = (dir.join("turns"), dir.join("tokens"));
+        // Token vectors in the turn points: a store made before they had a shard of their own.
+        let in_turns = stored_late_dim(&turns_dir)?;
+        let in_tokens = stored_late_dim(&tokens_dir)?;
+        let stored_late = in_turns.or(in_tokens);
         let made = turns_dir.join("edge_config.json").exists();
         let late_dim = match (late, stored_late) {
             (TokenVectorsWanted::Required(want), None) if made => {
@@ -789,39 +849,21 @@ impl EdgeVectorIndex {
                 None
             }
             (wanted, Some(held)) if wanted.width().is_some_and(|want| want != held) => {
+                let held_in = if in_turns.is_some() {
+                    &turns_dir
+                } else {
+                    &tokens_dir
+                };
                 return Err(super::another_width(
-                    &format!("in {} (token vectors)", turns_dir.display()),
+                    &format!("in {} (token vectors)", held_in.display()),
                     held as u64,
                     wanted.width().unwrap_or_default(),
                     "move the data directory's vectors/ aside",
-                ))
+                ));
             }
             (wanted, _) => wanted.width(),
         };
-        let mut turns_cfg = EdgeConfigBuilder::new()
-            .vector(
-                USER_VECTOR,
-                EdgeVectorParamsBuilder::new(dim, Distance::Cosine).build(),
-            )
-            .vector(
-                ASSISTANT_VECTOR,
-                EdgeVectorParamsBuilder::new(dim, Distance::Cosine).build(),
-            );
-        // A shard made with token vectors keeps them in its configuration, read or not.
-        if let Some(late) = stored_late.or(late_dim) {
-            turns_cfg = turns_cfg.vector(LATE_VECTOR, late_params(late));
-        }
-        let turns_cfg = turns_cfg
-            .sparse_vector(
-                LEXICAL_VECTOR,
-                EdgeSparseVectorParamsBuilder::new()
-                    .modifier(Modifier::Idf)
-                    .build(),
-            )
-            .hnsw_config(graph_config())
-            .optimizers(optimizer_config())
-            .wal_options(log_options())
-            .build();
+        let turns_cfg = turns_config(dim, in_turns);
         let kw_cfg = EdgeConfigBuilder::new()
             .vector(
                 KEYWORD_VECTOR,
@@ -831,6 +873,19 @@ impl EdgeVectorIndex {
             .optimizers(optimizer_config())
             .wal_options(log_options())
             .build();
+        // A new store with token vectors puts them in their own shard; one that has that shard
+        // keeps opening it, whatever embedder.late_model says now. Made before the turns shard,
+        // so a store whose turns shard exists has it (a new store stopped between the two would
+        // otherwise reopen as one made without token vectors).
+        let tokens_width = in_tokens.or(late_dim.filter(|_| in_turns.is_none()));
+        let tokens = match tokens_width {
+            Some(width) => Some(Arc::new(open_shard(
+                &tokens_dir,
+                tokens_config(width),
+                true,
+            )?)),
+            None => None,
+        };
         let turns = Arc::new(open_shard(&turns_dir, turns_cfg, true)?);
         let keywords = Arc::new(open_shard(&dir.join("keywords"), kw_cfg, false)?);
         let forms = Arc::new(KeywordForms::open(&dir.join("keyword_forms.redb"))?);
@@ -842,13 +897,13 @@ impl EdgeVectorIndex {
             );
         }
         let files = Arc::new(parking_lot::Mutex::new(()));
-        let optimizer = Optimizer::spawn(
-            [Arc::downgrade(&turns), Arc::downgrade(&keywords)],
-            files.clone(),
-        );
+        let mut optimized = vec![Arc::downgrade(&turns), Arc::downgrade(&keywords)];
+        optimized.extend(tokens.as_ref().map(Arc::downgrade));
+        let optimizer = Optimizer::spawn(optimized, files.clone());
         Ok(Self {
             turns,
             keywords,
+            tokens,
             forms,
             keyword_changes: Default::default(),
             form_vectors: Default::default(),
@@ -984,6 +1039,99 @@ impl EdgeVectorIndex {
         )))
     }
 
+    /// Copies the points of `pids` in `shard` that are still the versions being replaced to
+    /// their kept versions' points (history search reads them), and flushes.
+    fn keep_versions_in(
+        s: &EdgeShard,
+        pids: &[PointId],
+        tenant: &TenantId,
+        versions: &[ReplacedVersion],
+    ) -> Result<(), StoreError> {
+        let recs = s
+            .retrieve(
+                pids,
+                Some(WithPayloadInterface::Bool(true)),
+                Some(WithVector::Bool(true)),
+            )
+            .map_err(err)?;
+        let mut keep = Vec::with_capacity(recs.len());
+        for r in recs {
+            let (Some(id), Some(payload), Some(vectors)) = (memory_id(&r.id), r.payload, r.vector)
+            else {
+                continue;
+            };
+            let mut payload = payload.0;
+            let Some(v) = versions.iter().find(|v| v.memory_id == id) else {
+                continue;
+            };
+            if payload.get("tenant").and_then(|t| t.as_str()) != Some(tenant.as_str()) {
+                continue;
+            }
+            // The point is still the version being replaced (not yet overwritten by the
+            // edit: a redelivery finds the edit's own point here and keeps nothing).
+            let recorded = payload
+                .get("recorded_at")
+                .and_then(|t| t.as_str())
+                .and_then(|t| DateTime::parse_from_rfc3339(t).ok());
+            if recorded.is_some_and(|r| r != v.recorded_at) {
+                continue;
+            }
+            payload.insert("tenant".into(), history_tenant(tenant).into());
+            payload.insert("memory_id".into(), id.to_string().into());
+            payload.insert("recorded_at".into(), v.recorded_at.to_rfc3339().into());
+            payload.insert("expired_at".into(), v.expired_at.to_rfc3339().into());
+            keep.push(
+                PointStruct::new(
+                    point_id(version_point_id(id, v.recorded_at)),
+                    Vectors::from(vectors),
+                    serde_json::Value::Object(payload),
+                )
+                .into(),
+            );
+        }
+        if keep.is_empty() {
+            return Ok(());
+        }
+        // Always flushed: the edit's graph write comes next, and once it is durable a
+        // replay finds the new version stored and would not keep the old one again.
+        Self::upsert_in(s, keep, None)
+    }
+
+    /// Applies deletions to every shard holding turn points, each flushed.
+    async fn delete_in_turn_shards(&self, ops: Vec<PointOperations>) -> Result<(), StoreError> {
+        for shard in self.turn_shards() {
+            self.delete_in(&shard, ops.clone()).await?;
+        }
+        Ok(())
+    }
+
+    /// Applies deletions to `shard` and flushes it.
+    async fn delete_in(
+        &self,
+        shard: &Arc<EdgeShard>,
+        ops: Vec<PointOperations>,
+    ) -> Result<(), StoreError> {
+        self.write(shard, move |s| {
+            for op in ops {
+                s.update(UpdateOperation::PointOperation(op)).map_err(err)?;
+            }
+            Self::flush(s)
+        })
+        .await
+    }
+
+    /// The shard holding the turns' token vectors.
+    fn token_shard(&self) -> &Arc<EdgeShard> {
+        self.tokens.as_ref().unwrap_or(&self.turns)
+    }
+
+    /// The shards holding turn points: the turns shard, and the token vectors' own shard.
+    fn turn_shards(&self) -> Vec<Arc<EdgeShard>> {
+        std::iter::once(self.turns.clone())
+            .chain(self.tokens.clone())
+            .collect()
+    }
+
     fn check_dim(&self, v: &[f32]) -> Result<(), StoreError> {
         if v.len() != self.dim {
             return Err(StoreError::Invalid(format!(
@@ -1090,6 +1238,10 @@ impl VectorIndex for EdgeVectorIndex {
             return Ok(());
         }
         let mut structs = Vec::with_capacity(points.len());
+        let mut token_structs = Vec::new();
+        // Points written without token vectors (an edit while late interaction is off): any
+        // an earlier version left in the token shard would be read as this version's.
+        let mut without_tokens = Vec::new();
         for p in &points {
             self.check_dim(&p.user)?;
             let mut named: Vec<(String, Vector)> =
@@ -1101,8 +1253,12 @@ impl VectorIndex for EdgeVectorIndex {
             if !p.lexical.indices.is_empty() {
                 named.push((LEXICAL_VECTOR.into(), sparse(&p.lexical)?));
             }
-            if let (Some(late), Some(width)) = (&p.late, self.late_dim) {
-                named.push((LATE_VECTOR.into(), late_vector(late, width)?));
+            let late = match (&p.late, self.late_dim) {
+                (Some(late), Some(width)) => Some(late_vector(late, width)?),
+                _ => None,
+            };
+            if let (Some(late), None) = (&late, &self.tokens) {
+                named.push((LATE_VECTOR.into(), late.clone()));
             }
             let mut payload = serde_json::json!({
                 "tenant": p.tenant.as_str(),
@@ -1125,8 +1281,24 @@ impl VectorIndex for EdgeVectorIndex {
             if !p.metadata.is_empty() {
                 payload["metadata"] = serde_json::Value::Object(p.metadata.clone());
             }
-            if let Some(late) = p.late.as_ref().filter(|l| !l.segments.is_empty()) {
-                payload[LATE_SEGMENTS] = serde_json::json!(late.segments);
+            if let Some(late) = late.filter(|_| self.tokens.is_some()) {
+                // The same payload, so a scope's filter reads the same in both shards.
+                let mut payload = payload.clone();
+                if let Some(l) = p.late.as_ref().filter(|l| !l.segments.is_empty()) {
+                    payload[LATE_SEGMENTS] = serde_json::json!(l.segments);
+                }
+                let named = vec![(LATE_VECTOR.to_string(), late)];
+                token_structs.push(
+                    PointStruct::new(point_id(p.memory_id), Vectors::new_named(named), payload)
+                        .into(),
+                );
+            } else {
+                if self.tokens.is_some() {
+                    without_tokens.push(point_id(p.memory_id));
+                }
+                if let Some(late) = p.late.as_ref().filter(|l| !l.segments.is_empty()) {
+                    payload[LATE_SEGMENTS] = serde_json::json!(late.segments);
+                }
             }
             structs.push(
                 PointStruct::new(point_id(p.memory_id), Vectors::new_named(named), payload).into(),
@@ -1134,6 +1306,26 @@ impl VectorIndex for EdgeVectorIndex {
         }
         let n = structs.len();
         let unflushed = self.unflushed.clone();
+        // Token vectors first: a turn point found without them would be scored as one that
+        // has none until a replay wrote them.
+        if let Some(tokens) = &self.tokens {
+            if !without_tokens.is_empty() {
+                self.delete_in(
+                    tokens,
+                    vec![PointOperations::DeletePoints {
+                        ids: without_tokens,
+                    }],
+                )
+                .await?;
+            }
+            if !token_structs.is_empty() {
+                let unflushed = unflushed.clone();
+                self.write(tokens, move |s| {
+                    Self::upsert_in(s, token_structs, unflushed.as_ref().map(|u| &u.tokens))
+                })
+                .await?;
+            }
+        }
         self.write(&self.turns, move |s| {
             Self::upsert_in(s, structs, unflushed.as_ref().map(|u| &u.turns))
         })
@@ -1150,6 +1342,7 @@ impl VectorIndex for EdgeVectorIndex {
         limit: usize,
     ) -> Result<Vec<(MemoryId, f32)>, StoreError> {
         let mut scale = 1.0;
+        let mut shard = &self.turns;
         let (name, vector) = match query {
             VectorQuery::Dense { field, vector } => {
                 self.check_dim(vector)?;
@@ -1166,6 +1359,7 @@ impl VectorIndex for EdgeVectorIndex {
                     return Ok(vec![]);
                 };
                 scale = mean;
+                shard = self.token_shard();
                 (LATE_VECTOR, query)
             }
         };
@@ -1194,7 +1388,7 @@ impl VectorIndex for EdgeVectorIndex {
         // Each ask is its own blocking call: a second one is rare (a tie across the limit).
         super::search_settling_ties(limit, |asked| {
             let (mut req, history) = (req.clone(), history.clone());
-            Self::blocking(&self.turns, move |s| {
+            Self::blocking(shard, move |s| {
                 req.limit = asked;
                 let pts = s.search(req).map_err(err)?;
                 let current = pts.iter().map(|p| (memory_id(&p.id), p.score * scale));
@@ -1252,7 +1446,7 @@ impl VectorIndex for EdgeVectorIndex {
             with_vector: None,
             score_threshold: None,
         };
-        Self::blocking(&self.turns, move |s| {
+        Self::blocking(self.token_shard(), move |s| {
             Ok(s.search(req)
                 .map_err(err)?
                 .iter()
@@ -1274,7 +1468,7 @@ impl VectorIndex for EdgeVectorIndex {
         let pids: Vec<PointId> = ids.iter().map(|m| point_id(*m)).collect();
         let owner = tenant.as_str().to_string();
         let question = question.clone();
-        Self::blocking(&self.turns, move |s| {
+        Self::blocking(self.token_shard(), move |s| {
             let recs = s
                 .retrieve(
                     &pids,
@@ -1327,60 +1521,15 @@ impl VectorIndex for EdgeVectorIndex {
             return Ok(());
         }
         let pids: Vec<PointId> = versions.iter().map(|v| point_id(v.memory_id)).collect();
-        let (tenant, versions) = (tenant.clone(), versions.to_vec());
         let n = versions.len();
-        self.write(&self.turns, move |s| {
-            let recs = s
-                .retrieve(
-                    &pids,
-                    Some(WithPayloadInterface::Bool(true)),
-                    Some(WithVector::Bool(true)),
-                )
-                .map_err(err)?;
-            let mut keep = Vec::with_capacity(recs.len());
-            for r in recs {
-                let (Some(id), Some(payload), Some(vectors)) =
-                    (memory_id(&r.id), r.payload, r.vector)
-                else {
-                    continue;
-                };
-                let mut payload = payload.0;
-                let Some(v) = versions.iter().find(|v| v.memory_id == id) else {
-                    continue;
-                };
-                if payload.get("tenant").and_then(|t| t.as_str()) != Some(tenant.as_str()) {
-                    continue;
-                }
-                // The point is still the version being replaced (not yet overwritten by the
-                // edit: a redelivery finds the edit's own point here and keeps nothing).
-                let recorded = payload
-                    .get("recorded_at")
-                    .and_then(|t| t.as_str())
-                    .and_then(|t| DateTime::parse_from_rfc3339(t).ok());
-                if recorded.is_some_and(|r| r != v.recorded_at) {
-                    continue;
-                }
-                payload.insert("tenant".into(), history_tenant(&tenant).into());
-                payload.insert("memory_id".into(), id.to_string().into());
-                payload.insert("recorded_at".into(), v.recorded_at.to_rfc3339().into());
-                payload.insert("expired_at".into(), v.expired_at.to_rfc3339().into());
-                keep.push(
-                    PointStruct::new(
-                        point_id(version_point_id(id, v.recorded_at)),
-                        Vectors::from(vectors),
-                        serde_json::Value::Object(payload),
-                    )
-                    .into(),
-                );
-            }
-            if keep.is_empty() {
-                return Ok(());
-            }
-            // Always flushed: the edit's graph write comes next, and once it is durable a
-            // replay finds the new version stored and would not keep the old one again.
-            Self::upsert_in(s, keep, None)
-        })
-        .await?;
+        // The token vectors' shard first, as an upsert writes them.
+        for shard in self.turn_shards().into_iter().rev() {
+            let (pids, tenant, versions) = (pids.clone(), tenant.clone(), versions.to_vec());
+            self.write(&shard, move |s| {
+                Self::keep_versions_in(s, &pids, &tenant, &versions)
+            })
+            .await?;
+        }
         self.optimizer.wrote(n);
         Ok(())
     }
@@ -1597,24 +1746,12 @@ impl VectorIndex for EdgeVectorIndex {
                 ]),
                 ..Default::default()
             };
-            self.write(&self.turns, move |s| {
-                s.update(UpdateOperation::PointOperation(
-                    PointOperations::DeletePointsByFilter(kept),
-                ))
-                .map_err(err)?;
-                Self::flush(s)
-            })
-            .await?;
+            self.delete_in_turn_shards(vec![PointOperations::DeletePointsByFilter(kept)])
+                .await?;
         }
         if !turn_ids.is_empty() {
-            self.write(&self.turns, move |s| {
-                s.update(UpdateOperation::PointOperation(
-                    PointOperations::DeletePoints { ids: turn_ids },
-                ))
-                .map_err(err)?;
-                Self::flush(s)
-            })
-            .await?;
+            self.delete_in_turn_shards(vec![PointOperations::DeletePoints { ids: turn_ids }])
+                .await?;
         }
         if !keywords.is_empty() {
             self.unsay(tenant, conversation, Some(keywords.to_vec()))
@@ -1632,15 +1769,10 @@ impl VectorIndex for EdgeVectorIndex {
         let n = self.count(tenant, &scope).await?;
         let filter = scope_filter(tenant, &scope);
         let kept = filter_on(&history_tenant(tenant), &scope);
-        self.write(&self.turns, move |s| {
-            for f in [filter, kept] {
-                s.update(UpdateOperation::PointOperation(
-                    PointOperations::DeletePointsByFilter(f),
-                ))
-                .map_err(err)?;
-            }
-            Self::flush(s)
-        })
+        self.delete_in_turn_shards(vec![
+            PointOperations::DeletePointsByFilter(filter),
+            PointOperations::DeletePointsByFilter(kept),
+        ])
         .await?;
         self.unsay(tenant, conversation, None).await?;
         Ok(n)
@@ -1662,7 +1794,11 @@ impl VectorIndex for EdgeVectorIndex {
 
     async fn copy_files_to(&self, to: &Path) -> Result<bool, StoreError> {
         let (writes, files) = (self.writes.clone(), self.files.clone());
-        let (turns, keywords) = (self.turns.clone(), self.keywords.clone());
+        let (turns, keywords, tokens) = (
+            self.turns.clone(),
+            self.keywords.clone(),
+            self.tokens.clone(),
+        );
         let (from, to) = (self.dir.clone(), to.to_path_buf());
         // No change of keyword forms either: `keyword_forms.redb` is copied with the shards.
         let _changes = self.keyword_changes.lock().await;
@@ -1672,10 +1808,13 @@ impl VectorIndex for EdgeVectorIndex {
             let _no_rewrites = files.lock();
             turns.flush();
             keywords.flush();
+            if let Some(tokens) = &tokens {
+                tokens.flush();
+            }
             // The engine never reads its log's closed segments, and opening the copy would
             // remove them: not copied.
             let mut stale = std::collections::HashSet::new();
-            for shard in ["turns", "keywords"] {
+            for shard in ["turns", "keywords", "tokens"] {
                 stale.extend(
                     stale_log_segments(&from.join(shard))?
                         .into_iter()
@@ -1692,14 +1831,21 @@ impl VectorIndex for EdgeVectorIndex {
         let Some(unflushed) = self.unflushed.clone() else {
             return Ok(());
         };
-        let (writes, turns, keywords) = (
+        let (writes, turns, keywords, tokens) = (
             self.writes.clone(),
             self.turns.clone(),
             self.keywords.clone(),
+            self.tokens.clone(),
         );
         tokio::task::spawn_blocking(move || {
             let _one_writer = writes.lock();
-            for (flag, shard) in [(&unflushed.turns, &turns), (&unflushed.keywords, &keywords)] {
+            let shards = [
+                (&unflushed.tokens, tokens.as_ref()),
+                (&unflushed.turns, Some(&turns)),
+                (&unflushed.keywords, Some(&keywords)),
+            ];
+            for (flag, shard) in shards {
+                let Some(shard) = shard else { continue };
                 if flag.swap(false, Ordering::AcqRel) {
                     if let Err(e) = Self::flush(shard) {
                         flag.store(true, Ordering::Release);
@@ -1716,11 +1862,13 @@ impl VectorIndex for EdgeVectorIndex {
     /// the caller meets a settled index (the bench times recall on one).
     async fn optimize(&self) -> Result<(), StoreError> {
         let files = self.files.clone();
-        let (turns, keywords) = (self.turns.clone(), self.keywords.clone());
+        let mut shards = self.turn_shards();
+        shards.push(self.keywords.clone());
         tokio::task::spawn_blocking(move || {
             let _no_rewrites = files.lock();
-            turns.optimize().map_err(err)?;
-            keywords.optimize().map_err(err)?;
+            for shard in shards {
+                shard.optimize().map_err(err)?;
+            }
             Ok(())
         })
         .await?
@@ -1748,7 +1896,13 @@ impl EdgeVectorIndex {
                     + shard_count(shard, filter_on(&history_tenant(tenant), scope))?,
             )
         };
-        Ok((count(&self.turns)?, self.keyword_points(tenant, scope)?))
+        // A turn's token vectors are a point of it too: the larger count, so one left behind
+        // in either shard shows.
+        let mut turns = count(&self.turns)?;
+        if let Some(tokens) = &self.tokens {
+            turns = turns.max(count(tokens)?);
+        }
+        Ok((turns, self.keyword_points(tenant, scope)?))
     }
 
     /// Keyword forms in scope (erasure checks): those the scope's conversations say, or all
@@ -1769,6 +1923,105 @@ impl EdgeVectorIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn turn_with_tokens(t: &TenantId, conversation: &str, i: usize) -> TurnPoint {
+        let rows: Vec<f32> = (0..3 * 8)
+            .map(|j| (((j * 7 + i * 13) % 11) as f32) - 5.0)
+            .collect();
+        TurnPoint {
+            memory_id: MemoryId::derive(t, conversation, &i.to_string()),
+            tenant: t.clone(),
+            conversation_id: conversation.into(),
+            turn_id: i.to_string(),
+            position: i as u64,
+            timestamp: Utc::now(),
+            user_speaker: None,
+            assistant_speaker: None,
+            user: unit(vec![1.0, i as f32, 0.5, 0.0]),
+            assistant: None,
+            lexical: SparseVector::default(),
+            user_id: None,
+            agent_id: None,
+            metadata: Default::default(),
+            recorded_at: Utc::now(),
+            late: Some(TokenVectors::new(8, rows).unwrap()),
+        }
+    }
+
+    /// A new store keeps token vectors in a shard of their own: its turn points hold none, and
+    /// an erasure reaches the shard, with late interaction on or off when it comes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn token_vectors_live_in_their_own_shard_and_go_with_their_turns() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = TenantId("t".into());
+        let pts: Vec<TurnPoint> = (0..4).map(|i| turn_with_tokens(&t, "c", i)).collect();
+        let ids: Vec<MemoryId> = pts.iter().map(|p| p.memory_id).collect();
+        let question = pts[1].late.clone().unwrap();
+        {
+            let idx =
+                EdgeVectorIndex::open_shaped(dir.path(), 4, Some(8), Flushes::EachWrite).unwrap();
+            idx.upsert_turns(pts.clone()).await.unwrap();
+            idx.upsert_turns(vec![turn_with_tokens(&t, "d", 9)])
+                .await
+                .unwrap();
+            assert_eq!(stored_late_dim(&dir.path().join("turns")).unwrap(), None);
+            assert_eq!(
+                stored_late_dim(&dir.path().join("tokens")).unwrap(),
+                Some(8)
+            );
+            let scores = idx.late_scores(&t, &question, &ids).await.unwrap();
+            assert_eq!(scores.len(), 4, "{scores:?}");
+            assert!((scores[&ids[1]] - 1.0).abs() < 1e-2, "{scores:?}");
+            // A later version without token vectors takes the earlier one's away.
+            let mut plain = turn_with_tokens(&t, "c", 2);
+            plain.late = None;
+            idx.upsert_turns(vec![plain]).await.unwrap();
+            let scores = idx.late_scores(&t, &question, &ids).await.unwrap();
+            assert_eq!(scores.len(), 3, "{scores:?}");
+            assert!(!scores.contains_key(&ids[2]), "{scores:?}");
+            idx.optimize().await.unwrap();
+            assert_eq!(idx.audit_counts(&t, &Scope::of(&["c"])).unwrap().0, 4);
+            let tokens = idx.tokens.clone().unwrap();
+            assert_eq!(
+                shard_count(&tokens, scope_filter(&t, &Scope::of(&["c"]))).unwrap(),
+                3
+            );
+        }
+        // Late interaction off now: the shard is still opened, and erasures reach it.
+        let idx =
+            EdgeVectorIndex::open_shaped(dir.path(), 4, TokenVectorsWanted::No, Flushes::EachWrite)
+                .unwrap();
+        assert_eq!(idx.holds_token_vectors(), Some(false));
+        let tokens = idx.tokens.clone().expect("the shard is open");
+        idx.delete_conversation(&t, "c").await.unwrap();
+        assert_eq!(idx.audit_counts(&t, &Scope::of(&["c"])).unwrap().0, 0);
+        assert_eq!(
+            shard_count(&tokens, scope_filter(&t, &Scope::of(&["c"]))).unwrap(),
+            0
+        );
+        assert_eq!(
+            shard_count(&tokens, scope_filter(&t, &Scope::of(&["d"]))).unwrap(),
+            1
+        );
+    }
+
+    /// A store made before the token shard keeps its token vectors in the turn points, and
+    /// reads and writes them there: the late contract passes on it and no shard is made.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_with_token_vectors_in_its_turns_passes_the_late_contract() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(open_shard(&dir.path().join("turns"), turns_config(32, Some(16)), true).unwrap());
+        let v = Arc::new(
+            EdgeVectorIndex::open_shaped(dir.path(), 32, Some(16), Flushes::EachWrite).unwrap(),
+        );
+        assert!(v.tokens.is_none());
+        crate::contract::late_contract(v, 32, 16).await;
+        assert!(!dir.path().join("tokens").exists());
+        assert_eq!(
+            stored_late_dim(&dir.path().join("turns")).unwrap(),
+            Some(16)
+        );
+    }
 
     async fn names(idx: &EdgeVectorIndex, t: &TenantId, conversations: &[&str]) -> Vec<String> {
         let mut n: Vec<String> = idx
