@@ -1460,7 +1460,7 @@ async fn vector_versions(v: Arc<dyn VectorIndex>, dim: usize) {
 }
 
 /// A turn point of `conversation` with a user field, a lexical vector and nothing else.
-fn bare_point(
+pub(crate) fn bare_point(
     t: &TenantId,
     conversation: &str,
     i: usize,

@@ -1928,23 +1928,10 @@ mod tests {
         let rows: Vec<f32> = (0..3 * 8)
             .map(|j| (((j * 7 + i * 13) % 11) as f32) - 5.0)
             .collect();
+        let user = unit(vec![1.0, i as f32, 0.5, 0.0]);
         TurnPoint {
-            memory_id: MemoryId::derive(t, conversation, &i.to_string()),
-            tenant: t.clone(),
-            conversation_id: conversation.into(),
-            turn_id: i.to_string(),
-            position: i as u64,
-            timestamp: Utc::now(),
-            user_speaker: None,
-            assistant_speaker: None,
-            user: unit(vec![1.0, i as f32, 0.5, 0.0]),
-            assistant: None,
-            lexical: SparseVector::default(),
-            user_id: None,
-            agent_id: None,
-            metadata: Default::default(),
-            recorded_at: Utc::now(),
             late: Some(TokenVectors::new(8, rows).unwrap()),
+            ..crate::contract::bare_point(t, conversation, i, user, SparseVector::default())
         }
     }
 
