@@ -1992,6 +1992,63 @@ mod tests {
         );
     }
 
+    /// The token shard is written once: holding more token vectors than the engine's indexing
+    /// threshold (10,000 KB), an optimisation leaves its segment as it is. An erasure's token
+    /// vectors leave the disk: past the engine's vacuum thresholds (a fifth of a segment's
+    /// points, at least 1,000) the optimiser rewrites the segment without them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_token_shard_is_rewritten_only_to_vacuum_erased_turns() {
+        const ROWS: usize = 40;
+        const WIDTH: usize = 64;
+        let dir = tempfile::tempdir().unwrap();
+        let t = TenantId("t".into());
+        let idx =
+            EdgeVectorIndex::open_shaped(dir.path(), 4, Some(WIDTH), Flushes::EachWrite).unwrap();
+        let point = |c: &str, i: usize| {
+            let rows = (0..ROWS * WIDTH)
+                .map(|j| (((j * 7 + i * 13) % 11) as f32) - 5.0)
+                .collect();
+            let user = unit(vec![1.0, i as f32, 0.5, 0.0]);
+            TurnPoint {
+                late: Some(TokenVectors::new(WIDTH, rows).unwrap()),
+                ..crate::contract::bare_point(&t, c, i, user, SparseVector::default())
+            }
+        };
+        for (c, n) in [("gone", 1800), ("kept", 700)] {
+            for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
+                let pts = chunk.iter().map(|&i| point(c, i)).collect();
+                idx.upsert_turns(pts).await.unwrap();
+            }
+        }
+        // 2,500 turns of 40 half-precision rows of 64: 12.8 MB.
+        let segments = || -> Vec<std::ffi::OsString> {
+            let mut s: Vec<_> = std::fs::read_dir(dir.path().join("tokens").join("segments"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            s.sort();
+            s
+        };
+        let tokens = idx.tokens.clone().unwrap();
+        let written = segments();
+        idx.optimize().await.unwrap();
+        assert_eq!(segments(), written, "no rewrite of the token shard");
+        assert_eq!(tokens.info().points_count, 2500);
+        idx.delete_conversation(&t, "gone").await.unwrap();
+        idx.optimize().await.unwrap();
+        assert_ne!(segments(), written, "the vacuum rewrote the segment");
+        assert_eq!(tokens.info().points_count, 700);
+        let scope = Scope::of(&["kept"]);
+        assert_eq!(shard_count(&tokens, scope_filter(&t, &scope)).unwrap(), 700);
+        // The kept turns' token vectors still read whole after the rewrite.
+        let question = point("kept", 3).late.unwrap();
+        let found = idx
+            .search(&t, &scope, &VectorQuery::Late(question), 1)
+            .await
+            .unwrap();
+        assert!((found[0].1 - 1.0).abs() < 1e-2, "{found:?}");
+    }
+
     /// A store made before the token shard keeps its token vectors in the turn points, and
     /// reads and writes them there: the late contract passes on it and no shard is made.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
