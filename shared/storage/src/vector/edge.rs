@@ -135,27 +135,30 @@ fn late_params(dim: usize) -> qdrant_edge::EdgeVectorParams {
         })
         .datatype(VectorStorageDatatype::Float16)
         .on_disk(true)
-        .hnsw_config(HnswIndexConfig {
-            m: 0,
-            payload_m: Some(0),
-            ..graph_config()
-        })
+        .hnsw_config(no_graph())
         .build()
+}
+
+/// No graph at all, global or per tenant: for token vectors, which are only scored by id or
+/// scanned over a small scope.
+fn no_graph() -> HnswIndexConfig {
+    HnswIndexConfig {
+        m: 0,
+        payload_m: Some(0),
+        ..graph_config()
+    }
 }
 
 /// The token vectors' own shard: the optimiser never rebuilds it (no index to build, so no
 /// indexing threshold), so a turn's ~28 KB of token vectors are written once, where in the
 /// turns shard every segment the optimiser built for the dense vectors' per-tenant graphs
-/// copied and synced them again (a quarter of a 100k ingest's CPU; docs/SPEED.md, session 27).
+/// copied and synced them again (a fifth of a 100k ingest's CPU a turn; docs/SPEED.md,
+/// session 27).
 /// It keeps one appendable segment; the optimiser only vacuums it after erasures.
 fn tokens_config(width: usize) -> qdrant_edge::EdgeConfig {
     EdgeConfigBuilder::new()
         .vector(LATE_VECTOR, late_params(width))
-        .hnsw_config(HnswIndexConfig {
-            m: 0,
-            payload_m: Some(0),
-            ..graph_config()
-        })
+        .hnsw_config(no_graph())
         .optimizers(EdgeOptimizersConfig {
             // 0: never index (the engine reads it as "disabled").
             indexing_threshold: Some(0),
@@ -1100,24 +1103,11 @@ impl EdgeVectorIndex {
     /// Applies deletions to every shard holding turn points, each flushed.
     async fn delete_in_turn_shards(&self, ops: Vec<PointOperations>) -> Result<(), StoreError> {
         for shard in self.turn_shards() {
-            self.delete_in(&shard, ops.clone()).await?;
+            let ops = ops.clone();
+            self.write(&shard, move |s| Self::update_in(s, ops, None))
+                .await?;
         }
         Ok(())
-    }
-
-    /// Applies deletions to `shard` and flushes it.
-    async fn delete_in(
-        &self,
-        shard: &Arc<EdgeShard>,
-        ops: Vec<PointOperations>,
-    ) -> Result<(), StoreError> {
-        self.write(shard, move |s| {
-            for op in ops {
-                s.update(UpdateOperation::PointOperation(op)).map_err(err)?;
-            }
-            Self::flush(s)
-        })
-        .await
     }
 
     /// The shard holding the turns' token vectors.
@@ -1130,6 +1120,13 @@ impl EdgeVectorIndex {
         std::iter::once(self.turns.clone())
             .chain(self.tokens.clone())
             .collect()
+    }
+
+    /// Every shard: those holding turn points, and the keywords'.
+    fn shards(&self) -> Vec<Arc<EdgeShard>> {
+        let mut all = self.turn_shards();
+        all.push(self.keywords.clone());
+        all
     }
 
     fn check_dim(&self, v: &[f32]) -> Result<(), StoreError> {
@@ -1196,11 +1193,22 @@ impl EdgeVectorIndex {
         points: Vec<qdrant_edge::PointStructPersisted>,
         defer: Option<&AtomicBool>,
     ) -> Result<(), StoreError> {
-        shard
-            .update(UpdateOperation::PointOperation(
-                PointOperations::UpsertPoints(PointInsertOperations::PointsList(points)),
-            ))
-            .map_err(err)?;
+        let upsert = PointOperations::UpsertPoints(PointInsertOperations::PointsList(points));
+        Self::update_in(shard, vec![upsert], defer)
+    }
+
+    /// Applies point operations to `shard` and flushes it, or only marks it unflushed when
+    /// given the shard's flag (the caller holds the write lock).
+    fn update_in(
+        shard: &EdgeShard,
+        ops: Vec<PointOperations>,
+        defer: Option<&AtomicBool>,
+    ) -> Result<(), StoreError> {
+        for op in ops {
+            shard
+                .update(UpdateOperation::PointOperation(op))
+                .map_err(err)?;
+        }
         match defer {
             Some(unflushed) => {
                 unflushed.store(true, Ordering::Release);
@@ -1257,9 +1265,6 @@ impl VectorIndex for EdgeVectorIndex {
                 (Some(late), Some(width)) => Some(late_vector(late, width)?),
                 _ => None,
             };
-            if let (Some(late), None) = (&late, &self.tokens) {
-                named.push((LATE_VECTOR.into(), late.clone()));
-            }
             let mut payload = serde_json::json!({
                 "tenant": p.tenant.as_str(),
                 "conversation": p.conversation_id,
@@ -1281,23 +1286,33 @@ impl VectorIndex for EdgeVectorIndex {
             if !p.metadata.is_empty() {
                 payload["metadata"] = serde_json::Value::Object(p.metadata.clone());
             }
-            if let Some(late) = late.filter(|_| self.tokens.is_some()) {
-                // The same payload, so a scope's filter reads the same in both shards.
-                let mut payload = payload.clone();
-                if let Some(l) = p.late.as_ref().filter(|l| !l.segments.is_empty()) {
-                    payload[LATE_SEGMENTS] = serde_json::json!(l.segments);
+            let segments = p
+                .late
+                .as_ref()
+                .filter(|l| !l.segments.is_empty())
+                .map(|l| serde_json::json!(l.segments));
+            match (late, self.tokens.is_some()) {
+                (Some(late), true) => {
+                    // The same payload, so a scope's filter reads the same in both shards.
+                    let mut payload = payload.clone();
+                    if let Some(segments) = segments {
+                        payload[LATE_SEGMENTS] = segments;
+                    }
+                    let named = vec![(LATE_VECTOR.to_string(), late)];
+                    token_structs.push(
+                        PointStruct::new(point_id(p.memory_id), Vectors::new_named(named), payload)
+                            .into(),
+                    );
                 }
-                let named = vec![(LATE_VECTOR.to_string(), late)];
-                token_structs.push(
-                    PointStruct::new(point_id(p.memory_id), Vectors::new_named(named), payload)
-                        .into(),
-                );
-            } else {
-                if self.tokens.is_some() {
-                    without_tokens.push(point_id(p.memory_id));
-                }
-                if let Some(late) = p.late.as_ref().filter(|l| !l.segments.is_empty()) {
-                    payload[LATE_SEGMENTS] = serde_json::json!(late.segments);
+                (late, own_shard) => {
+                    if let Some(late) = late {
+                        named.push((LATE_VECTOR.into(), late));
+                    } else if own_shard {
+                        without_tokens.push(point_id(p.memory_id));
+                    }
+                    if let Some(segments) = segments {
+                        payload[LATE_SEGMENTS] = segments;
+                    }
                 }
             }
             structs.push(
@@ -1308,23 +1323,23 @@ impl VectorIndex for EdgeVectorIndex {
         let unflushed = self.unflushed.clone();
         // Token vectors first: a turn point found without them would be scored as one that
         // has none until a replay wrote them.
-        if let Some(tokens) = &self.tokens {
-            if !without_tokens.is_empty() {
-                self.delete_in(
-                    tokens,
-                    vec![PointOperations::DeletePoints {
-                        ids: without_tokens,
-                    }],
-                )
-                .await?;
-            }
-            if !token_structs.is_empty() {
-                let unflushed = unflushed.clone();
-                self.write(tokens, move |s| {
-                    Self::upsert_in(s, token_structs, unflushed.as_ref().map(|u| &u.tokens))
-                })
-                .await?;
-            }
+        let mut token_ops = Vec::new();
+        if !without_tokens.is_empty() {
+            token_ops.push(PointOperations::DeletePoints {
+                ids: without_tokens,
+            });
+        }
+        if !token_structs.is_empty() {
+            token_ops.push(PointOperations::UpsertPoints(
+                PointInsertOperations::PointsList(token_structs),
+            ));
+        }
+        if let (Some(tokens), false) = (&self.tokens, token_ops.is_empty()) {
+            let unflushed = unflushed.clone();
+            self.write(tokens, move |s| {
+                Self::update_in(s, token_ops, unflushed.as_ref().map(|u| &u.tokens))
+            })
+            .await?;
         }
         self.write(&self.turns, move |s| {
             Self::upsert_in(s, structs, unflushed.as_ref().map(|u| &u.turns))
@@ -1794,11 +1809,7 @@ impl VectorIndex for EdgeVectorIndex {
 
     async fn copy_files_to(&self, to: &Path) -> Result<bool, StoreError> {
         let (writes, files) = (self.writes.clone(), self.files.clone());
-        let (turns, keywords, tokens) = (
-            self.turns.clone(),
-            self.keywords.clone(),
-            self.tokens.clone(),
-        );
+        let shards = self.shards();
         let (from, to) = (self.dir.clone(), to.to_path_buf());
         // No change of keyword forms either: `keyword_forms.redb` is copied with the shards.
         let _changes = self.keyword_changes.lock().await;
@@ -1806,10 +1817,8 @@ impl VectorIndex for EdgeVectorIndex {
             // No update and no optimisation while the segments are copied.
             let _no_writes = writes.lock();
             let _no_rewrites = files.lock();
-            turns.flush();
-            keywords.flush();
-            if let Some(tokens) = &tokens {
-                tokens.flush();
+            for shard in &shards {
+                shard.flush();
             }
             // The engine never reads its log's closed segments, and opening the copy would
             // remove them: not copied.
@@ -1861,9 +1870,7 @@ impl VectorIndex for EdgeVectorIndex {
     /// Waits out a background optimisation in progress, then optimises what is left, so
     /// the caller meets a settled index (the bench times recall on one).
     async fn optimize(&self) -> Result<(), StoreError> {
-        let files = self.files.clone();
-        let mut shards = self.turn_shards();
-        shards.push(self.keywords.clone());
+        let (files, shards) = (self.files.clone(), self.shards());
         tokio::task::spawn_blocking(move || {
             let _no_rewrites = files.lock();
             for shard in shards {
