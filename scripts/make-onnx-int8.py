@@ -38,6 +38,9 @@ ALPHA = 0.7
 # Output tensors (make-onnx.py's names) of the MatMuls left in f32, most sensitive first, by the
 # graph's name (make-onnx.py names it after the model directory).
 KEEP_F32 = {"all-MiniLM-L6-v2-fused": ["l0_fo", "l2_fo"], "all-mpnet-base-v2-fused": ["l0_fo", "l3_fo"]}
+# The least cosine to the f32 model, over the calibration texts, below which the graph is refused
+# (each model's measured minimum on them, less a margin; docs/EVALUATION.md has the LoCoMo ones).
+MIN_COSINE = {"all-MiniLM-L6-v2-fused": 0.99, "all-mpnet-base-v2-fused": 0.97}
 # Hand-written chat questions and turns, and one long text (shared/embed/calibration-texts.json,
 # which the embed tests read too).
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shared", "embed",
@@ -141,7 +144,24 @@ def main() -> None:
             # No shape inference through the com.microsoft ops.
             extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
         )
-    print(out, f"{len(targets)} ops quantised, {len(keep)} kept f32")
+    worst = least_cosine(src, out, tok)
+    if worst < MIN_COSINE[model.graph.name]:
+        sys.exit(f"{out}: least cosine to the f32 model {worst:.4f} < {MIN_COSINE[model.graph.name]}")
+    print(out, f"{len(targets)} ops quantised, {len(keep)} kept f32, least cosine to f32 {worst:.4f}")
+
+
+def least_cosine(f32: str, int8: str, tok: Tokenizer) -> float:
+    """The least cosine between the two graphs' mean-pooled vectors of the calibration texts:
+    the graph's bytes follow the CPU's float kernels (the calibration runs ONNX Runtime), so
+    what setup checks is that it embeds as the f32 model does."""
+    sessions = [ort.InferenceSession(g, providers=["CPUExecutionProvider"]) for g in (f32, int8)]
+    worst = 1.0
+    for text in CALIBRATION:
+        ids = np.array([tok.encode(text).ids], dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+        a, b = (s.run(None, feeds)[0][0].mean(0) for s in sessions)
+        worst = min(worst, float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)))
+    return worst
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@
 # E5, MPNet or nomic model scripts/setup-model.sh installed, its f32 graph by make-onnx.py (and
 # MPNet's int8 form, "all-mpnet-base-v2-int8", by make-onnx-int8.py). Wheel, library and graphs
 # are checked against pinned sha256 digests (the graphs are bit-reproducible from the
-# pinned weights and tools). Idempotent: exits at once when all are in place. Prints one line
-# saying what it did.
+# pinned weights and tools). The int8 graphs are not: their calibration runs ONNX Runtime, whose
+# float kernels differ by CPU, so make-onnx-int8.py refuses one that strays from the f32 model
+# and the digest it had when built is kept beside it (model-int8.onnx.sha256). Idempotent: exits
+# at once when all are in place. Prints one line saying what it did.
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -24,7 +26,6 @@ MODEL_DIR="$CACHE/models/all-MiniLM-L6-v2"
 GRAPH="$MODEL_DIR/model.onnx"
 GRAPH_SHA256=d03bb1b9e074d912c7c334bf0f81ff99feefd9ad6aa5517d40e14b78fc2e4e4f
 INT8="$MODEL_DIR/model-int8.onnx"
-INT8_SHA256=279df19be9c21d54c0d7ffd181cc7381cb038f65de73eca6bb06d870d435917c
 # The other models' f32 graphs (model.onnx beside their safetensors), made only for the models
 # installed: without one, embedder.runtime "auto" runs an E5 model on candle, with the same
 # vectors; all-mpnet-base-v2 runs on ONNX Runtime only.
@@ -35,16 +36,16 @@ declare -A MORE_GRAPH_SHA256=(
     [nomic-embed-text-v1.5]=65d29554fd0a97d296e872acbe679c598a0cabccba02f75a16fb2c2279137926
 )
 # Their int8 graphs (model-int8.onnx), written from the f32 graph above.
-declare -A MORE_INT8_SHA256=(
-    [all-mpnet-base-v2]=370fdd8e052b27abb9e2fa656f3747850725bdc8216ea7821567da2a74df56d8
-)
-# The graphs' bytes depend on these versions; other versions fail the digests above.
+MORE_INT8=(all-mpnet-base-v2)
+# The f32 graphs' bytes depend on these versions; other versions fail the digests above.
 # shellcheck source=scripts/venv.sh
 source "$SCRIPT_DIR/venv.sh"
 PY_TOOLS=(onnx==1.23.2 "${PY_ARRAY_TOOLS[@]}" protobuf==7.36.2 "onnxruntime==$ORT_VERSION"
     tokenizers==0.23.3)
 
 ok() { echo "$1  $2" | sha256sum -c --status - 2>/dev/null; }
+# An int8 graph $1 as built here: its recorded digest still matches.
+built() { [[ -f "$1" && -f "$1.sha256" ]] && ok "$(cat "$1.sha256")" "$1"; }
 
 # The installed models of the digest map named $1 whose graph file $2 is missing or not the
 # pinned one, a line each.
@@ -58,9 +59,14 @@ missing() {
     done
 }
 mapfile -t GRAPHS_TODO < <(missing MORE_GRAPH_SHA256 model.onnx)
-mapfile -t INT8_TODO < <(missing MORE_INT8_SHA256 model-int8.onnx)
+INT8_TODO=()
+for m in "${MORE_INT8[@]}"; do
+    if [[ -f "$CACHE/models/$m/model.safetensors" ]] && ! built "$CACHE/models/$m/model-int8.onnx"; then
+        INT8_TODO+=("$m")
+    fi
+done
 
-if ok "$ORT_LIB_SHA256" "$ORT_LIB" && ok "$GRAPH_SHA256" "$GRAPH" && ok "$INT8_SHA256" "$INT8" \
+if ok "$ORT_LIB_SHA256" "$ORT_LIB" && ok "$GRAPH_SHA256" "$GRAPH" && built "$INT8" \
     && ((${#GRAPHS_TODO[@]} == 0)) && ((${#INT8_TODO[@]} == 0)); then
     echo "setup-onnx: ONNX Runtime $ORT_VERSION and the models' graphs already present (nothing to do)"
     exit 0
@@ -97,18 +103,28 @@ PY
     rm -rf "$ORT_DIR" && mv "$tmp" "$ORT_DIR"
 fi
 
-if ! ok "$GRAPH_SHA256" "$GRAPH" || ! ok "$INT8_SHA256" "$INT8" || ((${#GRAPHS_TODO[@]} > 0)) \
+if ! ok "$GRAPH_SHA256" "$GRAPH" || ! built "$INT8" || ((${#GRAPHS_TODO[@]} > 0)) \
     || ((${#INT8_TODO[@]} > 0)); then
     VENV="${RECOLLECT_VENV:-$CACHE/venv}"
     ensure_venv "$VENV" setup-onnx
     # The pinned wheel is in the cache already; pip takes it from there.
     "$VENV/bin/pip" install -q --find-links "$WHEELS" "${PY_TOOLS[@]}"
 fi
-# build SCRIPT ARGS... : writes $OUT.tmp with SCRIPT and moves it in place if it has DIGEST.
+# build OUT DIGEST SCRIPT ARGS... : writes $OUT.tmp with SCRIPT and moves it in place if it has
+# DIGEST, or, with DIGEST "-" (an int8 graph, which SCRIPT checked), records its digest beside it.
 build() {
     local out="$1" digest="$2"
     shift 2
-    "$VENV/bin/python" "$@" "$out.tmp" >/dev/null
+    "$VENV/bin/python" "$@" "$out.tmp" >/dev/null || {
+        rm -f "$out.tmp"
+        exit 1
+    }
+    if [[ "$digest" == - ]]; then
+        rm -f "$out.sha256"
+        mv "$out.tmp" "$out"
+        sha256sum "$out" | cut -d' ' -f1 >"$out.sha256"
+        return
+    fi
     ok "$digest" "$out.tmp" || {
         echo "setup-onnx: the graph $1 wrote does not match its pinned sha256" \
             "(other tool versions in $VENV than ${PY_TOOLS[*]}?)" >&2
@@ -120,15 +136,15 @@ build() {
 if ! ok "$GRAPH_SHA256" "$GRAPH"; then
     build "$GRAPH" "$GRAPH_SHA256" "$SCRIPT_DIR/make-onnx.py" "$MODEL_DIR"
 fi
-if ! ok "$INT8_SHA256" "$INT8"; then
-    build "$INT8" "$INT8_SHA256" "$SCRIPT_DIR/make-onnx-int8.py" "$MODEL_DIR" "$GRAPH"
+if ! built "$INT8"; then
+    build "$INT8" - "$SCRIPT_DIR/make-onnx-int8.py" "$MODEL_DIR" "$GRAPH"
 fi
 for m in "${GRAPHS_TODO[@]}"; do
     build "$CACHE/models/$m/model.onnx" "${MORE_GRAPH_SHA256[$m]}" "$SCRIPT_DIR/make-onnx.py" \
         "$CACHE/models/$m"
 done
 for m in "${INT8_TODO[@]}"; do
-    build "$CACHE/models/$m/model-int8.onnx" "${MORE_INT8_SHA256[$m]}" "$SCRIPT_DIR/make-onnx-int8.py" \
+    build "$CACHE/models/$m/model-int8.onnx" - "$SCRIPT_DIR/make-onnx-int8.py" \
         "$CACHE/models/$m" "$CACHE/models/$m/model.onnx"
 done
 echo "setup-onnx: ONNX Runtime $ORT_VERSION in $ORT_DIR, MiniLM graphs (f32, int8) in $MODEL_DIR${GRAPHS_TODO[*]:+; the f32 graph of ${GRAPHS_TODO[*]}}${INT8_TODO[*]:+; the int8 graph of ${INT8_TODO[*]}}"
