@@ -2406,20 +2406,27 @@ mod tests {
         );
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn qdrant_vectors_pass_the_contract() {
-        // QDRANT_URL is set by scripts/test.sh after it starts Qdrant. Missing: a failure when
-        // REQUIRE_QDRANT=1 (the test script said the server is there), a printed skip otherwise.
+    /// The Qdrant server scripts/test.sh started (QDRANT_URL). Missing: a failure when
+    /// REQUIRE_QDRANT=1 (the test script said the server is there), a printed skip otherwise.
+    fn qdrant_url(what: &str) -> Option<String> {
         let Ok(url) = std::env::var("QDRANT_URL") else {
             assert!(
                 std::env::var("REQUIRE_QDRANT").as_deref() != Ok("1"),
                 "REQUIRE_QDRANT=1 but QDRANT_URL is unset: the Qdrant server did not start"
             );
             eprintln!(
-                "SKIPPED: Qdrant adapter contract skipped because QDRANT_URL is unset; run \
-                 scripts/test.sh (starts Qdrant when scripts/qdrant.sh installed it) or set \
-                 QDRANT_URL to a server's gRPC address (e.g. http://127.0.0.1:6334)"
+                "SKIPPED: {what} skipped because QDRANT_URL is unset; run scripts/test.sh \
+                 (starts Qdrant when scripts/qdrant.sh installed it) or set QDRANT_URL to a \
+                 server's gRPC address (e.g. http://127.0.0.1:6334)"
             );
+            return None;
+        };
+        Some(url)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn qdrant_vectors_pass_the_contract() {
+        let Some(url) = qdrant_url("Qdrant adapter contract") else {
             return;
         };
         // Fresh collections per run, so a long-lived server holds no earlier state.
@@ -2485,6 +2492,173 @@ mod tests {
             again.keyword_count(&a, &Scope::of(&["c1"])).await.unwrap(),
             0
         );
+    }
+
+    /// Token vectors in a collection of their own that the server's optimiser never indexes;
+    /// they go with their turns (versions, edits, erasures, late interaction turned off), and
+    /// collections made before it, with token vectors in the turn points, work as they did.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn qdrant_token_vectors_live_in_their_own_collection_and_go_with_their_turns() {
+        use crate::vector::qdrant::{keywords_collection, scope_filter, turns_collection};
+        use crate::vector::{history_tenant, LATE_VECTOR};
+        use qdrant_client::qdrant::{vectors_config::Config, CountPointsBuilder};
+        let Some(url) = qdrant_url("Qdrant token collection test") else {
+            return;
+        };
+        let settings = crate::QdrantSettings {
+            url: url.clone(),
+            api_key: String::new(),
+        };
+        let client = qdrant_client::Qdrant::from_url(&url).build().unwrap();
+        let prefix = format!("tokens_{}", uuid::Uuid::new_v4().simple());
+        let v = crate::QdrantVectorIndex::connect_shaped(&settings, &prefix, 32, Some(16))
+            .await
+            .unwrap();
+        let (turns, tokens) = (format!("{prefix}_turns"), format!("{prefix}_tokens"));
+        let config = |name: String| {
+            let client = &client;
+            async move {
+                let info = client.collection_info(name).await.unwrap();
+                info.result.unwrap().config.unwrap()
+            }
+        };
+        let c = config(tokens.clone()).await;
+        assert_eq!(c.optimizer_config.unwrap().indexing_threshold, Some(0));
+        let names = |c: qdrant_client::qdrant::CollectionConfig| match c
+            .params
+            .and_then(|p| p.vectors_config)
+            .and_then(|v| v.config)
+        {
+            Some(Config::ParamsMap(m)) => {
+                let mut n: Vec<String> = m.map.into_keys().collect();
+                n.sort();
+                n
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(names(c), vec![LATE_VECTOR.to_string()]);
+        assert_eq!(
+            names(config(turns.clone()).await),
+            vec!["assistant", "user"]
+        );
+
+        let t = TenantId("tokens".into());
+        let rows_in = |conversation: &'static str, tenant: String| {
+            let (client, tokens) = (&client, tokens.clone());
+            async move {
+                let f = scope_filter(&TenantId(tenant), &Scope::of(&[conversation]));
+                let r = client
+                    .count(CountPointsBuilder::new(tokens).filter(f).exact(true))
+                    .await
+                    .unwrap();
+                r.result.unwrap().count
+            }
+        };
+        let point = |conversation: &str, i: usize, late: Option<TokenVectors>| TurnPoint {
+            memory_id: MemoryId::derive(&t, conversation, &i.to_string()),
+            tenant: t.clone(),
+            conversation_id: conversation.into(),
+            turn_id: i.to_string(),
+            position: i as u64,
+            timestamp: Utc::now(),
+            recorded_at: Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap(),
+            user_speaker: None,
+            assistant_speaker: None,
+            user: vector(32, i),
+            assistant: None,
+            lexical: SparseVector::default(),
+            user_id: None,
+            agent_id: None,
+            metadata: Default::default(),
+            late,
+        };
+        let mut pts: Vec<TurnPoint> = (0..4)
+            .map(|i| point("c", i, Some(token_rows(16, 10 * i, 4))))
+            .collect();
+        pts.push(point("d", 9, Some(token_rows(16, 90, 4))));
+        v.upsert_turns(pts.clone()).await.unwrap();
+        assert_eq!(rows_in("c", t.0.clone()).await, 4);
+        assert_eq!(rows_in("d", t.0.clone()).await, 1);
+        let ids: Vec<MemoryId> = pts.iter().map(|p| p.memory_id).collect();
+        // A version without token vectors removes the rows of the one before.
+        v.upsert_turns(vec![point("c", 2, None)]).await.unwrap();
+        assert_eq!(rows_in("c", t.0.clone()).await, 3);
+        let scores = v
+            .late_scores(&t, &token_rows(16, 20, 4), &ids)
+            .await
+            .unwrap();
+        assert!(!scores.contains_key(&ids[2]), "{scores:?}");
+        assert_eq!(scores.len(), 4, "{scores:?}");
+        // An edit keeps the old version's rows, found as of before it.
+        let before = Utc::now();
+        v.keep_versions(
+            &t,
+            &[ReplacedVersion {
+                memory_id: ids[1],
+                recorded_at: pts[1].recorded_at,
+                expired_at: Utc::now(),
+            }],
+        )
+        .await
+        .unwrap();
+        let mut edited = point("c", 1, Some(token_rows(16, 70, 4)));
+        edited.recorded_at = Utc::now();
+        v.upsert_turns(vec![edited]).await.unwrap();
+        assert_eq!(rows_in("c", history_tenant(&t)).await, 1);
+        let old_rows = VectorQuery::Late(token_rows(16, 10, 4));
+        let then = v
+            .search(
+                &t,
+                &Scope {
+                    as_of: Some(before),
+                    ..Scope::of(&["c"])
+                },
+                &old_rows,
+                1,
+            )
+            .await
+            .unwrap();
+        assert_eq!(then[0].0, ids[1]);
+        assert!((then[0].1 - 1.0).abs() < 1e-2, "{then:?}");
+        // Reopened with late interaction off, the collection is still opened, and an erasure
+        // reaches it for that conversation only (the kept version too).
+        let off = crate::QdrantVectorIndex::connect(&url, &prefix, 32)
+            .await
+            .unwrap();
+        assert_eq!(off.holds_token_vectors(), Some(false));
+        assert_eq!(off.delete_conversation(&t, "c").await.unwrap(), 4);
+        assert_eq!(rows_in("c", t.0.clone()).await, 0);
+        assert_eq!(rows_in("c", history_tenant(&t)).await, 0);
+        assert_eq!(rows_in("d", t.0.clone()).await, 1);
+        // Another width is refused, naming all three collections.
+        let e = crate::QdrantVectorIndex::connect_shaped(&settings, &prefix, 32, Some(8))
+            .await
+            .err()
+            .expect("refused");
+        assert!(e.to_string().contains(&tokens), "{e}");
+
+        // Collections made before the tokens collection: token vectors in the turn points,
+        // read and written as before, and no tokens collection made.
+        let legacy = format!("legacy_{}", uuid::Uuid::new_v4().simple());
+        client
+            .create_collection(turns_collection(&format!("{legacy}_turns"), 32, Some(16)))
+            .await
+            .unwrap();
+        client
+            .create_collection(keywords_collection(&format!("{legacy}_keywords"), 32))
+            .await
+            .unwrap();
+        let old = Arc::new(
+            crate::QdrantVectorIndex::connect_shaped(&settings, &legacy, 32, Some(16))
+                .await
+                .unwrap(),
+        );
+        assert_eq!(old.holds_token_vectors(), Some(true));
+        late_contract(old, 32, 16).await;
+        assert!(!client
+            .collection_exists(format!("{legacy}_tokens"))
+            .await
+            .unwrap());
     }
 
     /// A Qdrant server of scripts/qdrant.sh with its own state, stopped (by PID) on drop.

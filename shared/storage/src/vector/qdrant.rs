@@ -1,7 +1,10 @@
 //! `VectorIndex` on a Qdrant server through qdrant-client (gRPC), laid out as the embedded
 //! engine is: a turns collection (named dense `user`/`assistant`, sparse `lexical` with the IDF
 //! modifier; payload indexes on tenant as a tenant index, conversation, turn_id, position,
-//! timestamp) and a keywords collection, both created idempotently with the configured dimension.
+//! timestamp) and a keywords collection, both created idempotently with the configured dimension,
+//! and with late interaction a tokens collection of the turns' token vectors that the server's
+//! optimiser never rewrites ([`tokens_collection`]); collections made before it keep token
+//! vectors in the turn points, and are read and written as they were.
 //!
 //! Every request is built by a plain function (unit-tested below without a server); the adapter
 //! only sends them. Field max-sim is done in our code from the two field queries, as with the
@@ -18,10 +21,11 @@ use qdrant_client::qdrant::{
     CreateFieldIndexCollectionBuilder, Datatype, DatetimeIndexParamsBuilder, DatetimeRange,
     DeletePointsBuilder, Distance, FieldType, Filter, Fusion, GetPointsBuilder,
     HnswConfigDiffBuilder, IntegerIndexParamsBuilder, KeywordIndexParamsBuilder, Modifier,
-    MultiVectorComparator, MultiVectorConfigBuilder, PayloadIncludeSelector, PointId, PointStruct,
-    PrefetchQueryBuilder, Query, QueryBatchPointsBuilder, QueryPoints, QueryPointsBuilder, Range,
-    ScoredPoint, SparseVectorParamsBuilder, SparseVectorsConfigBuilder, Timestamp, Value as QValue,
-    Vector, VectorInput, VectorParamsBuilder, VectorsConfigBuilder, VectorsSelector,
+    MultiVectorComparator, MultiVectorConfigBuilder, OptimizersConfigDiffBuilder,
+    PayloadIncludeSelector, PointId, PointStruct, PointsIdsList, PrefetchQueryBuilder, Query,
+    QueryBatchPointsBuilder, QueryPoints, QueryPointsBuilder, Range, ScoredPoint,
+    SparseVectorParamsBuilder, SparseVectorsConfigBuilder, Timestamp, Value as QValue, Vector,
+    VectorInput, VectorParamsBuilder, VectorsConfigBuilder, VectorsSelector,
 };
 use qdrant_client::{Payload, Qdrant};
 use recollect_model::{MemoryId, SparseVector, TenantId, TokenVectors};
@@ -79,8 +83,12 @@ pub struct QdrantVectorIndex {
     client: Qdrant,
     turns: String,
     keywords: String,
+    /// The turns' token vectors, when they are not in the turn points: once it exists it is
+    /// used whatever `embedder.late_model` says, so an erasure still reaches it.
+    tokens: Option<String>,
     dim: usize,
-    /// The width of the turns' token vectors, when the collection holds them.
+    /// The width of the turns' token vectors, when the index holds them and late interaction
+    /// is on.
     late_dim: Option<usize>,
 }
 
@@ -274,9 +282,19 @@ fn per_tenant_graphs() -> HnswConfigDiffBuilder {
     HnswConfigDiffBuilder::default().m(0).payload_m(16)
 }
 
-/// The turns collection: named dense `user` and `assistant`, sparse `lexical` scored with IDF,
-/// and with `late` a multivector `late` of token vectors: compared by MaxSim, f16 on disk, in
-/// no graph (recall scores only the turns it names), as the embedded engine keeps them.
+/// Token vectors: a multivector compared by MaxSim, f16 on disk, in no graph (recall scores
+/// only the turns it names, or a scope's), as the embedded engine keeps them.
+fn token_vector_params(width: usize) -> VectorParamsBuilder {
+    VectorParamsBuilder::new(width as u64, Distance::Cosine)
+        .multivector_config(MultiVectorConfigBuilder::new(MultiVectorComparator::MaxSim))
+        .datatype(Datatype::Float16)
+        .on_disk(true)
+        .hnsw_config(HnswConfigDiffBuilder::default().m(0).payload_m(0))
+}
+
+/// The turns collection: named dense `user` and `assistant`, sparse `lexical` scored with IDF;
+/// with `late` also the token vectors, `late`, as collections made before
+/// [`tokens_collection`] hold them.
 pub fn turns_collection(name: &str, dim: usize, late: Option<usize>) -> CreateCollection {
     let mut dense = VectorsConfigBuilder::default();
     for field in [USER_VECTOR, ASSISTANT_VECTOR] {
@@ -286,14 +304,7 @@ pub fn turns_collection(name: &str, dim: usize, late: Option<usize>) -> CreateCo
         );
     }
     if let Some(late) = late {
-        dense.add_named_vector_params(
-            LATE_VECTOR,
-            VectorParamsBuilder::new(late as u64, Distance::Cosine)
-                .multivector_config(MultiVectorConfigBuilder::new(MultiVectorComparator::MaxSim))
-                .datatype(Datatype::Float16)
-                .on_disk(true)
-                .hnsw_config(HnswConfigDiffBuilder::default().m(0).payload_m(0)),
-        );
+        dense.add_named_vector_params(LATE_VECTOR, token_vector_params(late));
     }
     let mut sparse = SparseVectorsConfigBuilder::default();
     sparse.add_named_vector_params(
@@ -304,6 +315,20 @@ pub fn turns_collection(name: &str, dim: usize, late: Option<usize>) -> CreateCo
         .vectors_config(dense)
         .sparse_vectors_config(sparse)
         .hnsw_config(per_tenant_graphs())
+        .build()
+}
+
+/// The turns' token vectors in a collection of their own, a point per turn under its id with its
+/// payload (so scope filters read the same), never indexed (`indexing_threshold` 0). The
+/// server's optimiser rebuilds a segment with every vector of its points: in the turns
+/// collection it copied each turn's token rows (~28 KB of its ~29 KB) into every segment it
+/// built for the dense vectors' graphs; here it only vacuums erased turns.
+pub fn tokens_collection(name: &str, width: usize) -> CreateCollection {
+    let mut vectors = VectorsConfigBuilder::default();
+    vectors.add_named_vector_params(LATE_VECTOR, token_vector_params(width));
+    CreateCollectionBuilder::new(name)
+        .vectors_config(vectors)
+        .optimizers_config(OptimizersConfigDiffBuilder::default().indexing_threshold(0))
         .build()
 }
 
@@ -413,8 +438,7 @@ fn json_value(v: &serde_json::Value) -> QValue {
 pub fn turn_point(p: &TurnPoint, late: bool) -> PointStruct {
     let mut vectors: HashMap<String, Vector> = HashMap::new();
     if let Some(t) = p.late.as_ref().filter(|_| late) {
-        let rows: Vec<Vec<f32>> = t.rows().map(<[f32]>::to_vec).collect();
-        vectors.insert(LATE_VECTOR.into(), Vector::new_multi(rows));
+        vectors.insert(LATE_VECTOR.into(), token_rows(t));
     }
     vectors.insert(USER_VECTOR.into(), Vector::new_dense(p.user.clone()));
     if let Some(a) = &p.assistant {
@@ -424,6 +448,27 @@ pub fn turn_point(p: &TurnPoint, late: bool) -> PointStruct {
         let (i, v) = sparse_pairs(&p.lexical);
         vectors.insert(LEXICAL_VECTOR.into(), Vector::new_sparse(i, v));
     }
+    PointStruct::new(point_id(p.memory_id), vectors, turn_payload(p, late))
+}
+
+/// A turn's token vectors as a point of the tokens collection ([`tokens_collection`]); None
+/// when it has none.
+pub fn token_point(p: &TurnPoint) -> Option<PointStruct> {
+    let t = p.late.as_ref()?;
+    let vectors = HashMap::from([(LATE_VECTOR.to_string(), token_rows(t))]);
+    Some(PointStruct::new(
+        point_id(p.memory_id),
+        vectors,
+        turn_payload(p, true),
+    ))
+}
+
+fn token_rows(t: &TokenVectors) -> Vector {
+    Vector::new_multi(t.rows().map(<[f32]>::to_vec).collect::<Vec<_>>())
+}
+
+/// The payload a turn's points carry; with `late`, its token rows' sentence labels.
+fn turn_payload(p: &TurnPoint, late: bool) -> Payload {
     let mut payload = Payload::new();
     payload.insert("tenant", p.tenant.as_str());
     payload.insert("conversation", p.conversation_id.as_str());
@@ -454,7 +499,7 @@ pub fn turn_point(p: &TurnPoint, late: bool) -> PointStruct {
         let labels: Vec<i64> = t.segments.iter().map(|s| i64::from(s.0)).collect();
         payload.insert(LATE_SEGMENTS, labels);
     }
-    PointStruct::new(point_id(p.memory_id), vectors, payload)
+    payload
 }
 
 /// One retriever: nearest by a named dense field or by the lexical sparse vector, in scope.
@@ -576,7 +621,7 @@ pub fn field_max(answers: &[Vec<ScoredPoint>]) -> HashMap<MemoryId, f32> {
 
 impl QdrantVectorIndex {
     /// Connects to `url` (gRPC, e.g. http://127.0.0.1:6334) and creates `{prefix}_turns` and
-    /// `{prefix}_keywords` if missing.
+    /// `{prefix}_keywords` if missing (and, with token vectors, `{prefix}_tokens`).
     pub async fn connect(url: &str, prefix: &str, dim: usize) -> Result<Self, StoreError> {
         Self::connect_with(
             &QdrantSettings {
@@ -613,10 +658,13 @@ impl QdrantVectorIndex {
             client,
             turns: format!("{prefix}_turns"),
             keywords: format!("{prefix}_keywords"),
+            tokens: None,
             dim,
             late_dim: late.width(),
         };
-        index.ensure_collections(late).await?;
+        index
+            .ensure_collections(late, format!("{prefix}_tokens"))
+            .await?;
         Ok(index)
     }
 
@@ -636,27 +684,38 @@ impl QdrantVectorIndex {
         })
     }
 
-    async fn ensure_collections(&mut self, late: TokenVectorsWanted) -> Result<(), StoreError> {
-        for (name, create, turns) in [
-            (
-                self.turns.clone(),
-                turns_collection(&self.turns, self.dim, self.late_dim),
-                true,
-            ),
-            (
-                self.keywords.clone(),
-                keywords_collection(&self.keywords, self.dim),
-                false,
-            ),
-        ] {
-            if self
-                .client
-                .collection_exists(name.as_str())
-                .await
-                .map_err(err)?
-            {
+    async fn ensure_collections(
+        &mut self,
+        late: TokenVectorsWanted,
+        tokens: String,
+    ) -> Result<(), StoreError> {
+        let (turns_held, tokens_held) = (self.held(&self.turns).await?, self.held(&tokens).await?);
+        // A new index with token vectors keeps them in a collection of their own, made before
+        // the turns': a start that stops between the two finds the same layout on the next.
+        if tokens_held || (!turns_held && late.width().is_some()) {
+            self.tokens = Some(tokens);
+        }
+        // (name, how to make it when missing, whether it holds turns)
+        let mut wanted: Vec<(String, Option<CreateCollection>, bool)> = Vec::new();
+        if let Some(name) = &self.tokens {
+            // Held and late interaction off: opened for erasures, not made.
+            let create = late.width().map(|width| tokens_collection(name, width));
+            wanted.push((name.clone(), create, true));
+        }
+        wanted.push((
+            self.turns.clone(),
+            Some(turns_collection(&self.turns, self.dim, None)),
+            true,
+        ));
+        wanted.push((
+            self.keywords.clone(),
+            Some(keywords_collection(&self.keywords, self.dim)),
+            false,
+        ));
+        for (name, create, turns) in wanted {
+            if self.held(&name).await? {
                 self.take_existing(&name, late).await?;
-            } else {
+            } else if let Some(create) = create {
                 // Two starting services may race here: "already exists" is success.
                 if let Err(e) = self.client.create_collection(create).await {
                     if !e.to_string().contains("already exists") {
@@ -671,22 +730,44 @@ impl QdrantVectorIndex {
         Ok(())
     }
 
+    async fn held(&self, collection: &str) -> Result<bool, StoreError> {
+        self.client.collection_exists(collection).await.map_err(err)
+    }
+
+    /// What an operator deletes to start the index again.
+    fn reset(&self) -> String {
+        match &self.tokens {
+            Some(tokens) => format!(
+                "delete the collections {}, {} and {tokens}",
+                self.turns, self.keywords
+            ),
+            None => format!(
+                "delete the collections {} and {}",
+                self.turns, self.keywords
+            ),
+        }
+    }
+
     /// An existing collection, read once: one written with another model's width is refused at
     /// start, as the embedded index does (the server's own error would come only at the first
-    /// write). Turns made without token vectors are refused when they are required, since they
-    /// cannot be added to the turns it holds, and used without them when they are wanted where
-    /// possible.
+    /// write). Turns made without token vectors, and no tokens collection beside them, are
+    /// refused when token vectors are required, since they cannot be added to the turns held,
+    /// and used without them when they are wanted where possible.
     async fn take_existing(
         &mut self,
         name: &str,
         late: TokenVectorsWanted,
     ) -> Result<(), StoreError> {
         let size_of = self.widths(name).await?;
-        let reset = format!(
-            "delete the collections {} and {}",
-            self.turns, self.keywords
-        );
-        if name == self.turns {
+        let reset = self.reset();
+        let (late_held, field) = if self.tokens.as_deref() == Some(name) {
+            (true, LATE_VECTOR)
+        } else if name == self.turns {
+            (self.tokens.is_none(), USER_VECTOR)
+        } else {
+            (false, KEYWORD_VECTOR)
+        };
+        if late_held {
             match (late, size_of(LATE_VECTOR)) {
                 (TokenVectorsWanted::No, _) => {}
                 (TokenVectorsWanted::WherePossible(_), None) => {
@@ -718,11 +799,9 @@ impl QdrantVectorIndex {
                 _ => {}
             }
         }
-        let field = if name == self.turns {
-            USER_VECTOR
-        } else {
-            KEYWORD_VECTOR
-        };
+        if field == LATE_VECTOR {
+            return Ok(());
+        }
         match size_of(field) {
             Some(held) if held != self.dim as u64 => Err(super::another_width(
                 &format!("(Qdrant collection {name})"),
@@ -732,6 +811,130 @@ impl QdrantVectorIndex {
             )),
             _ => Ok(()),
         }
+    }
+
+    /// The collection holding the turns' token vectors.
+    fn late_collection(&self) -> &str {
+        self.tokens.as_deref().unwrap_or(&self.turns)
+    }
+
+    /// The collections a turn has points in.
+    fn turn_collections(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.turns.as_str()).chain(self.tokens.as_deref())
+    }
+
+    /// The token rows of `chunk` into the tokens collection, before their turns' points (a turn
+    /// is never found without its rows); a version without them (or with late interaction off)
+    /// removes the rows of the version before, as a turn point replaced whole did.
+    async fn upsert_token_points(
+        &self,
+        tokens: &str,
+        chunk: &[TurnPoint],
+        late: bool,
+    ) -> Result<(), StoreError> {
+        let (mut rows, mut gone) = (Vec::new(), Vec::new());
+        for p in chunk {
+            match late.then(|| token_point(p)).flatten() {
+                Some(point) => rows.push(point),
+                None => gone.push(point_id(p.memory_id)),
+            }
+        }
+        if !rows.is_empty() {
+            self.client
+                .upsert_points(
+                    qdrant_client::qdrant::UpsertPointsBuilder::new(tokens, rows).wait(true),
+                )
+                .await
+                .map_err(err)?;
+        }
+        if !gone.is_empty() {
+            self.client
+                .delete_points(
+                    DeletePointsBuilder::new(tokens)
+                        .points(PointsIdsList { ids: gone })
+                        .wait(true),
+                )
+                .await
+                .map_err(err)?;
+        }
+        Ok(())
+    }
+
+    /// [`VectorIndex::keep_versions`] in one of the collections a turn has points in: each
+    /// point copied whole under the version's id.
+    async fn keep_versions_in(
+        &self,
+        collection: &str,
+        tenant: &TenantId,
+        versions: &[ReplacedVersion],
+    ) -> Result<(), StoreError> {
+        let pids: Vec<PointId> = versions.iter().map(|v| point_id(v.memory_id)).collect();
+        let res = self
+            .client
+            .get_points(
+                GetPointsBuilder::new(collection, pids)
+                    .with_payload(true)
+                    .with_vectors(true),
+            )
+            .await
+            .map_err(err)?;
+        let mut keep = Vec::new();
+        for r in res.result {
+            let Some(id) = memory_id(&r.id) else { continue };
+            let Some(v) = versions.iter().find(|v| v.memory_id == id) else {
+                continue;
+            };
+            if text(&r.payload, "tenant").as_deref() != Some(tenant.as_str()) {
+                continue;
+            }
+            // Still the version being replaced (a redelivered edit finds its own point).
+            let recorded = text(&r.payload, "recorded_at")
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(&t).ok());
+            if recorded.is_some_and(|t| t != v.recorded_at) {
+                continue;
+            }
+            let Some(vectors) = r.vectors.and_then(|v| v.vectors_options) else {
+                continue;
+            };
+            let qdrant_client::qdrant::vectors_output::VectorsOptions::Vectors(named) = vectors
+            else {
+                continue;
+            };
+            let mut out: HashMap<String, Vector> = HashMap::new();
+            for (name, vo) in named.vectors {
+                use qdrant_client::qdrant::vector_output::Vector as V;
+                match vo.into_vector() {
+                    V::Dense(d) => out.insert(name, Vector::new_dense(d.data)),
+                    V::Sparse(s) => out.insert(name, Vector::new_sparse(s.indices, s.values)),
+                    V::MultiDense(m) => out.insert(
+                        name,
+                        Vector::new_multi(
+                            m.vectors.into_iter().map(|d| d.data).collect::<Vec<_>>(),
+                        ),
+                    ),
+                };
+            }
+            let mut payload = Payload::from(r.payload);
+            payload.insert("tenant", history_tenant(tenant));
+            payload.insert("memory_id", id.to_string());
+            payload.insert("recorded_at", v.recorded_at.to_rfc3339());
+            payload.insert("expired_at", v.expired_at.to_rfc3339());
+            keep.push(PointStruct::new(
+                point_id(version_point_id(id, v.recorded_at)),
+                out,
+                payload,
+            ));
+        }
+        if keep.is_empty() {
+            return Ok(());
+        }
+        self.client
+            .upsert_points(
+                qdrant_client::qdrant::UpsertPointsBuilder::new(collection, keep).wait(true),
+            )
+            .await
+            .map_err(err)?;
+        Ok(())
     }
 
     /// Dense field vectors of the given points whose tenant key is `owner`, by point id.
@@ -884,9 +1087,13 @@ impl VectorIndex for QdrantVectorIndex {
                 }
             }
         }
+        let late = self.late_dim.is_some();
         for chunk in points.chunks(UPSERT_BATCH) {
-            let late = self.late_dim.is_some();
-            let structs: Vec<PointStruct> = chunk.iter().map(|p| turn_point(p, late)).collect();
+            if let Some(tokens) = &self.tokens {
+                self.upsert_token_points(tokens, chunk, late).await?;
+            }
+            let in_turns = late && self.tokens.is_none();
+            let structs: Vec<PointStruct> = chunk.iter().map(|p| turn_point(p, in_turns)).collect();
             // wait(true): the call returns once the points are applied and durable.
             self.client
                 .upsert_points(
@@ -917,7 +1124,11 @@ impl VectorIndex for QdrantVectorIndex {
                 scale = mean;
             }
         }
-        let Some(req) = search_request(&self.turns, tenant, scope, query, limit) else {
+        let collection = match query {
+            VectorQuery::Late(_) => self.late_collection(),
+            _ => &self.turns,
+        };
+        let Some(req) = search_request(collection, tenant, scope, query, limit) else {
             return Ok(vec![]);
         };
         let history = scope.as_of.map(|at| {
@@ -986,7 +1197,7 @@ impl VectorIndex for QdrantVectorIndex {
         };
         let res = self
             .client
-            .query(late_request(&self.turns, tenant, question, ids))
+            .query(late_request(self.late_collection(), tenant, question, ids))
             .await
             .map_err(err)?;
         Ok(res
@@ -1012,7 +1223,7 @@ impl VectorIndex for QdrantVectorIndex {
         let res = self
             .client
             .get_points(
-                GetPointsBuilder::new(&self.turns, pids)
+                GetPointsBuilder::new(self.late_collection(), pids)
                     .with_payload(PayloadIncludeSelector::new(vec![
                         "tenant".to_string(),
                         LATE_SEGMENTS.to_string(),
@@ -1063,72 +1274,9 @@ impl VectorIndex for QdrantVectorIndex {
         if versions.is_empty() {
             return Ok(());
         }
-        let pids: Vec<PointId> = versions.iter().map(|v| point_id(v.memory_id)).collect();
-        let res = self
-            .client
-            .get_points(
-                GetPointsBuilder::new(&self.turns, pids)
-                    .with_payload(true)
-                    .with_vectors(true),
-            )
-            .await
-            .map_err(err)?;
-        let mut keep = Vec::new();
-        for r in res.result {
-            let Some(id) = memory_id(&r.id) else { continue };
-            let Some(v) = versions.iter().find(|v| v.memory_id == id) else {
-                continue;
-            };
-            if text(&r.payload, "tenant").as_deref() != Some(tenant.as_str()) {
-                continue;
-            }
-            // Still the version being replaced (a redelivered edit finds its own point).
-            let recorded = text(&r.payload, "recorded_at")
-                .and_then(|t| chrono::DateTime::parse_from_rfc3339(&t).ok());
-            if recorded.is_some_and(|t| t != v.recorded_at) {
-                continue;
-            }
-            let Some(vectors) = r.vectors.and_then(|v| v.vectors_options) else {
-                continue;
-            };
-            let qdrant_client::qdrant::vectors_output::VectorsOptions::Vectors(named) = vectors
-            else {
-                continue;
-            };
-            let mut out: HashMap<String, Vector> = HashMap::new();
-            for (name, vo) in named.vectors {
-                use qdrant_client::qdrant::vector_output::Vector as V;
-                match vo.into_vector() {
-                    V::Dense(d) => out.insert(name, Vector::new_dense(d.data)),
-                    V::Sparse(s) => out.insert(name, Vector::new_sparse(s.indices, s.values)),
-                    V::MultiDense(m) => out.insert(
-                        name,
-                        Vector::new_multi(
-                            m.vectors.into_iter().map(|d| d.data).collect::<Vec<_>>(),
-                        ),
-                    ),
-                };
-            }
-            let mut payload = Payload::from(r.payload);
-            payload.insert("tenant", history_tenant(tenant));
-            payload.insert("memory_id", id.to_string());
-            payload.insert("recorded_at", v.recorded_at.to_rfc3339());
-            payload.insert("expired_at", v.expired_at.to_rfc3339());
-            keep.push(PointStruct::new(
-                point_id(version_point_id(id, v.recorded_at)),
-                out,
-                payload,
-            ));
+        for collection in self.turn_collections() {
+            self.keep_versions_in(collection, tenant, versions).await?;
         }
-        if keep.is_empty() {
-            return Ok(());
-        }
-        self.client
-            .upsert_points(
-                qdrant_client::qdrant::UpsertPointsBuilder::new(&self.turns, keep).wait(true),
-            )
-            .await
-            .map_err(err)?;
         Ok(())
     }
 
@@ -1255,24 +1403,26 @@ impl VectorIndex for QdrantVectorIndex {
                     ids.iter().map(|m| m.to_string()).collect::<Vec<_>>(),
                 ),
             ]);
-            self.client
-                .delete_points(
-                    DeletePointsBuilder::new(self.turns.as_str())
-                        .points(kept)
-                        .wait(true),
-                )
-                .await
-                .map_err(err)?;
-            self.client
-                .delete_points(
-                    DeletePointsBuilder::new(self.turns.as_str())
-                        .points(qdrant_client::qdrant::PointsIdsList {
-                            ids: ids.iter().map(|m| point_id(*m)).collect(),
-                        })
-                        .wait(true),
-                )
-                .await
-                .map_err(err)?;
+            for collection in self.turn_collections() {
+                self.client
+                    .delete_points(
+                        DeletePointsBuilder::new(collection)
+                            .points(kept.clone())
+                            .wait(true),
+                    )
+                    .await
+                    .map_err(err)?;
+                self.client
+                    .delete_points(
+                        DeletePointsBuilder::new(collection)
+                            .points(PointsIdsList {
+                                ids: ids.iter().map(|m| point_id(*m)).collect(),
+                            })
+                            .wait(true),
+                    )
+                    .await
+                    .map_err(err)?;
+            }
         }
         // Every form of each keyword the conversation no longer says, by payload: the ids hash
         // the forms' vectors, which an erasure does not have.
@@ -1301,14 +1451,16 @@ impl VectorIndex for QdrantVectorIndex {
         let scope = Scope::of(&[conversation]);
         let n = self.count(tenant, &scope).await?;
         let kept = filter_on(&history_tenant(tenant), &scope);
-        for (coll, filter) in [
-            (&self.turns, scope_filter(tenant, &scope)),
-            (&self.turns, kept),
-            (&self.keywords, scope_filter(tenant, &scope)),
-        ] {
+        let mut deletes = Vec::new();
+        for collection in self.turn_collections() {
+            deletes.push((collection, scope_filter(tenant, &scope)));
+            deletes.push((collection, kept.clone()));
+        }
+        deletes.push((self.keywords.as_str(), scope_filter(tenant, &scope)));
+        for (collection, filter) in deletes {
             self.client
                 .delete_points(
-                    DeletePointsBuilder::new(coll.as_str())
+                    DeletePointsBuilder::new(collection)
                         .points(filter)
                         .wait(true),
                 )
@@ -1465,6 +1617,39 @@ mod tests {
         // Sparse indices sorted and deduplicated (first value kept), as the engine requires.
         assert!(v.contains("indices: [3, 9]"), "{v}");
         assert!(v.contains("values: [2.0, 1.0]"), "{v}");
+        assert!(token_point(&p).is_none(), "no token vectors, no point");
+        // Token vectors: in the turn point for the older layout; else a point of their own
+        // with the turn's id and payload, and the rows' sentences.
+        let rows = TokenVectors::new(2, vec![1.0, 0.0, 0.0, 1.0])
+            .and_then(|t| t.with_segments(vec![recollect_model::Segment(0); 2]))
+            .unwrap();
+        let p = TurnPoint {
+            late: Some(rows),
+            ..p
+        };
+        assert!(!format!("{:?}", turn_point(&p, false).vectors).contains("\"late\""));
+        assert!(format!("{:?}", turn_point(&p, true).vectors).contains("\"late\""));
+        let t = token_point(&p).unwrap();
+        assert_eq!(t.id, turn_point(&p, false).id);
+        let v = format!("{:?}", t.vectors);
+        assert!(v.contains("\"late\"") && !v.contains("\"user\""), "{v}");
+        assert_eq!(text(&t.payload, "conversation").as_deref(), Some("c \"x\""));
+        assert!(t.payload.contains_key(LATE_SEGMENTS));
+    }
+
+    #[test]
+    fn tokens_collection_holds_token_vectors_only_and_is_never_indexed() {
+        let c = tokens_collection("rc_tokens", 96);
+        let Some(vectors_config::Config::ParamsMap(m)) = c.vectors_config.and_then(|v| v.config)
+        else {
+            panic!("named vectors expected");
+        };
+        assert_eq!(m.map.keys().collect::<Vec<_>>(), vec!["late"]);
+        let late = &m.map["late"];
+        assert_eq!(late.size, 96);
+        assert!(late.multivector_config.is_some());
+        assert_eq!(late.hnsw_config.as_ref().and_then(|h| h.m), Some(0));
+        assert_eq!(c.optimizers_config.unwrap().indexing_threshold, Some(0));
     }
 
     #[test]
