@@ -2002,25 +2002,36 @@ pub async fn late_contract(v: Arc<dyn VectorIndex>, dim: usize, late_dim: usize)
         .unwrap_err();
     assert!(matches!(e, StoreError::Invalid(_)), "{e}");
     // An edit keeps the old version's points (token vectors too) and scores the new one.
-    v.keep_versions(
+    edit(
+        &*v,
         &a,
-        &[ReplacedVersion {
-            memory_id: ids[2],
-            recorded_at: pts[2].recorded_at,
-            expired_at: Utc::now(),
-        }],
+        &pts[2],
+        point(&a, 2, Some(token_rows(late_dim, 11, 3))),
     )
-    .await
-    .unwrap();
-    let mut edited = point(&a, 2, Some(token_rows(late_dim, 11, 3)));
-    edited.recorded_at = Utc::now();
-    v.upsert_turns(vec![edited]).await.unwrap();
+    .await;
     let scores = v.late_scores(&a, &question, &ids).await.unwrap();
     assert!((scores[&ids[2]] - 1.0).abs() < 1e-2, "{scores:?}");
     // Gone with their turns.
     v.delete_turns(&a, "late", &ids, &[]).await.unwrap();
     assert!(v.late_scores(&a, &question, &ids).await.unwrap().is_empty());
     v.delete_conversation(&b, "late").await.unwrap();
+}
+
+/// An edit as the graph writer makes one: the points of `old` kept as a version, `new` written
+/// as recorded now.
+async fn edit(v: &dyn VectorIndex, t: &TenantId, old: &TurnPoint, mut new: TurnPoint) {
+    v.keep_versions(
+        t,
+        &[ReplacedVersion {
+            memory_id: old.memory_id,
+            recorded_at: old.recorded_at,
+            expired_at: Utc::now(),
+        }],
+    )
+    .await
+    .unwrap();
+    new.recorded_at = Utc::now();
+    v.upsert_turns(vec![new]).await.unwrap();
 }
 
 /// An index opened without token vectors takes turns that carry them (an embedder with
@@ -2591,19 +2602,7 @@ mod tests {
         assert_eq!(scores.len(), 4, "{scores:?}");
         // An edit keeps the old version's rows, found as of before it.
         let before = Utc::now();
-        v.keep_versions(
-            &t,
-            &[ReplacedVersion {
-                memory_id: ids[1],
-                recorded_at: pts[1].recorded_at,
-                expired_at: Utc::now(),
-            }],
-        )
-        .await
-        .unwrap();
-        let mut edited = point("c", 1, Some(token_rows(16, 70, 4)));
-        edited.recorded_at = Utc::now();
-        v.upsert_turns(vec![edited]).await.unwrap();
+        edit(&v, &t, &pts[1], point("c", 1, Some(token_rows(16, 70, 4)))).await;
         assert_eq!(rows_in("c", history_tenant(&t)).await, 1);
         let old_rows = VectorQuery::Late(token_rows(16, 10, 4));
         let then = v

@@ -695,25 +695,28 @@ impl QdrantVectorIndex {
         if tokens_held || (!turns_held && late.width().is_some()) {
             self.tokens = Some(tokens);
         }
-        // (name, how to make it when missing, whether it holds turns)
-        let mut wanted: Vec<(String, Option<CreateCollection>, bool)> = Vec::new();
+        let keywords_held = self.held(&self.keywords).await?;
+        // (name, held, how to make it when missing, whether it holds turns)
+        let mut wanted: Vec<(String, bool, Option<CreateCollection>, bool)> = Vec::new();
         if let Some(name) = &self.tokens {
             // Held and late interaction off: opened for erasures, not made.
             let create = late.width().map(|width| tokens_collection(name, width));
-            wanted.push((name.clone(), create, true));
+            wanted.push((name.clone(), tokens_held, create, true));
         }
         wanted.push((
             self.turns.clone(),
+            turns_held,
             Some(turns_collection(&self.turns, self.dim, None)),
             true,
         ));
         wanted.push((
             self.keywords.clone(),
+            keywords_held,
             Some(keywords_collection(&self.keywords, self.dim)),
             false,
         ));
-        for (name, create, turns) in wanted {
-            if self.held(&name).await? {
+        for (name, held, create, turns) in wanted {
+            if held {
                 self.take_existing(&name, late).await?;
             } else if let Some(create) = create {
                 // Two starting services may race here: "already exists" is success.
@@ -760,14 +763,12 @@ impl QdrantVectorIndex {
     ) -> Result<(), StoreError> {
         let size_of = self.widths(name).await?;
         let reset = self.reset();
-        let (late_held, field) = if self.tokens.as_deref() == Some(name) {
-            (true, LATE_VECTOR)
-        } else if name == self.turns {
-            (self.tokens.is_none(), USER_VECTOR)
-        } else {
-            (false, KEYWORD_VECTOR)
+        // Token vectors are in the tokens collection, or else in the turns'.
+        let holds_late = match &self.tokens {
+            Some(tokens) => name == tokens,
+            None => name == self.turns,
         };
-        if late_held {
+        if holds_late {
             match (late, size_of(LATE_VECTOR)) {
                 (TokenVectorsWanted::No, _) => {}
                 (TokenVectorsWanted::WherePossible(_), None) => {
@@ -799,9 +800,13 @@ impl QdrantVectorIndex {
                 _ => {}
             }
         }
-        if field == LATE_VECTOR {
-            return Ok(());
-        }
+        let field = if name == self.turns {
+            USER_VECTOR
+        } else if name == self.keywords {
+            KEYWORD_VECTOR
+        } else {
+            return Ok(()); // the tokens collection: no dense field
+        };
         match size_of(field) {
             Some(held) if held != self.dim as u64 => Err(super::another_width(
                 &format!("(Qdrant collection {name})"),
