@@ -2566,22 +2566,8 @@ mod tests {
             }
         };
         let point = |conversation: &str, i: usize, late: Option<TokenVectors>| TurnPoint {
-            memory_id: MemoryId::derive(&t, conversation, &i.to_string()),
-            tenant: t.clone(),
-            conversation_id: conversation.into(),
-            turn_id: i.to_string(),
-            position: i as u64,
-            timestamp: Utc::now(),
-            recorded_at: Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap(),
-            user_speaker: None,
-            assistant_speaker: None,
-            user: vector(32, i),
-            assistant: None,
-            lexical: SparseVector::default(),
-            user_id: None,
-            agent_id: None,
-            metadata: Default::default(),
             late,
+            ..bare_point(&t, conversation, i, vector(32, i), SparseVector::default())
         };
         let mut pts: Vec<TurnPoint> = (0..4)
             .map(|i| point("c", i, Some(token_rows(16, 10 * i, 4))))
