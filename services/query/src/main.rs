@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use recollect_api::Auth;
-use recollect_embed::CachedEmbedder;
+use recollect_embed::{CachedEmbedder, CachedTokenEmbedder, TokenEmbedder};
 use recollect_query::QueryState;
 use recollect_recall::{Recall, RecallLimits};
 use recollect_runtime::{
@@ -20,7 +20,9 @@ async fn main() -> anyhow::Result<()> {
     let embedder = load_embedder(&settings)?;
     let graph = recollect_storage::open_graph(&settings, &dir).await?;
     let vectors = recollect_storage::open_vectors(&settings, &dir, embedder.dim()).await?;
-    let tokens = token_embedder_for(&settings, load_token_embedder(&settings)?, vectors.as_ref());
+    // The question's token vectors cached by its text, as its embeddings are.
+    let tokens = token_embedder_for(&settings, load_token_embedder(&settings)?, vectors.as_ref())
+        .map(|t| Arc::new(CachedTokenEmbedder::new(t)) as Arc<dyn TokenEmbedder>);
     let checks = vec![graph_check(graph.clone()), vectors_check(vectors.clone())];
     let recall = Arc::new(
         Recall::new(

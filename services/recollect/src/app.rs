@@ -8,7 +8,7 @@ use anyhow::Context;
 use recollect_bus::{run_stage, Bus, InProcessBus, Stage};
 use recollect_config::Settings;
 use recollect_consolidator::ConsolidatorStage;
-use recollect_embed::{CachedEmbedder, Embedder, TokenEmbedder};
+use recollect_embed::{CachedEmbedder, CachedTokenEmbedder, Embedder, TokenEmbedder};
 use recollect_embedder::EmbedderStage;
 use recollect_extractor::ExtractorStage;
 use recollect_gateway::{Eraser, Gateway, Limits};
@@ -30,8 +30,8 @@ pub struct App {
     pub recall: Arc<Recall>,
     pub eraser: Arc<dyn Eraser>,
     pub backup: Arc<DataDirBackup>,
-    /// Query embeddings by query text (hit rates for the bench).
-    pub query_cache: Arc<CachedEmbedder<Arc<dyn Embedder>>>,
+    /// What recall keeps by question text (the bench empties it before each new question).
+    pub query_caches: QueryCaches,
     shutdown: watch::Sender<bool>,
     stages: Vec<JoinHandle<Result<(), recollect_bus::BusError>>>,
     hooks: Arc<EmbeddedHooks>,
@@ -259,14 +259,36 @@ fn sync_tree(dir: &Path) -> std::io::Result<u64> {
     Ok(bytes)
 }
 
+/// What recall keeps by question text: the sentence encoder's vectors (the question's and its
+/// keywords') and the late model's token vectors of the question.
+#[derive(Clone)]
+pub struct QueryCaches {
+    pub embeddings: Arc<CachedEmbedder<Arc<dyn Embedder>>>,
+    pub tokens: Option<Arc<CachedTokenEmbedder<Arc<dyn TokenEmbedder>>>>,
+}
+
+impl QueryCaches {
+    /// Empties both.
+    pub fn clear(&self) {
+        self.embeddings.clear();
+        if let Some(tokens) = &self.tokens {
+            tokens.clear();
+        }
+    }
+
+    /// The token model as recall reads it: through the cache.
+    fn token_embedder(&self) -> Option<Arc<dyn TokenEmbedder>> {
+        self.tokens.clone().map(|t| t as Arc<dyn TokenEmbedder>)
+    }
+}
+
 struct EmbeddedEraser {
     raw: RawStore,
     gate: Arc<tokio::sync::RwLock<()>>,
     graph: Arc<dyn Graph>,
     vectors: Arc<dyn VectorIndex>,
-    /// Query embeddings keyed by query text: emptied on every erasure, since a tenant's
-    /// queries may quote what was erased.
-    query_cache: Arc<CachedEmbedder<Arc<dyn Embedder>>>,
+    /// Emptied on every erasure, since a tenant's queries may quote what was erased.
+    query_caches: QueryCaches,
 }
 
 #[async_trait::async_trait]
@@ -313,7 +335,7 @@ impl Eraser for EmbeddedEraser {
             .await
             .map_err(RecollectError::internal)?
             .map_err(RecollectError::from_classified)?;
-        self.query_cache.clear();
+        self.query_caches.clear();
         tracing::info!(turns = n, "conversation erased");
         Ok(Some(n))
     }
@@ -351,7 +373,7 @@ impl Eraser for EmbeddedEraser {
             .await
             .map_err(RecollectError::internal)?
             .map_err(RecollectError::from_classified)?;
-        self.query_cache.clear();
+        self.query_caches.clear();
         Ok(Some(turn))
     }
 
@@ -404,7 +426,7 @@ impl Eraser for EmbeddedEraser {
                 "{left} vector points left after erasing the tenant; retry the erase"
             )));
         }
-        self.query_cache.clear();
+        self.query_caches.clear();
         tracing::info!(conversations = convs, turns, "tenant erased");
         Ok((convs, turns))
     }
@@ -480,8 +502,13 @@ impl App {
             wake: Notify::new(),
             drained: Notify::new(),
         });
-        let query_cache = Arc::new(CachedEmbedder::new(embedder.clone()));
-        let query_embedder: Arc<dyn Embedder> = query_cache.clone();
+        let query_caches = QueryCaches {
+            embeddings: Arc::new(CachedEmbedder::new(embedder.clone())),
+            tokens: tokens
+                .clone()
+                .map(|t| Arc::new(CachedTokenEmbedder::new(t))),
+        };
+        let query_embedder: Arc<dyn Embedder> = query_caches.embeddings.clone();
         let consolidator =
             ConsolidatorStage::from_settings(graph.clone(), vectors.clone(), &settings)?;
         // Words of context kept and carried only where a late-interaction model reads them.
@@ -550,7 +577,7 @@ impl App {
                 RecallLimits::from(&settings.server),
             )
             .with_reranker(recollect_runtime::load_reranker(&settings)?)
-            .with_token_embedder(tokens),
+            .with_token_embedder(query_caches.token_embedder()),
         );
         let backup = Arc::new(DataDirBackup {
             dir: dir.clone(),
@@ -563,7 +590,7 @@ impl App {
             gate,
             graph: graph.clone(),
             vectors: vectors.clone(),
-            query_cache: query_cache.clone(),
+            query_caches: query_caches.clone(),
         });
         let app = Self {
             settings,
@@ -575,7 +602,7 @@ impl App {
             recall,
             eraser,
             backup,
-            query_cache,
+            query_caches,
             shutdown,
             stages: handles,
             hooks,
@@ -863,6 +890,62 @@ mod tests {
         let got = app.recall.recall(&tenant, &query).await.unwrap();
         assert_eq!(got.len(), 12, "{got:?}");
         assert!(got.iter().all(|m| m.score_parts.late.is_none()), "{got:?}");
+        app.shutdown().await;
+    }
+
+    /// A repeated question's token vectors come from the cache, not the late model; an
+    /// erasure empties it with the embeddings' cache (the question may quote what was erased).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_repeated_questions_token_vectors_are_cached_until_an_erasure() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut settings = Settings::defaults();
+        settings.storage.data_dir = dir.path().to_path_buf();
+        // The index is made as wide as the configured model's token vectors: that model.
+        let Some(tokens) = recollect_runtime::load_token_embedder(&settings).unwrap() else {
+            eprintln!(
+                "SKIPPED: the late-interaction model or ONNX Runtime is not installed (make setup installs both)"
+            );
+            return;
+        };
+        let app = App::open_with_models(settings, Arc::new(HashEmbedder::default()), Some(tokens))
+            .await
+            .unwrap();
+        let tenant = TenantId("t".into());
+        let store = StoreRequest {
+            turns: turns(1, 4),
+            wait: Some(true),
+        };
+        app.gateway
+            .store(&tenant, "c1", store, "test")
+            .await
+            .unwrap();
+        app.wait_enriched().await.unwrap();
+        let query = RecallRequest {
+            query: "Where did I walk my dog Rex?".into(),
+            conversation_ids: Some(vec!["c1".into()]),
+            ..Default::default()
+        };
+        let cache = app
+            .query_caches
+            .tokens
+            .clone()
+            .expect("late interaction on");
+        let first = app.recall.recall(&tenant, &query).await.unwrap();
+        assert!(
+            first.iter().all(|m| m.score_parts.late.is_some()),
+            "{first:?}"
+        );
+        assert_eq!((cache.stats().misses, cache.stats().hits), (1, 0));
+        let again = app.recall.recall(&tenant, &query).await.unwrap();
+        assert_eq!((cache.stats().misses, cache.stats().hits), (1, 1));
+        let ids = |r: &[recollect_model::RecalledMemory]| {
+            r.iter().map(|m| m.memory_id).collect::<Vec<_>>()
+        };
+        assert_eq!(ids(&again), ids(&first), "the cached vectors rank the same");
+
+        app.eraser.erase_conversation(&tenant, "c1").await.unwrap();
+        assert_eq!(cache.stats().len, 0, "emptied by the erasure");
+        assert_eq!(app.query_caches.embeddings.stats().len, 0);
         app.shutdown().await;
     }
 }

@@ -384,7 +384,7 @@ async fn concurrent_recall(
     let started = Instant::now();
     let handles: Vec<_> = (0..clients)
         .map(|i| {
-            let (recall, cache) = (app.recall.clone(), app.query_cache.clone());
+            let (recall, cache) = (app.recall.clone(), app.query_caches.clone());
             let tenants = tenants.to_vec();
             tokio::spawn(async move {
                 let mut r = Rng(0x0c11_e475 ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9));
@@ -869,7 +869,7 @@ pub async fn run(settings: Settings, a: BenchArgs) -> anyhow::Result<()> {
         for q in 0..a.queries {
             bar.inc(1);
             let (c, req) = query(&mut r, q, conversations, tenants.len());
-            app.query_cache.clear();
+            app.query_caches.clear();
             let t = Instant::now();
             let _ = app.recall.recall(&tenants[c % tenants.len()], &req).await?;
             lat.push(t.elapsed().as_secs_f64() * 1000.0);

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::{EmbedError, Embedder};
+use recollect_model::{Segment, TokenVectors};
+
+use crate::{EmbedError, Embedder, TokenEmbedder};
 
 /// Default number of cached texts. At 384 dimensions a full cache holds about 160 MB of
 /// vectors plus the keys; use [`CachedEmbedder::with_capacity`] to trade memory for hits.
@@ -92,58 +94,67 @@ impl<E: Embedder> CachedEmbedder<E> {
         texts: &[&str],
         embed: impl FnOnce(&[&str]) -> Result<Vec<Vec<f32>>, EmbedError>,
     ) -> Result<Vec<Vec<f32>>, EmbedError> {
-        let mut out: Vec<Option<Arc<[f32]>>> = Vec::with_capacity(texts.len());
-        // Distinct missing texts, and for each input slot the index of its miss.
-        let mut misses: Vec<&str> = Vec::new();
-        let mut miss_index: HashMap<&str, usize> = HashMap::new();
-        let mut pending: Vec<(usize, usize)> = Vec::new();
+        let counters = (&self.hits, &self.misses);
+        let out = serve(cache, counters, texts, |misses| {
+            Ok(embed(misses)?.into_iter().map(Arc::from).collect())
+        })?;
+        Ok(out.into_iter().map(|v: Arc<[f32]>| v.to_vec()).collect())
+    }
+}
+
+/// Serves `texts` from `cache`, sending the distinct misses to `embed` in one call and keeping
+/// what it gives. The lock is not held while `embed` runs.
+fn serve<V: Clone>(
+    cache: &Mutex<recollect_model::Generations<String, V>>,
+    (hits, misses_counter): (&AtomicU64, &AtomicU64),
+    texts: &[&str],
+    embed: impl FnOnce(&[&str]) -> Result<Vec<V>, EmbedError>,
+) -> Result<Vec<V>, EmbedError> {
+    let mut out: Vec<Option<V>> = Vec::with_capacity(texts.len());
+    // Distinct missing texts, and for each input slot the index of its miss.
+    let mut misses: Vec<&str> = Vec::new();
+    let mut miss_index: HashMap<&str, usize> = HashMap::new();
+    let mut pending: Vec<(usize, usize)> = Vec::new();
+    {
+        let mut cache = cache.lock();
+        for (slot, &text) in texts.iter().enumerate() {
+            match cache.get(text) {
+                Some(v) => out.push(Some(v)),
+                None => {
+                    let i = *miss_index.entry(text).or_insert_with(|| {
+                        misses.push(text);
+                        misses.len() - 1
+                    });
+                    pending.push((slot, i));
+                    out.push(None);
+                }
+            }
+        }
+    }
+    // Repeats of a miss within one call count as hits: they are not embedded again.
+    hits.fetch_add((texts.len() - misses.len()) as u64, Ordering::Relaxed);
+
+    if !misses.is_empty() {
+        misses_counter.fetch_add(misses.len() as u64, Ordering::Relaxed);
+        let fresh = embed(&misses)?;
+        if fresh.len() != misses.len() {
+            return Err(EmbedError::CountMismatch {
+                expected: misses.len(),
+                got: fresh.len(),
+            });
+        }
         {
             let mut cache = cache.lock();
-            for (slot, &text) in texts.iter().enumerate() {
-                match cache.get(text) {
-                    Some(v) => out.push(Some(v)),
-                    None => {
-                        let i = *miss_index.entry(text).or_insert_with(|| {
-                            misses.push(text);
-                            misses.len() - 1
-                        });
-                        pending.push((slot, i));
-                        out.push(None);
-                    }
-                }
+            for (text, v) in misses.iter().zip(&fresh) {
+                cache.insert((*text).to_owned(), v.clone());
             }
         }
-        // Repeats of a miss within one call count as hits: they are not embedded again.
-        self.hits
-            .fetch_add((texts.len() - misses.len()) as u64, Ordering::Relaxed);
-
-        if !misses.is_empty() {
-            self.misses
-                .fetch_add(misses.len() as u64, Ordering::Relaxed);
-            let fresh = embed(&misses)?;
-            if fresh.len() != misses.len() {
-                return Err(EmbedError::CountMismatch {
-                    expected: misses.len(),
-                    got: fresh.len(),
-                });
-            }
-            let fresh: Vec<Arc<[f32]>> = fresh.into_iter().map(Arc::from).collect();
-            {
-                let mut cache = cache.lock();
-                for (text, v) in misses.iter().zip(&fresh) {
-                    cache.insert((*text).to_owned(), v.clone());
-                }
-            }
-            for (slot, i) in pending {
-                out[slot] = Some(fresh[i].clone());
-            }
+        for (slot, i) in pending {
+            out[slot] = Some(fresh[i].clone());
         }
-
-        Ok(out
-            .into_iter()
-            .map(|v| v.map(|v| v.to_vec()).unwrap_or_default())
-            .collect())
     }
+    // Every slot is either a hit or a miss filled above.
+    Ok(out.into_iter().flatten().collect())
 }
 
 impl<E: Embedder> Embedder for CachedEmbedder<E> {
@@ -176,6 +187,91 @@ impl<E: Embedder> Embedder for CachedEmbedder<E> {
 
     fn cosine_scale(&self) -> crate::CosineScale {
         self.inner.cosine_scale()
+    }
+}
+
+/// Default number of questions whose token vectors [`CachedTokenEmbedder`] keeps. A question
+/// of 20 tokens at 384 dimensions is ~30 KB of f32, so a full cache is ~120 MB at most.
+pub const DEFAULT_TOKEN_CACHE_CAPACITY: usize = 4_096;
+
+/// Texts and their token vectors, the recently used kept.
+type TokenGenerations = recollect_model::Generations<String, Arc<TokenVectors>>;
+
+/// Wraps a [`TokenEmbedder`] with a bounded cache of [`TokenEmbedder::embed_tokens`] keyed by
+/// the exact text: recall asks it for the question's token vectors, which a repeated question
+/// would otherwise encode again (the late model is a recall's largest fixed cost once the
+/// sentence encoder's vectors are cached). Token vectors read in context (a turn's, at ingest)
+/// and sentence boundaries pass straight through: contexts do not repeat. Results are identical
+/// to the inner model's.
+pub struct CachedTokenEmbedder<T> {
+    inner: T,
+    cache: Mutex<TokenGenerations>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+impl<T: TokenEmbedder> CachedTokenEmbedder<T> {
+    /// A cache of [`DEFAULT_TOKEN_CACHE_CAPACITY`] texts around `inner`.
+    pub fn new(inner: T) -> Self {
+        Self::with_capacity(inner, DEFAULT_TOKEN_CACHE_CAPACITY)
+    }
+
+    /// A cache of at most `capacity` texts (at least 2) around `inner`.
+    pub fn with_capacity(inner: T, capacity: usize) -> Self {
+        Self {
+            inner,
+            cache: Mutex::new(TokenGenerations::new((capacity / 2).max(1))),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    /// Counters since creation, and the current size.
+    pub fn stats(&self) -> CacheStats {
+        CacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            len: self.cache.lock().len(),
+        }
+    }
+
+    /// Empties the cache (the counters are kept).
+    pub fn clear(&self) {
+        self.cache.lock().clear();
+    }
+}
+
+impl<T: TokenEmbedder> TokenEmbedder for CachedTokenEmbedder<T> {
+    fn model_name(&self) -> &str {
+        self.inner.model_name()
+    }
+
+    fn dim(&self) -> usize {
+        self.inner.dim()
+    }
+
+    fn embed_tokens(&self, texts: &[&str]) -> Result<Vec<TokenVectors>, EmbedError> {
+        let counters = (&self.hits, &self.misses);
+        let out = serve(&self.cache, counters, texts, |misses| {
+            Ok(self
+                .inner
+                .embed_tokens(misses)?
+                .into_iter()
+                .map(Arc::new)
+                .collect())
+        })?;
+        Ok(out.into_iter().map(|v| (*v).clone()).collect())
+    }
+
+    fn embed_tokens_in_context(
+        &self,
+        pairs: &[(&str, &str)],
+    ) -> Result<Vec<TokenVectors>, EmbedError> {
+        self.inner.embed_tokens_in_context(pairs)
+    }
+
+    fn sentences(&self, text: &str, shared: usize, part: u16) -> Option<Vec<Segment>> {
+        self.inner.sentences(text, shared, part)
     }
 }
 
@@ -274,5 +370,92 @@ mod tests {
         let calls = c.inner().calls.load(Ordering::SeqCst);
         c.embed(&["keep"]).unwrap();
         assert_eq!(c.inner().calls.load(Ordering::SeqCst), calls);
+    }
+
+    /// Counts the token model's calls and texts, by kind.
+    #[derive(Default)]
+    struct CountingTokens {
+        inner: crate::HashTokenEmbedder,
+        questions: AtomicUsize,
+        in_context: AtomicUsize,
+    }
+
+    impl TokenEmbedder for CountingTokens {
+        fn model_name(&self) -> &str {
+            "counting-tokens"
+        }
+        fn dim(&self) -> usize {
+            self.inner.dim()
+        }
+        fn embed_tokens(&self, texts: &[&str]) -> Result<Vec<TokenVectors>, EmbedError> {
+            self.questions.fetch_add(texts.len(), Ordering::SeqCst);
+            self.inner.embed_tokens(texts)
+        }
+        fn embed_tokens_in_context(
+            &self,
+            pairs: &[(&str, &str)],
+        ) -> Result<Vec<TokenVectors>, EmbedError> {
+            self.in_context.fetch_add(pairs.len(), Ordering::SeqCst);
+            self.inner.embed_tokens_in_context(pairs)
+        }
+        fn sentences(&self, text: &str, shared: usize, part: u16) -> Option<Vec<Segment>> {
+            self.inner.sentences(text, shared, part)
+        }
+    }
+
+    #[test]
+    fn a_repeated_question_is_encoded_once_and_turns_always() {
+        let c = CachedTokenEmbedder::new(CountingTokens::default());
+        let plain = crate::HashTokenEmbedder;
+        let q = "What activities has Melanie done with her family?";
+        let first = c.embed_tokens(&[q, "another", q]).unwrap();
+        assert_eq!(
+            c.inner.questions.load(Ordering::SeqCst),
+            2,
+            "repeats in one call once"
+        );
+        let again = c.embed_tokens(&[q]).unwrap();
+        assert_eq!(
+            c.inner.questions.load(Ordering::SeqCst),
+            2,
+            "served from the cache"
+        );
+        // What the cache gives is what the model gives.
+        assert_eq!(again[0], plain.embed_tokens(&[q]).unwrap()[0]);
+        assert_eq!(first[0], first[2]);
+        assert_eq!(first[1], plain.embed_tokens(&["another"]).unwrap()[0]);
+        assert_eq!((c.stats().hits, c.stats().misses, c.stats().len), (2, 2, 2));
+
+        // A turn's tokens, read after its context, are never cached.
+        for _ in 0..2 {
+            let t = c.embed_tokens_in_context(&[("before", q)]).unwrap();
+            assert_eq!(t, plain.embed_tokens_in_context(&[("before", q)]).unwrap());
+        }
+        assert_eq!(c.inner.in_context.load(Ordering::SeqCst), 2);
+        assert_eq!(c.sentences(q, 0, 1), plain.sentences(q, 0, 1));
+        assert_eq!((c.model_name(), c.dim()), ("counting-tokens", plain.dim()));
+
+        c.clear();
+        c.embed_tokens(&[q]).unwrap();
+        assert_eq!(
+            c.inner.questions.load(Ordering::SeqCst),
+            3,
+            "cleared, encoded again"
+        );
+    }
+
+    #[test]
+    fn the_token_cache_is_bounded() {
+        let c = CachedTokenEmbedder::with_capacity(CountingTokens::default(), 8);
+        for i in 0..50 {
+            c.embed_tokens(&[&format!("question {i}")]).unwrap();
+            assert!(c.stats().len <= 8);
+        }
+        c.embed_tokens(&["question 49"]).unwrap();
+        assert_eq!(
+            c.inner.questions.load(Ordering::SeqCst),
+            50,
+            "the latest kept"
+        );
     }
 }

@@ -16,7 +16,8 @@
 //!   every model's cosines on all-MiniLM-L6-v2's scale.
 //! * [`HashEmbedder`]: a deterministic, lexical-only feature-hashing embedder for fast tests and
 //!   the explicit `embedder = "hash"` option.
-//! * [`CachedEmbedder`]: a bounded cache in front of either, for repeated query/keyword texts.
+//! * [`CachedEmbedder`]: a bounded cache in front of either, for repeated query/keyword texts;
+//!   [`CachedTokenEmbedder`] the same for a question's token vectors.
 //!
 //! All embedders return L2-normalised vectors (except the zero vector for texts a
 //! [`HashEmbedder`] finds no feature in), so [`cosine`] is a dot product.
@@ -37,7 +38,10 @@ pub use bert::{
     BertEmbedder, MiniLmEmbedder, DEFAULT_BATCH_SIZE, DEFAULT_MAX_SEQ_LEN, MINILM_DIM,
     MINILM_MODEL_NAME,
 };
-pub use cache::{CacheStats, CachedEmbedder, DEFAULT_CACHE_CAPACITY};
+pub use cache::{
+    CacheStats, CachedEmbedder, CachedTokenEmbedder, DEFAULT_CACHE_CAPACITY,
+    DEFAULT_TOKEN_CACHE_CAPACITY,
+};
 pub use error::EmbedError;
 pub use hash::{HashEmbedder, HASH_DIM};
 pub use late::{
